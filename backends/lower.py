@@ -1,0 +1,321 @@
+"""Partitioned IR → one program per node: ONNX segments, sends and waits.
+
+Every local value is named by the tensor and the region it holds
+(`conv1@0:1,0:64,0:56,0:112`), so equal regions are the same value: a crop of
+the whole region, a concat of one piece or an Identity emits nothing. A node's
+program walks the layers in one global topological order; a segment ends where
+the node must wait for a message, and right after a layer whose output it sends
+(so the send starts as early as the data exists). Every node follows the same
+order and sends without blocking, so a node waiting for data only waits for a
+layer earlier in that order: the plan cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from bbgrap.ir import Gather, Graph, Layer, ShapeMap
+from bbgrap.movement import OUTPUT_NODE
+
+ALIAS_OPS = {"Identity", "Dropout"}
+
+
+def value_name(tensor: str, region: ShapeMap) -> str:
+    return f"{tensor}@{region.key()}"
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    src: int
+    dst: int
+    tensor: str
+    region: ShapeMap
+    dtype: str
+
+    @property
+    def value(self) -> str:
+        return value_name(self.tensor, self.region)
+
+    @property
+    def nbytes(self) -> int:
+        return self.region.volume * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Segment:
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    model: onnx.ModelProto | None = None
+
+
+@dataclass
+class Step:
+    op: str  # "run", "send" or "wait"
+    segment: Segment | None = None
+    message: Message | None = None
+
+
+@dataclass
+class NodeProgram:
+    node: int
+    steps: list[Step]
+    outputs: dict[str, str]  # model output name → local value (on OUTPUT_NODE only)
+    weight_bytes: int = 0
+
+
+def messages_of(graph: Graph) -> list[Message]:
+    """Every transfer of the plan as one message, in a deterministic order."""
+    order = {layer.name: k for k, layer in enumerate(graph.layers)}
+    producers = graph.producers()
+    transfers = sorted(
+        graph.transfers(), key=lambda t: (order[producers[t.tensor].name], t.tensor, t.dst, t.src, t.region.starts)
+    )
+    return [Message(k, t.src, t.dst, t.tensor, t.region, graph.tensors[t.tensor].dtype) for k, t in enumerate(transfers)]
+
+
+class _Builder:
+    """Builds one node's program (see module docstring)."""
+
+    def __init__(self, graph: Graph, node: int, messages: list[Message]) -> None:
+        self.graph, self.node = graph, node
+        self.meta: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.available: set[str] = set()
+        self.alias: dict[str, str] = {}
+        self.steps: list[Step] = []
+        self.current = Segment()
+        self.waited: set[int] = set()
+        self.incoming = {(m.tensor, m.region, m.src): m for m in messages if m.dst == node}
+        self.outgoing: dict[str, list[Message]] = {}
+        for m in messages:
+            if m.src == node:
+                self.outgoing.setdefault(m.tensor, []).append(m)
+        self.opset = graph.opsets.get("", 13)
+        self.counter = 0
+        for t in graph.inputs:
+            name = value_name(t, ShapeMap.full(graph.tensors[t].shape))
+            self._declare(name, t, ShapeMap.full(graph.tensors[t].shape))
+            self.available.add(name)
+
+    # naming ----------------------------------------------------------------------
+    def _declare(self, name: str, tensor: str, region: ShapeMap) -> str:
+        self.meta[name] = (self.graph.tensors[tensor].dtype, region.shape)
+        return name
+
+    def resolve(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def _fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"{base}__{self.counter}"
+
+    # emission --------------------------------------------------------------------
+    def close(self) -> None:
+        if self.current.nodes:
+            self.steps.append(Step("run", segment=self.current))
+        self.current = Segment()
+
+    def crop(self, tensor: str, src: ShapeMap, dst: ShapeMap) -> str:
+        """Value of `dst` cut from the available value of `src` (⊇ dst)."""
+        name = self._declare(value_name(tensor, dst), tensor, dst)
+        if name in self.available or self.resolve(name) in self.available:
+            return self.resolve(name)
+        rel = dst.relative_to(src)
+        axes = [a for a, (lo, hi, size) in enumerate(zip(rel.starts, rel.stops, src.shape)) if lo != 0 or hi != size]
+        source = self.resolve(value_name(tensor, src))
+        starts = [rel.starts[a] for a in axes]
+        ends = [rel.stops[a] for a in axes]
+        if self.opset >= 10:
+            init = self.current.initializers
+            names = [self._fresh(f"{name}/{k}") for k in ("starts", "ends", "axes")]
+            for n, v in zip(names, (starts, ends, axes)):
+                init[n] = np.asarray(v, dtype=np.int64)
+            node = helper.make_node("Slice", [source, *names], [name], name=self._fresh("crop"))
+        else:
+            node = helper.make_node("Slice", [source], [name], name=self._fresh("crop"), starts=starts, ends=ends, axes=axes)
+        self.current.nodes.append(node)
+        self.available.add(name)
+        return name
+
+    def gather(self, gather: Gather) -> str:
+        """Assemble the gather's region on this node: local crops and received parts."""
+        t = gather.tensor
+        name = self._declare(value_name(t, gather.region), t, gather.region)
+        if self.resolve(name) in self.available:
+            return self.resolve(name)
+        part_names = []
+        for part in gather.parts:
+            if part.src == self.node:
+                own = self._own_region(t)
+                part_names.append(self.crop(t, own, part.region))
+            else:
+                msg = self.incoming[(t, part.region, part.src)]
+                if msg.id not in self.waited:
+                    self.close()
+                    self.steps.append(Step("wait", message=msg))
+                    self.waited.add(msg.id)
+                    self._declare(msg.value, t, part.region)
+                    self.available.add(msg.value)
+                part_names.append(msg.value)
+        if len(part_names) == 1:
+            if part_names[0] != name:
+                self.alias[name] = part_names[0]
+            return part_names[0]
+        self.current.nodes.append(helper.make_node("Concat", part_names, [name], name=self._fresh("concat"), axis=gather.axis))
+        self.available.add(name)
+        return name
+
+    def _own_region(self, tensor: str) -> ShapeMap:
+        if tensor in self.graph.inputs:
+            return ShapeMap.full(self.graph.tensors[tensor].shape)
+        layer = self.graph.producers()[tensor]
+        part = self.graph.partitions[layer.name]
+        if list(layer.outputs).index(tensor) > 0:
+            return ShapeMap.full(self.graph.tensors[tensor].shape)
+        return part.out[self.node]
+
+    def constant(self, tensor: str, need: ShapeMap) -> str:
+        value = self.graph.constants[tensor]
+        if need == ShapeMap.full(value.shape):
+            self.current.initializers[tensor] = value
+            return tensor
+        name = value_name(tensor, need)
+        self.current.initializers[name] = np.ascontiguousarray(value[need.slices()])
+        return name
+
+    def layer(self, layer: Layer, live: set[str]) -> None:
+        graph, n = self.graph, self.node
+        part = graph.partitions[layer.name]
+        if not part.out[n].empty:
+            inputs: list[str] = []
+            for t, need in zip(layer.inputs, part.needs[n]):
+                if not t:
+                    inputs.append("")
+                elif need is None:
+                    continue  # dropped from the local op (e.g. Concat inputs outside the region)
+                elif t in graph.constants:
+                    inputs.append(self.constant(t, need))
+                else:
+                    g = graph.gathers[(t, n)]
+                    self.gather(g)
+                    inputs.append(self.crop(t, g.region, need))
+            computes = part.computes[n]
+            outputs = []
+            for k, t in enumerate(layer.outputs):
+                region = computes if k == 0 else ShapeMap.full(graph.tensors[t].shape) if t else None
+                if region is None or t not in live or (k > 0 and part.axis is not None):
+                    outputs.append("")
+                else:
+                    outputs.append(self._declare(value_name(t, region), t, region))
+            while outputs and not outputs[-1]:
+                outputs.pop()
+            if not outputs:
+                pass  # nothing reads what this layer computes here
+            elif layer.op_type in ALIAS_OPS and layer.domain in ("", "ai.onnx") and len(outputs) == 1:
+                if outputs[0] != inputs[0]:
+                    self.alias[outputs[0]] = inputs[0]
+            else:
+                attrs = dict(layer.attrs)
+                attrs.update(part.attrs[n])
+                node = helper.make_node(layer.op_type, inputs, outputs, name=layer.name, domain=layer.domain or None, **attrs)
+                self.current.nodes.append(node)
+                self.available.update(o for o in outputs if o)
+            if computes != part.out[n] and layer.outputs[0] in live:
+                self.crop(layer.outputs[0], computes, part.out[n])
+        sends = [m for t in layer.outputs if t for m in self.outgoing.get(t, [])]
+        if sends:
+            for m in sends:
+                self.crop(m.tensor, self._own_region(m.tensor), m.region)
+            self.close()
+            self.steps.extend(Step("send", message=m) for m in sends)
+
+    def finish(self) -> dict[str, str]:
+        outputs = {}
+        if self.node == OUTPUT_NODE:
+            for t in self.graph.outputs:
+                outputs[t] = self.gather(self.graph.gathers[(t, self.node)])
+        self.close()
+        return outputs
+
+
+def _liveness(steps: list[Step], final: set[str], resolve: Any) -> list[Step]:
+    """Give each segment its inputs/outputs and drop nodes (and segments) nobody reads."""
+    needed = set(final)
+    kept: list[Step] = []
+    for step in reversed(steps):
+        if step.op == "send":
+            needed.add(resolve(step.message.value))
+        elif step.op == "wait":
+            needed.discard(step.message.value)
+        else:
+            seg = step.segment
+            want = set(needed)
+            nodes = []
+            for node in reversed(seg.nodes):
+                node.input[:] = [resolve(i) if i else i for i in node.input]
+                if any(o in want for o in node.output if o):
+                    nodes.append(node)
+                    want.update(i for i in node.input if i)
+            nodes.reverse()
+            if not nodes:
+                continue
+            produced = {o for node in nodes for o in node.output if o}
+            consumed = [i for node in nodes for i in node.input if i]
+            seg.nodes = nodes
+            seg.initializers = {k: v for k, v in seg.initializers.items() if k in consumed}
+            seg.inputs = list(dict.fromkeys(i for i in consumed if i not in produced and i not in seg.initializers))
+            seg.outputs = sorted(produced & needed)
+            needed = (needed - produced) | set(seg.inputs)
+        kept.append(step)
+    kept.reverse()
+    return kept
+
+
+def _segment_model(graph: Graph, seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]], name: str) -> onnx.ModelProto:
+    def vi(v: str) -> onnx.ValueInfoProto:
+        dtype, shape = meta[v]
+        return helper.make_tensor_value_info(v, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
+
+    g = helper.make_graph(
+        seg.nodes,
+        name,
+        [vi(i) for i in seg.inputs],
+        [vi(o) for o in seg.outputs],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in seg.initializers.items()],
+    )
+    opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
+    model = helper.make_model(g, opset_imports=opsets, producer_name="bbgrap")
+    model.ir_version = min(onnx.IR_VERSION, max(7, helper.find_min_ir_version_for(opsets, ignore_unknown=True)))
+    return model
+
+
+def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
+    """One program per node, and the messages between them."""
+    messages = messages_of(graph)
+    live = set(graph.outputs) | {t for layer in graph.layers for t in layer.inputs if t}
+    programs = []
+    for n in range(graph.nodes):
+        b = _Builder(graph, n, messages)
+        for layer in graph.layers:
+            b.layer(layer, live)
+        outputs = {t: b.resolve(v) for t, v in b.finish().items()}
+        steps = _liveness(b.steps, set(outputs.values()), b.resolve)
+        weight_bytes = 0
+        k = 0
+        for step in steps:
+            if step.op == "run":
+                seg = step.segment
+                seg.model = _segment_model(graph, seg, b.meta, f"{graph.name}_node{n}_seg{k}")
+                weight_bytes += sum(np.asarray(v).nbytes for v in seg.initializers.values())
+                k += 1
+        programs.append(NodeProgram(n, steps, outputs, weight_bytes))
+    return programs, messages

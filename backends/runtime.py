@@ -1,0 +1,404 @@
+"""`bbgrap-run [PLAN]`: execute a plan, check it against its reference, time it.
+
+Without `mpirun` (or with `mpirun -n 1`) every node runs in this one process,
+interleaved on a mailbox; with `mpirun -n N` (N = the plan's nodes) each rank runs
+one node and moves halos with mpi4py's buffer methods: every receive is posted
+into a preallocated numpy buffer before the inference starts, every send is an
+`Isend` of a segment's output as soon as it exists, and a rank waits on a receive
+only right before the segment that reads it. One onnxruntime session per segment,
+created once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+
+from bbgrap.ir import BBGrapError
+from bbgrap.plan import read_manifest, read_sample
+
+MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    id: int
+    src: int
+    dst: int
+    shape: tuple[int, ...]
+    dtype: str
+    value: str
+
+
+@dataclass
+class NodeRunner:
+    """One node's program with its onnxruntime sessions (created once)."""
+
+    node: int
+    steps: list[tuple[str, int]]
+    sessions: list[Any]
+    seg_inputs: list[list[str]]
+    seg_outputs: list[list[str]]
+    outputs: dict[str, str]
+    input_values: dict[str, str]
+    messages: dict[int, MessageSpec]
+    providers: list[str] = field(default_factory=list)
+
+
+class Transport(Protocol):
+    def start(self) -> None: ...
+    def send(self, msg: MessageSpec, data: np.ndarray) -> None: ...
+    def receive(self, msg: MessageSpec) -> np.ndarray | None: ...
+    def finish(self) -> None: ...
+
+
+def session_options(threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    return opts
+
+
+def gpu_present() -> bool:
+    """An NVIDIA device node exists (onnxruntime-gpu lists CUDA even where there is none)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+def providers_for(provider: str, device_id: int) -> list[Any]:
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers()
+    if provider == "cuda" and not cuda_ok:
+        raise BBGrapError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu or use --provider cpu")
+    if provider == "cpu" or not cuda_ok or (provider == "auto" and not gpu_present()):
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+
+
+def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str, device_id: int = 0) -> NodeRunner:
+    import onnxruntime as ort
+
+    prog = manifest["programs"][node]
+    opts = session_options(threads)
+    providers = providers_for(provider, device_id)
+    sessions = []
+    for seg in prog["segments"]:
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            sess = ort.InferenceSession(path, opts, providers=providers)
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}; compile the plan again") from None
+        if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
+            raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
+        if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":
+            providers = ["CPUExecutionProvider"]  # no usable GPU: stop trying CUDA for the other segments
+        sessions.append(sess)
+    messages = {
+        m["id"]: MessageSpec(m["id"], m["src"], m["dst"], tuple(m["shape"]), m["dtype"], m["value"])
+        for m in manifest["messages"]
+        if node in (m["src"], m["dst"])
+    }
+    return NodeRunner(
+        node=node,
+        steps=[(op, k) for op, k in prog["steps"]],
+        sessions=sessions,
+        seg_inputs=[s["inputs"] for s in prog["segments"]],
+        seg_outputs=[s["outputs"] for s in prog["segments"]],
+        outputs=prog["outputs"],
+        input_values={i["name"]: i["value"] for i in manifest["inputs"]},
+        messages=messages,
+        providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
+    )
+
+
+def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport) -> Iterator[None]:
+    """Run one node's program; yields whenever it waits for a message not yet there."""
+    values: dict[str, np.ndarray] = {runner.input_values[k]: v for k, v in inputs.items()}
+    for op, k in runner.steps:
+        if op == "run":
+            sess = runner.sessions[k]
+            feeds = {name: values[name] for name in runner.seg_inputs[k]}
+            outs = sess.run(runner.seg_outputs[k], feeds)
+            values.update(zip(runner.seg_outputs[k], outs))
+        elif op == "send":
+            msg = runner.messages[k]
+            transport.send(msg, values[msg.value])
+        else:
+            msg = runner.messages[k]
+            data = transport.receive(msg)
+            while data is None:
+                yield
+                data = transport.receive(msg)
+            values[msg.value] = data
+    runner_outputs = {name: values[v] for name, v in runner.outputs.items()}
+    inputs.clear()
+    inputs.update(runner_outputs)
+
+
+class Mailbox:
+    """In-process transport: sends land in a dict, receives take from it."""
+
+    def __init__(self) -> None:
+        self.box: dict[int, np.ndarray] = {}
+        self.events = 0  # sends and receives so far: progress, for deadlock detection
+
+    def start(self) -> None:
+        self.box.clear()
+
+    def send(self, msg: MessageSpec, data: np.ndarray) -> None:
+        self.box[msg.id] = data
+        self.events += 1
+
+    def receive(self, msg: MessageSpec) -> np.ndarray | None:
+        data = self.box.pop(msg.id, None)
+        self.events += data is not None
+        return data
+
+    def finish(self) -> None:
+        pass
+
+
+def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """All nodes in this process, interleaved: a node runs until it waits for a message."""
+    mailbox = Mailbox()
+    results = [dict(inputs) for _ in runners]
+    active = {r.node: execute(r, results[r.node], mailbox) for r in runners}
+    while active:
+        before = mailbox.events
+        finished = []
+        for node, gen in active.items():
+            try:
+                next(gen)
+            except StopIteration:
+                finished.append(node)
+        for node in finished:
+            del active[node]
+        if active and not finished and mailbox.events == before:
+            raise RuntimeError(f"plan deadlocked: nodes {sorted(active)} all wait for messages nobody sends")
+    return results[0]
+
+
+class MPITransport:
+    """Nonblocking point-to-point transfers into preallocated buffers."""
+
+    def __init__(self, comm: Any, runner: NodeRunner) -> None:
+        self.comm = comm
+        self.incoming = {m.id: m for m in runner.messages.values() if m.dst == runner.node}
+        self.buffers = {k: np.empty(m.shape, dtype=m.dtype) for k, m in self.incoming.items()}
+        self.recv_requests: dict[int, Any] = {}
+        self.send_requests: list[Any] = []
+        self.keep: list[np.ndarray] = []
+
+    def start(self) -> None:
+        self.recv_requests = {k: self.comm.Irecv(self.buffers[k], source=m.src, tag=k) for k, m in self.incoming.items()}
+
+    def send(self, msg: MessageSpec, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data)
+        self.keep.append(data)
+        self.send_requests.append(self.comm.Isend(data, dest=msg.dst, tag=msg.id))
+
+    def receive(self, msg: MessageSpec) -> np.ndarray:
+        self.recv_requests.pop(msg.id).Wait()
+        return self.buffers[msg.id]
+
+    def finish(self) -> None:
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.send_requests)
+        self.send_requests.clear()
+        self.keep.clear()
+
+
+def run_mpi_node(runner: NodeRunner, transport: MPITransport, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    transport.start()
+    result = dict(inputs)
+    for _ in execute(runner, result, transport):
+        pass  # MPITransport.receive blocks, so the program never yields
+    transport.finish()
+    return result
+
+
+def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[float | None, float | None]:
+    """Max absolute error, and max error relative to each output's largest magnitude."""
+    if not reference:
+        return None, None
+    abs_err, rel_err = 0.0, 0.0
+    for name, ref in reference.items():
+        got = outputs[name]
+        if got.shape != ref.shape:
+            return float("inf"), float("inf")
+        diff = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        abs_err = max(abs_err, diff)
+        rel_err = max(rel_err, diff / scale if scale > 0 else diff)
+    return abs_err, rel_err
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bbgrap-run",
+        description="Run a BBGraP plan: all nodes in this process, or one node per rank under "
+        "'mpirun -n N bbgrap-run'. Checks the result against the plan's reference and prints latency.",
+    )
+    p.add_argument("plan", nargs="?", default="bbgrap-plan", help="plan directory (default: ./bbgrap-plan)")
+    p.add_argument("--input", metavar="FILE.npz", help="inputs keyed by the model's input names (default: the plan's sample)")
+    p.add_argument("--output", metavar="FILE.npz", help="write the outputs, keyed by the model's output names")
+    p.add_argument("--repeat", type=int, default=10, help="timed inferences; latency is their median (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed inferences first (default 2)")
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads per rank (default: cores / ranks on the host)")
+    p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="execution provider (default auto: CUDA when usable)")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max error relative to the output's largest magnitude (default 1e-4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = p.parse_args(argv)
+    for name in ("repeat", "warmup", "threads"):
+        if getattr(args, name) < (1 if name == "repeat" else 0):
+            p.error(f"--{name} must be {'at least 1' if name == 'repeat' else 'non-negative'}")
+    return args
+
+
+def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    inputs, reference = read_sample(args.plan)
+    if args.input:
+        try:
+            with np.load(args.input) as data:
+                given = {k: data[k] for k in data.files}
+        except Exception as exc:
+            raise BBGrapError(f"--input {args.input}: not a readable .npz file ({type(exc).__name__})") from None
+        for spec in manifest["inputs"]:
+            arr = given.get(spec["name"])
+            if arr is None:
+                raise BBGrapError(f"--input {args.input} has no array '{spec['name']}' (it has {sorted(given)})")
+            if list(arr.shape) != spec["shape"]:
+                raise BBGrapError(f"--input {args.input}: '{spec['name']}' has shape {list(arr.shape)}, the plan was compiled for {spec['shape']}")
+            given[spec["name"]] = arr.astype(spec["dtype"], copy=False)
+        inputs, reference = {s["name"]: given[s["name"]] for s in manifest["inputs"]}, {}
+    return inputs, reference
+
+
+def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
+           reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str]) -> int:
+    abs_err, rel_err = compare(outputs, reference)
+    ok = rel_err is None or rel_err <= args.tolerance
+    if args.output:
+        np.savez(args.output, **outputs)
+    result = {
+        "plan": args.plan,
+        "model": manifest["model"],
+        "nodes": manifest["nodes"],
+        "ranks": ranks,
+        "mode": "mpi" if ranks > 1 else "embedded",
+        "provider": providers[0] if providers else "CPUExecutionProvider",
+        "latency_ms": statistics.median(latencies) * 1e3,
+        "latency_min_ms": min(latencies) * 1e3,
+        "repeat": len(latencies),
+        "max_abs_error": abs_err,
+        "max_rel_error": rel_err,
+        "ok": ok,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        check = "no reference" if rel_err is None else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} ({'ok' if ok else 'MISMATCH'})"
+        print(f"{manifest['model']}: {manifest['nodes']} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}")
+        print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
+    if not ok:
+        print(f"bbgrap-run: error: result differs from the reference by {rel_err:.3g} > --tolerance {args.tolerance:g}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def main_embedded(args: argparse.Namespace) -> int:
+    manifest = read_manifest(args.plan)
+    inputs, reference = load_inputs(args, manifest)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    runners = [load_runner(args.plan, manifest, n, threads, args.provider) for n in range(manifest["nodes"])]
+    latencies = []
+    outputs: dict[str, np.ndarray] = {}
+    for k in range(args.warmup + args.repeat):
+        t0 = time.perf_counter()
+        outputs = run_embedded(runners, inputs)
+        if k >= args.warmup:
+            latencies.append(time.perf_counter() - t0)
+    return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers)
+
+
+def main_mpi(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    error: str | None = None
+    try:
+        manifest = read_manifest(args.plan)
+        if manifest["nodes"] != size:
+            raise BBGrapError(
+                f"plan '{args.plan}' has {manifest['nodes']} nodes but mpirun started {size} ranks; "
+                f"run 'mpirun -n {manifest['nodes']} bbgrap-run' (or bbgrap-run alone, all nodes in one process)"
+            )
+        inputs, reference = load_inputs(args, manifest)
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        threads = args.threads or max(1, len(os.sched_getaffinity(0)) // local.Get_size())
+        runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank())
+    except BBGrapError as exc:
+        error = str(exc)
+    errors = comm.allgather(error)
+    if any(errors):
+        if rank == 0:
+            print(f"bbgrap-run: error: {next(e for e in errors if e)}", file=sys.stderr)
+        return 2
+    transport = MPITransport(comm, runner)
+    latencies = []
+    outputs: dict[str, np.ndarray] = {}
+    for k in range(args.warmup + args.repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        outputs = run_mpi_node(runner, transport, inputs)
+        elapsed = time.perf_counter() - t0
+        if k >= args.warmup:
+            latencies.append(elapsed)
+    comm.Barrier()
+    if rank != 0:
+        return 0
+    return report(args, manifest, outputs, reference, latencies, size, runner.providers)
+
+
+def under_mpi() -> bool:
+    return any(v in os.environ for v in MPI_ENV)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if under_mpi():
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_size() > 1:
+            try:
+                return main_mpi(args)
+            except Exception:
+                rank = MPI.COMM_WORLD.Get_rank()
+                print(f"bbgrap-run: rank {rank} failed, aborting the job:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+                MPI.COMM_WORLD.Abort(1)
+                return 1
+    try:
+        return main_embedded(args)
+    except BBGrapError as exc:
+        print(f"bbgrap-run: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""`bbgrap`: compile a model into a plan, inspect a plan, write zoo models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
+from bbgrap.ir import BBGrapError
+
+EPILOG = """examples:
+  bbgrap zoo resnet50 -o resnet50.onnx
+  bbgrap compile resnet50.onnx --nodes 4 --threshold 20      # writes ./bbgrap-plan
+  mpirun -n 4 bbgrap-run                                     # runs it on 4 ranks
+  bbgrap inspect bbgrap-plan --json
+"""
+
+
+class Progress:
+    """A one-line progress bar on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.enabled = sys.stderr.isatty()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        width = 30
+        filled = int(width * done / max(total, 1))
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bbgrap",
+        description="BBGraP: partition an ONNX CNN across N nodes and run it there exactly.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("compile", help="compile MODEL into a plan for N nodes",
+                       description="Compile an ONNX model into a plan directory for N nodes.")
+    c.add_argument("model", help="the .onnx file")
+    c.add_argument("--nodes", type=int, help="number of nodes (MPI ranks); default: the config's, else 1")
+    c.add_argument("--threshold", type=float, help="search band around the speed-proportional size, in %% (default 20)")
+    c.add_argument("--direction", help="cut direction: n (batch), c (channels), h (height) or w (width); default h")
+    c.add_argument("--config", metavar="FILE", help="cluster/search config (TOML, see configs/)")
+    c.add_argument("--speeds", help="relative node speeds, comma separated, e.g. 1,3,1")
+    c.add_argument("--search", help=f"search strategy: {', '.join(SEARCHES)} (default exact)")
+    c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")
+    c.add_argument("-o", "--output", default="bbgrap-plan", metavar="DIR", help="plan directory (default ./bbgrap-plan)")
+    c.add_argument("--no-search", action="store_true", help="keep the naive (even or speed-proportional) split")
+    c.add_argument("--no-optimize", action="store_true", help="keep the naive gather-everything plan (implies --no-search)")
+    c.add_argument("--dump-ir-after", action="append", default=[], metavar="PASS",
+                   help="write the IR after this pass to --dump-dir/PASS.txt (repeatable)")
+    c.add_argument("--dump-dir", default="bbgrap-ir", metavar="DIR", help="where --dump-ir-after writes (default ./bbgrap-ir)")
+    c.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+    i = sub.add_parser("inspect", help="summarise a plan", description="Summarise a plan directory.")
+    i.add_argument("plan", nargs="?", default="bbgrap-plan", help="plan directory (default ./bbgrap-plan)")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+
+    z = sub.add_parser("zoo", help="write a standard CNN with random weights",
+                       description="Write a standard architecture with random weights (no download).")
+    z.add_argument("name", help="model name (vgg16, resnet18, resnet50, mobilenet_v2, inception, densenet)")
+    z.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
+    z.add_argument("--resolution", type=int, default=224, help="input height and width (default 224)")
+    z.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    z.add_argument("--width", type=float, default=1.0, help="channel multiplier, e.g. 0.25 for a small variant (default 1)")
+    z.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    return p
+
+
+def _speeds(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        speeds = tuple(float(s) for s in text.split(","))
+    except ValueError:
+        raise BBGrapError(f"--speeds '{text}' is not a comma-separated list of numbers, e.g. 1,3,1") from None
+    return speeds
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from bbgrap.compiler import compile_model
+    from bbgrap.frontends.onnx import parse_input_shapes
+
+    base = load_config(args.config) if args.config else Config()
+    speeds = _speeds(args.speeds)
+    nodes = args.nodes if args.nodes is not None else (len(speeds) if speeds else None)
+    if nodes is not None and nodes < 1:
+        raise BBGrapError(f"--nodes must be at least 1, not {nodes}")
+    if args.direction is not None and args.direction not in DIRECTIONS:
+        raise BBGrapError(f"--direction '{args.direction}' is not one of {', '.join(DIRECTIONS)} (n: batch, c: channels, h: height, w: width)")
+    if args.search is not None and args.search not in SEARCHES:
+        raise BBGrapError(f"--search '{args.search}' is not one of {', '.join(SEARCHES)}")
+    cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
+    manifest = compile_model(
+        args.model, cfg, args.output, parse_input_shapes(args.input_shape),
+        optimize=not args.no_optimize, search=not (args.no_search or args.no_optimize),
+        dump_after=args.dump_ir_after, dump_dir=args.dump_dir,
+        progress=None if args.quiet else Progress("search"), log=log,
+    )
+    if not args.quiet:
+        print(summary(manifest, args.output))
+        print(f"run it: mpirun -n {manifest['nodes']} bbgrap-run {'' if args.output == 'bbgrap-plan' else args.output}".rstrip())
+    return 0
+
+
+def inspect_json(manifest: dict[str, Any]) -> dict[str, Any]:
+    stats = manifest["stats"]
+    search = manifest.get("search")
+    return {
+        "model": manifest["model"],
+        "nodes": manifest["nodes"],
+        "layers": manifest["layers"],
+        "direction": manifest.get("direction"),
+        "threshold": manifest.get("threshold"),
+        "movement": manifest.get("movement"),
+        "passes": manifest.get("passes"),
+        "bytes_transferred": stats["bytes_transferred"],
+        "sync_points": stats["sync_points"],
+        "messages": stats["messages"],
+        "segments": stats["segments"],
+        "per_node": stats["per_node"],
+        "opaque": manifest.get("opaque", []),
+        "search": search,
+    }
+
+
+def summary(manifest: dict[str, Any], where: str) -> str:
+    info = inspect_json(manifest)
+    lines = [
+        f"plan {where}: {info['model']}, {info['layers']} layers on {info['nodes']} nodes "
+        f"(direction {info['direction']}, {info['movement']} transfers)",
+        f"transfers: {info['bytes_transferred'] / 1e6:.3f} MB per inference in {info['messages']} messages, "
+        f"{info['sync_points']} synchronisation points, {info['segments']} segments",
+    ]
+    for n, node in enumerate(info["per_node"]):
+        lines.append(
+            f"  node {n}: {node['flops'] / 1e9:.3f} GFLOP, sends {node['bytes_sent'] / 1e6:.3f} MB, "
+            f"receives {node['bytes_received'] / 1e6:.3f} MB, weights {node['weight_bytes'] / 1e6:.2f} MB"
+        )
+    if info["opaque"]:
+        ops = sorted({o["op_type"] for o in info["opaque"]})
+        lines.append(f"opaque layers (computed whole on node 0): {len(info['opaque'])} ({', '.join(ops)})")
+    s = info["search"]
+    if s:
+        lines.append(
+            f"search: {s['strategy']}, objective {s['objective']:.4g}, {s['evaluated']} candidates evaluated of "
+            f"10^{s['log10_total']:.1f}, {s['seconds']:.2f}s"
+        )
+    return "\n".join(lines)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from bbgrap.plan import read_manifest
+
+    manifest = read_manifest(args.plan)
+    if args.json:
+        print(json.dumps(inspect_json(manifest), indent=1))
+    else:
+        print(summary(manifest, args.plan))
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    import onnx
+
+    from bbgrap import zoo
+
+    try:
+        model = zoo.build(args.name, resolution=args.resolution, batch=args.batch, width=args.width, seed=args.seed)
+    except zoo.ZooError as exc:
+        raise BBGrapError(str(exc)) from None
+    tmp = f"{args.output}.tmp-{os.getpid()}"
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, args.output)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    params = sum(math.prod(i.dims) for i in model.graph.initializer)
+    print(f"wrote {args.output}: {args.name} at {args.resolution}x{args.resolution}, batch {args.batch}, "
+          f"{params / 1e6:.2f}M parameters")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"compile": cmd_compile, "inspect": cmd_inspect, "zoo": cmd_zoo}
+    try:
+        return handlers[args.command](args)
+    except BBGrapError as exc:
+        print(f"bbgrap: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bbgrap: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Cluster and search configuration: one TOML file (configs/*.toml), CLI flags on top.
+
+Every invalid value gets one error line naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from bbgrap.ir import BBGrapError
+
+DIRECTIONS = ("n", "c", "h", "w")
+SEARCHES = ("exact", "pruned-tree", "exhaustive")
+
+
+@dataclass(frozen=True)
+class CustomPartition:
+    """A user's own cut of one layer: direction, and optionally the size per node."""
+
+    layer: str
+    direction: str
+    sizes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Weights of the objective's terms (thesis table 3.3, eq. 3.8–3.11)."""
+
+    operations_w: float = 1.0
+    data_w: float = 1.0
+    over_w: float = 1.0
+    harmonic_w: float = 1.0
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: int = 1
+    speeds: tuple[float, ...] = ()
+    memory_mb: tuple[float, ...] = ()
+    threshold: float = 20.0
+    direction: str = "h"
+    search: str = "exact"
+    objective: Objective = field(default_factory=Objective)
+    custom: tuple[CustomPartition, ...] = ()
+    source: str = "<defaults>"
+
+    def node_speeds(self) -> tuple[float, ...]:
+        return self.speeds or (1.0,) * self.nodes
+
+    def with_overrides(self, **flags: Any) -> Config:
+        """CLI flags (None: not given) over the file's values, then re-validated."""
+        given = {k: v for k, v in flags.items() if v is not None}
+        cfg = replace(self, **given)
+        if "nodes" in given and len(cfg.speeds) not in (0, cfg.nodes):
+            raise BBGrapError(
+                f"--nodes {cfg.nodes} disagrees with the {len(cfg.speeds)} speeds in {cfg.source}; "
+                f"drop --nodes or edit cluster.speeds"
+            )
+        validate(cfg)
+        return cfg
+
+
+_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+    "cluster": {"nodes": (int,), "speeds": (list,), "memory_mb": (list,)},
+    "partition": {"threshold": (int, float), "direction": (str,), "search": (str,)},
+    "objective": {k: (int, float) for k in ("operations_w", "data_w", "over_w", "harmonic_w")},
+}
+
+
+def _fail(source: str, key: str, problem: str) -> BBGrapError:
+    return BBGrapError(f"{source}: '{key}' {problem}")
+
+
+def load_config(path: str) -> Config:
+    """Read and validate a config file."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise BBGrapError(f"config file '{path}' does not exist; see configs/ for examples") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BBGrapError(f"{path}: not valid TOML ({exc}); see configs/ for examples") from None
+    for section, value in data.items():
+        if section == "custom":
+            continue
+        if section not in _SCHEMA:
+            raise _fail(path, section, f"is not a known section (known: {', '.join(list(_SCHEMA) + ['custom'])})")
+        if not isinstance(value, dict):
+            raise _fail(path, section, "must be a table, e.g. [" + section + "]")
+        for key, v in value.items():
+            types = _SCHEMA[section].get(key)
+            if types is None:
+                raise _fail(path, f"{section}.{key}", f"is not a known key (known: {', '.join(_SCHEMA[section])})")
+            if isinstance(v, bool) or not isinstance(v, types):
+                raise _fail(path, f"{section}.{key}", f"must be {' or '.join(t.__name__ for t in types)}, not {type(v).__name__}")
+    cluster, part, obj = data.get("cluster", {}), data.get("partition", {}), data.get("objective", {})
+    for key in ("speeds", "memory_mb"):
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in cluster.get(key, [])):
+            raise _fail(path, f"cluster.{key}", "must be a list of numbers")
+    speeds = tuple(float(s) for s in cluster.get("speeds", []))
+    nodes = int(cluster.get("nodes", len(speeds) or 1))
+    custom = []
+    for k, entry in enumerate(data.get("custom", [])):
+        where = f"custom[{k}]"
+        if not isinstance(entry, dict) or "layer" not in entry or "direction" not in entry:
+            raise _fail(path, where, "needs 'layer' and 'direction' (and optionally 'sizes'), as [[custom]] tables")
+        extra = set(entry) - {"layer", "direction", "sizes"}
+        if extra:
+            raise _fail(path, f"{where}.{sorted(extra)[0]}", "is not a known key (known: layer, direction, sizes)")
+        sizes = entry.get("sizes")
+        if sizes is not None and (not isinstance(sizes, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes)):
+            raise _fail(path, f"{where}.sizes", "must be a list of non-negative integers, one per node")
+        custom.append(CustomPartition(str(entry["layer"]), str(entry["direction"]), tuple(sizes) if sizes is not None else None))
+    cfg = Config(
+        nodes=nodes,
+        speeds=speeds,
+        memory_mb=tuple(float(m) for m in cluster.get("memory_mb", [])),
+        threshold=float(part.get("threshold", 20.0)),
+        direction=str(part.get("direction", "h")),
+        search=str(part.get("search", "exact")),
+        objective=Objective(**{k: float(v) for k, v in obj.items()}),
+        custom=tuple(custom),
+        source=path,
+    )
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    src = cfg.source
+    if cfg.nodes < 1:
+        raise _fail(src, "nodes", f"must be at least 1, not {cfg.nodes} (--nodes N or cluster.nodes)")
+    if cfg.speeds and len(cfg.speeds) != cfg.nodes:
+        raise _fail(src, "cluster.speeds", f"has {len(cfg.speeds)} entries for {cfg.nodes} nodes; give one per node")
+    if any(s <= 0 for s in cfg.speeds):
+        raise _fail(src, "cluster.speeds", "must all be positive")
+    if cfg.memory_mb and len(cfg.memory_mb) != cfg.nodes:
+        raise _fail(src, "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node")
+    if not 0 <= cfg.threshold <= 100:
+        raise _fail(src, "threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
+    if cfg.direction not in DIRECTIONS:
+        raise _fail(src, "direction", f"must be one of {', '.join(DIRECTIONS)}, not '{cfg.direction}'")
+    if cfg.search not in SEARCHES:
+        raise _fail(src, "search", f"must be one of {', '.join(SEARCHES)}, not '{cfg.search}'")
+    for name in ("operations_w", "data_w", "over_w", "harmonic_w"):
+        if getattr(cfg.objective, name) < 0:
+            raise _fail(src, f"objective.{name}", "must be non-negative")
+    for c in cfg.custom:
+        if c.direction not in DIRECTIONS:
+            raise _fail(src, f"custom '{c.layer}' direction", f"must be one of {', '.join(DIRECTIONS)}")
+        if c.sizes is not None and len(c.sizes) != cfg.nodes:
+            raise _fail(src, f"custom '{c.layer}' sizes", f"has {len(c.sizes)} entries for {cfg.nodes} nodes")
+
+
+def direction_axis(direction: str, rank: int) -> int | None:
+    """Output axis a direction names for a tensor of this rank (None: it has no such axis)."""
+    if direction == "n":
+        return 0
+    if direction == "c":
+        return 1 if rank >= 2 else None
+    if rank < 3:
+        return None
+    if direction == "h":
+        return 2
+    return rank - 1 if rank >= 4 else None

@@ -1,0 +1,361 @@
+"""The ShapeMap IR: intervals, regions of tensors, layers and the graph between them.
+
+A `ShapeMap` is the region of one tensor that one node holds or needs: per axis a
+sorted tuple of disjoint half-open intervals (thesis fig. 3.3), the region being
+their cartesian product. Partitioned plans only ever need *boxes* (one interval per
+axis); the general form is kept for set algebra and for the invariant checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+
+
+class BBGrapError(Exception):
+    """A user-facing error: one line that names the problem and how to fix it."""
+
+
+@dataclass(frozen=True, order=True)
+class Interval:
+    """Half-open interval [start, stop) along one axis."""
+
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if self.stop < self.start:
+            raise ValueError(f"interval stop {self.stop} < start {self.start}")
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def empty(self) -> bool:
+        return self.stop == self.start
+
+    def intersect(self, other: Interval) -> Interval:
+        lo, hi = max(self.start, other.start), min(self.stop, other.stop)
+        return Interval(lo, max(lo, hi))
+
+    def contains(self, other: Interval) -> bool:
+        return other.empty or (self.start <= other.start and other.stop <= self.stop)
+
+    def shift(self, offset: int) -> Interval:
+        return Interval(self.start + offset, self.stop + offset)
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.stop}"
+
+
+def _normalise(intervals: Iterable[Interval]) -> tuple[Interval, ...]:
+    """Sort, drop empties and merge touching intervals."""
+    out: list[Interval] = []
+    for iv in sorted(i for i in intervals if not i.empty):
+        if out and iv.start <= out[-1].stop:
+            out[-1] = Interval(out[-1].start, max(out[-1].stop, iv.stop))
+        else:
+            out.append(iv)
+    return tuple(out)
+
+
+def _axis_len(ivs: tuple[Interval, ...]) -> int:
+    return sum(len(i) for i in ivs)
+
+
+@dataclass(frozen=True)
+class ShapeMap:
+    """Region of a tensor: the product over axes of unions of intervals."""
+
+    axes: tuple[tuple[Interval, ...], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", tuple(_normalise(a) for a in self.axes))
+
+    # construction -----------------------------------------------------------
+    @staticmethod
+    def full(shape: Sequence[int]) -> ShapeMap:
+        return ShapeMap(tuple((Interval(0, int(d)),) for d in shape))
+
+    @staticmethod
+    def box(starts: Sequence[int], stops: Sequence[int]) -> ShapeMap:
+        return ShapeMap(tuple((Interval(int(a), int(b)),) for a, b in zip(starts, stops)))
+
+    @staticmethod
+    def empty_like(rank: int) -> ShapeMap:
+        return ShapeMap(tuple(() for _ in range(rank)))
+
+    # queries ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return len(self.axes)
+
+    @property
+    def empty(self) -> bool:
+        return any(len(a) == 0 for a in self.axes)
+
+    @property
+    def volume(self) -> int:
+        if self.empty:
+            return 0
+        return int(np.prod([_axis_len(a) for a in self.axes], dtype=np.int64))
+
+    @property
+    def is_box(self) -> bool:
+        return all(len(a) == 1 for a in self.axes)
+
+    def _box_axes(self) -> tuple[Interval, ...]:
+        if not self.is_box:
+            raise ValueError(f"region {self} is not a box")
+        return tuple(a[0] for a in self.axes)
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        return tuple(i.start for i in self._box_axes())
+
+    @property
+    def stops(self) -> tuple[int, ...]:
+        return tuple(i.stop for i in self._box_axes())
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(i) for i in self._box_axes())
+
+    def interval(self, axis: int) -> Interval:
+        return self._box_axes()[axis]
+
+    def contains(self, other: ShapeMap) -> bool:
+        if other.empty:
+            return True
+        return all(
+            all(any(mine.contains(o) for mine in a) for o in b) for a, b in zip(self.axes, other.axes)
+        )
+
+    # algebra ----------------------------------------------------------------
+    def intersect(self, other: ShapeMap) -> ShapeMap:
+        axes = []
+        for a, b in zip(self.axes, other.axes):
+            axes.append(tuple(x.intersect(y) for x in a for y in b))
+        return ShapeMap(tuple(axes))
+
+    def union(self, other: ShapeMap) -> ShapeMap:
+        """Exact union; defined when the two regions agree on all axes but one."""
+        if self.empty:
+            return other
+        if other.empty:
+            return self
+        differing = [k for k, (a, b) in enumerate(zip(self.axes, other.axes)) if a != b]
+        if len(differing) > 1:
+            raise ValueError(f"union of {self} and {other} is not a product region; use hull()")
+        if not differing:
+            return self
+        k = differing[0]
+        axes = list(self.axes)
+        axes[k] = self.axes[k] + other.axes[k]
+        return ShapeMap(tuple(axes))
+
+    def hull(self, other: ShapeMap) -> ShapeMap:
+        """Smallest box containing both regions."""
+        if self.empty:
+            return other.bounding_box()
+        if other.empty:
+            return self.bounding_box()
+        return ShapeMap(
+            tuple(
+                (Interval(min(a[0].start, b[0].start), max(a[-1].stop, b[-1].stop)),)
+                for a, b in zip(self.axes, other.axes)
+            )
+        )
+
+    def bounding_box(self) -> ShapeMap:
+        if self.empty:
+            return self
+        return ShapeMap(tuple((Interval(a[0].start, a[-1].stop),) for a in self.axes))
+
+    def difference(self, other: ShapeMap) -> list[ShapeMap]:
+        """Disjoint boxes covering self minus other (both must be boxes)."""
+        cut = self.intersect(other)
+        if cut.empty:
+            return [] if self.empty else [self]
+        pieces: list[ShapeMap] = []
+        rest = list(self._box_axes())
+        for k, inner in enumerate(cut._box_axes()):
+            outer = rest[k]
+            for part in (Interval(outer.start, inner.start), Interval(inner.stop, outer.stop)):
+                if not part.empty:
+                    axes = rest.copy()
+                    axes[k] = part
+                    pieces.append(ShapeMap(tuple((a,) for a in axes)))
+            rest[k] = inner
+        return pieces
+
+    def with_axis(self, axis: int, interval: Interval) -> ShapeMap:
+        axes = list(self.axes)
+        axes[axis] = (interval,)
+        return ShapeMap(tuple(axes))
+
+    def relative_to(self, outer: ShapeMap) -> ShapeMap:
+        """This box in the coordinates of `outer`'s origin."""
+        origin = outer.starts
+        return ShapeMap.box([s - o for s, o in zip(self.starts, origin)], [e - o for e, o in zip(self.stops, origin)])
+
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(i.start, i.stop) for i in self._box_axes())
+
+    def key(self) -> str:
+        """Short stable text form, used in names of local values."""
+        if self.empty:
+            return "empty"
+        return ",".join("+".join(str(i) for i in a) for a in self.axes)
+
+    def __str__(self) -> str:
+        return "[" + self.key() + "]"
+
+
+# --------------------------------------------------------------------------------------
+# Graph
+
+
+GROUPS = ("convolutions", "pools", "arithmetic", "others", "opaque")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """Static metadata of one tensor (torch.fx's TensorMetadata, immutable)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One ONNX node with static shapes; `group` follows thesis table 3.1."""
+
+    name: str
+    op_type: str
+    domain: str
+    attrs: Mapping[str, Any]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    group: str = "opaque"
+
+    def describe(self, graph: Graph) -> str:
+        ins = ", ".join(f"{t}{list(graph.tensors[t].shape)}" for t in self.inputs if t in graph.tensors)
+        return f"{self.op_type} '{self.name}' ({ins})"
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of a gathered region, taken from node `src` (local when src == the gathering node)."""
+
+    region: ShapeMap
+    src: int
+
+
+@dataclass(frozen=True)
+class Gather:
+    """How `node` assembles `region` of `tensor`: concatenation of parts along `axis`."""
+
+    tensor: str
+    node: int
+    region: ShapeMap
+    parts: tuple[Part, ...]
+    axis: int
+
+    @property
+    def transfers(self) -> tuple[Transfer, ...]:
+        return tuple(Transfer(self.tensor, p.region, p.src, self.node) for p in self.parts if p.src != self.node)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    tensor: str
+    region: ShapeMap
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class LayerPartition:
+    """What each node computes of one layer, and the input regions it needs for that.
+
+    `axis` is the cut axis (None: the layer is computed whole on `out`'s only
+    non-empty node). `needs[n][i]` is the region of input i node n reads (None for
+    an absent optional input or one the local op drops), `computes[n]` the region its
+    local op produces (a superset of `out[n]`, e.g. whole groups of a group conv), and
+    `attrs[n]` the attribute overrides of its local op (pads, ceil_mode, group).
+    """
+
+    axis: int | None
+    out: tuple[ShapeMap, ...]
+    needs: tuple[tuple[ShapeMap | None, ...], ...]
+    computes: tuple[ShapeMap, ...]
+    attrs: tuple[Mapping[str, Any], ...]
+
+    def active_nodes(self) -> list[int]:
+        return [n for n, r in enumerate(self.out) if not r.empty]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The whole model: layers in topological order, tensors, constants, and (once
+    partitioned) the per-layer partitions and per-tensor gathers."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    tensors: Mapping[str, Tensor]
+    constants: Mapping[str, np.ndarray] = field(repr=False)
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    opsets: Mapping[str, int]
+    nodes: int = 1
+    partitions: Mapping[str, LayerPartition] = field(default_factory=dict)
+    gathers: Mapping[tuple[str, int], Gather] = field(default_factory=dict)
+    # gather mode that produced `gathers` ("naive" or "optimized"); "" before insert-crop-concat
+    movement: str = ""
+    search_stats: Mapping[str, Any] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> Graph:
+        return dataclasses.replace(self, **changes)
+
+    def layer(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+    def producers(self) -> dict[str, Layer]:
+        return {t: layer for layer in self.layers for t in layer.outputs if t}
+
+    def consumers(self) -> dict[str, list[Layer]]:
+        out: dict[str, list[Layer]] = {}
+        for layer in self.layers:
+            for t in dict.fromkeys(layer.inputs):
+                if t:
+                    out.setdefault(t, []).append(layer)
+        return out
+
+    def is_activation(self, tensor: str) -> bool:
+        return bool(tensor) and tensor not in self.constants
+
+    def digraph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        producers = self.producers()
+        for layer in self.layers:
+            g.add_node(layer.name)
+            for t in layer.inputs:
+                if t in producers:
+                    g.add_edge(producers[t].name, layer.name, tensor=t)
+        return g
+
+    def transfers(self) -> list[Transfer]:
+        return [t for g in self.gathers.values() for t in g.transfers]

@@ -1,0 +1,24 @@
+"""Text form of the IR, for `--dump-ir-after` and for reading a plan's partition."""
+
+from __future__ import annotations
+
+from bbgrap.ir import Graph
+
+
+def format_graph(graph: Graph) -> str:
+    lines = [f"graph {graph.name}: {len(graph.layers)} layers, {graph.nodes} nodes, movement={graph.movement or '-'}"]
+    for layer in graph.layers:
+        shapes = ", ".join(f"{t}{list(graph.tensors[t].shape)}" for t in layer.outputs if t in graph.tensors)
+        lines.append(f"{layer.name}: {layer.op_type} [{layer.group}] ({', '.join(layer.inputs)}) -> {shapes}")
+        part = graph.partitions.get(layer.name)
+        if part is None:
+            continue
+        for n in part.active_nodes():
+            needs = ", ".join(str(r) if r is not None else "-" for r in part.needs[n])
+            extra = f" computes {part.computes[n]}" if part.computes[n] != part.out[n] else ""
+            attrs = f" attrs {dict(part.attrs[n])}" if part.attrs[n] else ""
+            lines.append(f"  node {n}: out {part.out[n]}{extra} needs {needs}{attrs}")
+    for (t, n), g in sorted(graph.gathers.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        parts = " + ".join(f"{p.region}<-{p.src}" for p in g.parts)
+        lines.append(f"gather {t} on node {n}: {g.region} = {parts}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,71 @@
+"""Data movement: how every node assembles the regions of a tensor it reads.
+
+A tensor is held in pieces — what each node computed of it (graph inputs are held
+whole by every node). A node that reads the tensor assembles one box of it (a
+*gather*): the concatenation of its own piece's overlap and the overlaps received
+from the nodes that computed the rest, cropped afterwards for each consumer. The
+naive plan (thesis fig. 3.6a) gathers the whole tensor on every reading node; the
+optimized plan gathers just the hull of what the node's consumers read (fig.
+3.6b–e), which is no transfer and no concat at all when the node holds exactly that.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from bbgrap.ir import Gather, Graph, Part, ShapeMap
+
+Mode = Literal["naive", "optimized"]
+OUTPUT_NODE = 0  # the node that collects the model's outputs
+
+
+def pieces(graph: Graph, tensor: str) -> list[tuple[int, ShapeMap]] | None:
+    """(node, region) each node computed of `tensor`; None for a graph input (held whole everywhere)."""
+    if tensor in graph.inputs:
+        return None
+    layer = graph.producers()[tensor]
+    part = graph.partitions[layer.name]
+    idx = list(layer.outputs).index(tensor)
+    if idx > 0:  # extra outputs exist only for layers computed whole
+        (node,) = part.active_nodes()
+        return [(node, ShapeMap.full(graph.tensors[tensor].shape))]
+    return [(n, part.out[n]) for n in part.active_nodes()]
+
+
+def needs_by_node(graph: Graph) -> dict[tuple[str, int], list[ShapeMap]]:
+    """Every region of an activation that some consumer (or the output) reads, per node."""
+    out: dict[tuple[str, int], list[ShapeMap]] = {}
+    for layer in graph.layers:
+        part = graph.partitions[layer.name]
+        for n in part.active_nodes():
+            for t, need in zip(layer.inputs, part.needs[n]):
+                if need is not None and graph.is_activation(t):
+                    out.setdefault((t, n), []).append(need)
+    for t in graph.outputs:
+        out.setdefault((t, OUTPUT_NODE), []).append(ShapeMap.full(graph.tensors[t].shape))
+    return out
+
+
+def hull_of(regions: list[ShapeMap]) -> ShapeMap:
+    hull = regions[0]
+    for r in regions[1:]:
+        hull = hull.hull(r)
+    return hull
+
+
+def derive_gathers(graph: Graph, mode: Mode) -> dict[tuple[str, int], Gather]:
+    gathers: dict[tuple[str, int], Gather] = {}
+    for (t, n), needs in needs_by_node(graph).items():
+        if mode == "naive":
+            region = ShapeMap.full(graph.tensors[t].shape)
+        else:
+            region = hull_of(needs)
+        held = pieces(graph, t)
+        if held is None:
+            gathers[(t, n)] = Gather(t, n, region, (Part(region, n),), 0)
+            continue
+        axis = graph.partitions[graph.producers()[t].name].axis or 0
+        parts = [Part(region.intersect(r), p) for p, r in held if not region.intersect(r).empty]
+        parts.sort(key=lambda part: part.region.starts[axis])
+        gathers[(t, n)] = Gather(t, n, region, tuple(parts), axis)
+    return gathers

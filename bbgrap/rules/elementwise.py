@@ -1,0 +1,57 @@
+"""Elementwise ops: activations, broadcasting arithmetic, BatchNormalization.
+
+Every output element depends only on the input elements at the same (broadcast)
+position, so regions pass through; constant operands are sliced along with them.
+"""
+
+from __future__ import annotations
+
+from bbgrap.ir import Graph, Layer, ShapeMap
+from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
+
+ACTIVATIONS = (
+    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Clip",
+    "Elu", "Selu", "Celu", "Softplus", "Softsign", "ThresholdedRelu", "Gelu", "Mish", "Erf",
+    "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
+    "Sin", "Cos", "Not", "Cast", "Identity", "Dropout", "Shrink",
+)
+ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Sum", "Pow", "Max", "Min", "Mean", "Where",
+              "Equal", "Greater", "Less", "And", "Or")
+
+
+class BroadcastRule(RegionRule):
+    """Ops whose inputs broadcast (numpy rules) to the output."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        if len([t for t in layer.outputs if t]) > 1:  # e.g. Dropout's mask is read
+            return frozenset()
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        needs = tuple(broadcast_need(out, shape(graph, t)) if t else None for t in layer.inputs)
+        return Local(needs, out)
+
+
+class BatchNormRule(RegionRule):
+    """BatchNormalization (inference): per-channel parameters follow the channel axis."""
+
+    group = "others"
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        if len([t for t in layer.outputs if t]) > 1 or int(layer.attrs.get("spatial", 1)) != 1:
+            return frozenset()
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        ch = out.interval(1)
+        params = tuple(ShapeMap.box([ch.start], [ch.stop]) for _ in layer.inputs[1:])
+        return Local((out,) + params, out)
+
+
+def register(registry: RuleRegistry) -> None:
+    registry.register(ACTIVATIONS, BroadcastRule("others"))
+    registry.register(ARITHMETIC, BroadcastRule("arithmetic"))
+    registry.register(["BatchNormalization"], BatchNormRule())

@@ -1,0 +1,61 @@
+"""Pools: windowed (MaxPool, AveragePool, LpPool), global pools, and LRN.
+
+Windowed pools cut any axis (channels and batch pass through, spatial axes use the
+windowed rule); global pools cannot cut a spatial axis; LRN sums over a channel
+window, so a channel cut reads a channel halo and crops it away after.
+"""
+
+from __future__ import annotations
+
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap
+from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, full, shape
+from bbgrap.rules.window import Window, window_attrs
+
+
+class WindowPoolRule(RegionRule):
+    group = "pools"
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        if len([t for t in layer.outputs if t]) > 1:  # MaxPool's Indices: opaque
+            return frozenset()
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        x_shape = shape(graph, layer.inputs[0])
+        window = Window.of(layer, x_shape, layer.attrs["kernel_shape"])
+        spatial, attrs = window_attrs(window, out)
+        need = ShapeMap(((out.interval(0),), (out.interval(1),)) + tuple((s,) for s in spatial))
+        return Local((need,), out, attrs)
+
+
+class GlobalPoolRule(RegionRule):
+    group = "pools"
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return frozenset({0, 1})
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        need = full(graph, layer.inputs[0]).with_axis(0, out.interval(0)).with_axis(1, out.interval(1))
+        return Local((need,), out)
+
+
+class LRNRule(RegionRule):
+    group = "pools"
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        size = int(layer.attrs["size"])
+        channels = shape(graph, layer.inputs[0])[1]
+        ch = out.interval(1)
+        before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+        halo = Interval(max(0, ch.start - before), min(channels, ch.stop + after))
+        region = out.with_axis(1, halo)
+        return Local((region,), region)
+
+
+def register(registry: RuleRegistry) -> None:
+    registry.register(["MaxPool", "AveragePool", "LpPool"], WindowPoolRule())
+    registry.register(["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"], GlobalPoolRule())
+    registry.register(["LRN"], LRNRule())

@@ -1,0 +1,114 @@
+"""Ops that move elements around: Concat, Transpose, Flatten, Gemm, Softmax, and
+the whole-tensor ones (Reshape, MatMul) that are computed whole on one node."""
+
+from __future__ import annotations
+
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap
+from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
+
+
+def _axis(layer: Layer, rank: int, default: int) -> int:
+    axis = int(layer.attrs.get("axis", default))
+    return axis + rank if axis < 0 else axis
+
+
+class ConcatRule(RegionRule):
+    """Concat maps the output region through each input's offset; inputs that the
+    region does not touch are dropped from the local op."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        axis = _axis(layer, out.rank, 0)
+        want = out.interval(axis)
+        needs: list[ShapeMap | None] = []
+        offset = 0
+        for t in layer.inputs:
+            size = shape(graph, t)[axis]
+            part = want.intersect(Interval(offset, offset + size))
+            needs.append(None if part.empty else out.with_axis(axis, part.shift(-offset)))
+            offset += size
+        return Local(tuple(needs), out)
+
+
+class TransposeRule(RegionRule):
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        perm = layer.attrs.get("perm") or list(reversed(range(out.rank)))
+        axes: list[Interval] = [Interval(0, 0)] * out.rank
+        for k, p in enumerate(perm):
+            axes[int(p)] = out.interval(k)
+        return Local((ShapeMap(tuple((a,) for a in axes)),), out)
+
+
+class FlattenRule(RegionRule):
+    """Flatten with axis 1 keeps the batch axis; everything else is read whole."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        rank = len(shape(graph, layer.inputs[0]))
+        return frozenset({0}) if _axis(layer, rank, 1) == 1 else frozenset()
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        need = full(graph, layer.inputs[0])
+        if out.interval(0) != need.interval(0):
+            need = need.with_axis(0, out.interval(0))
+        return Local((need,), out)
+
+
+class GemmRule(RegionRule):
+    """Y = A'·B' + C: rows of Y read rows of A', columns read columns of B' (and C broadcast)."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return frozenset({0, 1})
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        rows, cols = out.interval(0), out.interval(1)
+        trans_a, trans_b = int(layer.attrs.get("transA", 0)), int(layer.attrs.get("transB", 0))
+        a = full(graph, layer.inputs[0]).with_axis(1 if trans_a else 0, rows)
+        b = full(graph, layer.inputs[1]).with_axis(0 if trans_b else 1, cols)
+        needs: list[ShapeMap | None] = [a, b]
+        if len(layer.inputs) > 2 and layer.inputs[2]:
+            needs.append(broadcast_need(out, shape(graph, layer.inputs[2])))
+        return Local(tuple(needs), out)
+
+
+class SoftmaxRule(RegionRule):
+    """Softmax normalises over its axis (from opset 13) or over all axes from `axis`
+    on (before 13): those axes are read whole, the others pass through."""
+
+    def _reduced(self, layer: Layer, graph: Graph, rank: int) -> range:
+        legacy = graph.opsets.get("", 13) < 13
+        axis = _axis(layer, rank, 1 if legacy else -1)
+        return range(axis, rank) if legacy else range(axis, axis + 1)
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        rank = len(shape(graph, layer.outputs[0]))
+        return all_axes(layer, graph) - frozenset(self._reduced(layer, graph, rank))
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        need = out
+        for a in self._reduced(layer, graph, out.rank):
+            need = need.with_axis(a, Interval(0, shape(graph, layer.inputs[0])[a]))
+        return Local((need,), out)
+
+
+class WholeRule(RegionRule):
+    """Ops computed whole on one node: every input is read whole."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return frozenset()
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        return Local(tuple(full(graph, t) if t else None for t in layer.inputs), out)
+
+
+def register(registry: RuleRegistry) -> None:
+    registry.register(["Concat"], ConcatRule())
+    registry.register(["Transpose"], TransposeRule())
+    registry.register(["Flatten"], FlattenRule())
+    registry.register(["Gemm"], GemmRule())
+    registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
+    registry.register(["Reshape", "MatMul", "Squeeze", "Unsqueeze"], WholeRule())

@@ -1,0 +1,188 @@
+"""Searches for the best partition of one layer (thesis §3.5, algorithms 1–5).
+
+Three strategies share one interface (`Strategy`), one memoised cost table
+(`CostCache`) and one tie rule: among partitions with equal objective the
+lexicographically smallest tuple of intervals wins (for non-overlapped partitions
+that is the lexicographically smallest cuts), so all strategies agree on the answer
+whenever they find the optimum.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Optional, Sequence
+
+from bbgrap.search.objective import LayerCost, NodeCost, Weights, objective
+from bbgrap.search.procedural import Interval, Partition, Partitions
+
+Progress = Callable[[int, int], None]
+INF = math.inf
+EXHAUSTIVE_LIMIT = 2_000_000
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Best partition found and what it cost to find it.
+
+    `cuts` are the N+1 boundaries c0=0 <= c1 <= ... <= cN=extent; node j computes
+    [c_j, c_{j+1}).  In overlapped mode node j computes `intervals[j]` and `cuts`
+    holds the starts plus the extent.  `evaluated` counts complete partitions whose
+    objective was computed (the thesis' metric), `cost_calls` distinct node_cost calls.
+    """
+
+    cuts: tuple[int, ...]
+    objective: float
+    evaluated: int
+    cost_calls: int
+    log10_total: float
+    seconds: float
+    strategy: str
+    intervals: Partition = ()
+
+
+class CostCache:
+    """node_cost memoised per (node, start, stop), with counts of calls and of evaluated partitions."""
+
+    def __init__(self, cost: LayerCost, weights: Weights):
+        self._cost = cost
+        self.weights = weights
+        self._table: dict[tuple[int, int, int], NodeCost] = {}
+        self.evaluated = 0
+
+    @property
+    def calls(self) -> int:
+        return len(self._table)
+
+    def node(self, node: int, interval: Interval) -> NodeCost:
+        key = (node, interval[0], interval[1])
+        cost = self._table.get(key)
+        if cost is None:
+            cost = self._cost.node_cost(node, interval[0], interval[1])
+            if not (cost.work >= 0 and cost.data >= 0 and cost.over >= 0):
+                raise ValueError(f"node_cost{key} returned a negative or NaN cost: {cost}")
+            self._table[key] = cost
+        return cost
+
+    def evaluate(self, partition: Partition) -> float:
+        """Objective of one complete partition (counted in `evaluated`)."""
+        self.evaluated += 1
+        return objective([self.node(j, iv) for j, iv in enumerate(partition)], self.weights)
+
+
+def better(value: float, partition: Partition, best_value: float, best: Optional[Partition]) -> bool:
+    """The shared order: smaller objective, then lexicographically smaller intervals."""
+    return value < best_value or (value == best_value and best is not None and partition < best)
+
+
+class Strategy:
+    """A search over `partitions`; `run` returns the best partition and its objective."""
+
+    name = ""
+
+    def __init__(self, partitions: Partitions, cache: CostCache, progress: Optional[Progress] = None):
+        self.partitions = partitions
+        self.cache = cache
+        self.progress = progress
+
+    def run(self) -> tuple[Partition, float]:
+        raise NotImplementedError
+
+    def _report(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(done, total)
+
+
+class Exhaustive(Strategy):
+    """Every valid partition, in lexicographic order.  Progress unit: partitions."""
+
+    name = "exhaustive"
+
+    def run(self) -> tuple[Partition, float]:
+        total = self.partitions.total()
+        if total > EXHAUSTIVE_LIMIT:
+            raise ValueError(
+                f"exhaustive search refused: {total} candidate partitions (limit {EXHAUSTIVE_LIMIT}); "
+                "use strategy 'exact'"
+            )
+        best: Optional[Partition] = None
+        best_value = INF
+        step = max(1, total // 100)
+        for done, partition in enumerate(self.partitions, 1):
+            value = self.cache.evaluate(partition)
+            if best is None or better(value, partition, best_value, best):
+                best, best_value = partition, value
+            if done % step == 0 or done == total:
+                self._report(done, total)
+        assert best is not None, "a widened band always has a partition"
+        return best, best_value
+
+
+class PrunedTree(Strategy):
+    """The thesis' pruned recursive search (algorithms 1–5), as we read them.
+
+    Recursion over nodes; the intervals of a node are grouped in trees by start index
+    (ds[node][start]).  Per tree it keeps the best partitions (alg. 2) and stops the
+    tree at the first interval that does worse than the tree's best so far (alg. 5,
+    line 33); over the trees of a node it stops at the first tree whose best is worse
+    than the node's best (line 42).  Skip lists (alg. 3–4): once a tree has been
+    searched, the intervals of it that were not in its best partitions are skipped
+    when the same tree is reached again from another prefix.
+
+    Both early breaks and the skip lists assume that the objective is convex along
+    each tree and that a tree's best does not depend on the intervals before it; for
+    max- and harmonic-type objectives neither holds in general, so this strategy can
+    miss the optimum (see `miss_rate`).  Progress unit: intervals of node 0 done.
+    """
+
+    name = "pruned-tree"
+
+    def run(self) -> tuple[Partition, float]:
+        self._best_of_tree: dict[tuple[int, int], frozenset[Interval]] = {}
+        value, found = self._search(0, ())
+        if not found:
+            raise ValueError("no valid partition")
+        return min(found), value
+
+    def _trees(self, node: int, prefix: Partition) -> list[int]:
+        if node == 0:
+            return [0]
+        start, end = prefix[-1]
+        links = self.partitions.link[node - 1].get(end, [])
+        return [s for s in links if not self.partitions.overlapped or s > start]
+
+    def _search(self, node: int, prefix: Partition) -> tuple[float, list[Partition]]:
+        parts, last = self.partitions, self.partitions.nodes - 1
+        best, best_list = INF, []
+        for start in self._trees(node, prefix):
+            kept = self._best_of_tree.get((node, start))  # skip list of this tree, if seen before
+            tree_best, tree_list = INF, []
+            intervals = parts.ds[node].get(start, [])
+            for i, interval in enumerate(intervals):
+                if (kept is not None and interval not in kept) or parts.completions(node, interval) == 0:
+                    continue
+                path = prefix + (interval,)
+                if node == last:
+                    value, found = self.cache.evaluate(path), [path]
+                else:
+                    value, found = self._search(node + 1, path)
+                if node == 0:
+                    self._report(i + 1, len(intervals))
+                if value < tree_best:
+                    tree_best, tree_list = value, found
+                elif value == tree_best:
+                    tree_list = tree_list + found
+                else:
+                    break
+            if not tree_list:
+                continue
+            self._best_of_tree.setdefault((node, start), frozenset(p[node] for p in tree_list))
+            if tree_best < best:
+                best, best_list = tree_best, tree_list
+            elif tree_best == best:
+                best_list = best_list + tree_list
+            else:
+                break
+        return best, best_list

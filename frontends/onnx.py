@@ -1,0 +1,282 @@
+"""ONNX → ShapeMap IR.
+
+Loads and checks the model, fixes symbolic input dimensions (`--input-shape`),
+drops initializers that old exporters also list as graph inputs, folds constant
+sub-graphs into plain weights, gives every tensor a static shape, turns `auto_pad`
+into explicit pads, and builds the IR with the op groups of thesis table 3.1.
+
+Static shapes and folded values come from one onnxruntime run on a sample input:
+a tensor that depends on no graph input (other than through `Shape`/`Size`) has the
+same value for every input, so its value in that run is its folded value; and the
+run gives shapes where ONNX shape inference cannot (ops it does not know).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from bbgrap.ir import BBGrapError, Graph, Layer, Tensor
+from bbgrap.rules.registry import RuleRegistry, default_registry
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+SHAPE_ONLY = {"Shape", "Size"}
+WINDOWED = {"Conv", "MaxPool", "AveragePool", "LpPool", "ConvInteger", "QLinearConv"}
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """The imported model: the IR, a sample input and the original model's output on it."""
+
+    graph: Graph
+    sample_inputs: dict[str, np.ndarray]
+    reference_outputs: dict[str, np.ndarray]
+
+
+def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """`NAME:1x3x224x224` → {NAME: (1, 3, 224, 224)}."""
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise BBGrapError(f"--input-shape '{spec}' is not NAME:DIMS (for example input:1x3x224x224)")
+        out[name] = shape
+    return out
+
+
+def load_model(path: str) -> onnx.ModelProto:
+    """Read and check an ONNX file, turning every failure into one clear line."""
+    if not os.path.isfile(path):
+        raise BBGrapError(f"model file '{path}' does not exist; give the path of an .onnx file")
+    try:
+        model = onnx.load(path)
+    except Exception as exc:  # protobuf raises several types for garbage
+        raise BBGrapError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}); re-export it or check the file") from None
+    if not model.graph.node:
+        raise BBGrapError(f"'{path}' holds no ONNX graph (empty or truncated file?); re-export the model")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BBGrapError(f"'{path}' is not a valid ONNX model: {first}") from None
+    return model
+
+
+def _real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _fix_inputs(model: onnx.ModelProto, overrides: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Static shape of every real graph input, from the model or `--input-shape`."""
+    inputs = _real_inputs(model)
+    names = [i.name for i in inputs]
+    for name in overrides:
+        if name not in names:
+            raise BBGrapError(f"--input-shape names '{name}', but the model's inputs are {names}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for vi in inputs:
+        dims = vi.type.tensor_type.shape.dim
+        model_shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+        shape = overrides.get(vi.name)
+        if shape is None:
+            if None in model_shape:
+                sym = ["?" if v is None else str(v) for v in model_shape]
+                raise BBGrapError(
+                    f"input '{vi.name}' has a symbolic shape [{', '.join(sym)}]; fix it with "
+                    f"--input-shape {vi.name}:{'x'.join('1' if v is None else str(v) for v in model_shape)}"
+                )
+            shape = tuple(int(v) for v in model_shape)
+        elif len(shape) != len(model_shape) or any(m is not None and m != s for m, s in zip(model_shape, shape)):
+            raise BBGrapError(f"--input-shape {vi.name}:{'x'.join(map(str, shape))} does not fit the model's shape {model_shape}")
+        shapes[vi.name] = tuple(shape)
+        del dims[:]
+        for d in shape:
+            dims.add().dim_value = d
+    return shapes
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    seen: set[str] = set()
+    for k, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{k}"
+        while name in seen:
+            name = f"{name}_{k}"
+        seen.add(name)
+        node.name = name
+
+
+def _foldable(model: onnx.ModelProto) -> set[str]:
+    """Tensors whose value does not depend on the graph inputs' values."""
+    const = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        has_graph_attr = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or has_graph_attr:
+            continue
+        if node.op_type in SHAPE_ONLY or all(not t or t in const for t in node.input):
+            const.update(t for t in node.output if t)
+    return const
+
+
+def _sample(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator) -> np.ndarray:
+    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the model in onnxruntime and return the values of `wanted` tensors."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    for name in wanted:
+        probe.graph.output.add().name = name
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        values = sess.run(wanted, feeds)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BBGrapError(f"onnxruntime cannot run this model: {first}") from None
+    return dict(zip(wanted, values))
+
+
+def _inferred(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Static shapes and dtypes that ONNX shape inference can give (others: from the run)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return {}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if not tt.elem_type or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
+        if all(d > 0 for d in dims):
+            out[vi.name] = (tuple(dims), np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name)
+    return out
+
+
+def _explicit_pads(attrs: dict[str, Any], in_spatial: Sequence[int], kernel: Sequence[int]) -> None:
+    """Replace auto_pad by the explicit pads it stands for (ONNX's SAME rules)."""
+    mode = attrs.pop("auto_pad", "NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    k = len(kernel)
+    if mode in ("NOTSET", ""):
+        attrs.setdefault("pads", [0] * (2 * k))
+        return
+    if mode == "VALID":
+        attrs["pads"] = [0] * (2 * k)
+        return
+    strides = attrs.get("strides", [1] * k)
+    dilations = attrs.get("dilations", [1] * k)
+    begins, ends = [], []
+    for size, kern, s, d in zip(in_spatial, kernel, strides, dilations):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (kern - 1) * d + 1 - size)
+        small, big = total // 2, total - total // 2
+        begins.append(small if mode == "SAME_UPPER" else big)
+        ends.append(big if mode == "SAME_UPPER" else small)
+    attrs["pads"] = begins + ends
+
+
+def import_model(
+    path: str,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    seed: int = 0,
+    registry: RuleRegistry | None = None,
+) -> Frontend:
+    """Load `path` and build the IR (see module docstring)."""
+    model = load_model(path)
+    return import_proto(model, os.path.splitext(os.path.basename(path))[0], input_shapes, seed, registry)
+
+
+def import_proto(
+    model: onnx.ModelProto,
+    name: str = "model",
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    seed: int = 0,
+    registry: RuleRegistry | None = None,
+) -> Frontend:
+    registry = registry or default_registry()
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    model = model_copy
+    shapes = _fix_inputs(model, input_shapes or {})
+    inits = {i.name for i in model.graph.initializer}
+    real_inputs = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(real_inputs)
+    _name_nodes(model)
+
+    rng = np.random.default_rng(seed)
+    feeds = {vi.name: _sample(shapes[vi.name], vi.type.tensor_type.elem_type, rng) for vi in real_inputs}
+    outputs = [o.name for o in model.graph.output]
+    foldable = _foldable(model)
+    produced = [t for node in model.graph.node for t in node.output if t]
+    known = _inferred(model)
+    wanted = [t for t in produced if t in foldable or t not in known]
+    values = _run_everything(model, list(dict.fromkeys(wanted + outputs)), feeds)
+
+    constants: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    tensors: dict[str, Tensor] = {}
+    for tname, (tshape, dtype) in known.items():
+        tensors[tname] = Tensor(tname, tshape, dtype)
+    for tname, value in list(feeds.items()) + list(values.items()):
+        tensors[tname] = Tensor(tname, tuple(int(d) for d in value.shape), value.dtype.name)
+    for tname, value in constants.items():
+        tensors[tname] = Tensor(tname, tuple(int(d) for d in value.shape), value.dtype.name)
+
+    layers: list[Layer] = []
+    live_outputs = set(outputs)
+    for node in model.graph.node:
+        if all(t in foldable for t in node.output if t) and not live_outputs.intersection(node.output):
+            for t in node.output:
+                if t:
+                    constants[t] = np.ascontiguousarray(values[t])
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+        if node.op_type in WINDOWED and node.domain in ("", "ai.onnx"):
+            x = tensors[node.input[0]].shape
+            kernel = attrs.get("kernel_shape") or list(tensors[node.input[1]].shape[2:])
+            attrs["kernel_shape"] = list(kernel)
+            _explicit_pads(attrs, x[2:], kernel)
+        layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input), tuple(node.output))
+        rule = registry.get(layer)
+        group = rule.group if rule is not None else "opaque"
+        layers.append(Layer(layer.name, layer.op_type, layer.domain, layer.attrs, layer.inputs, layer.outputs, group))
+
+    used = {t for layer in layers for t in layer.inputs if t}
+    constants = {k: v for k, v in constants.items() if k in used}
+    tensors = {k: v for k, v in tensors.items() if k in used or k in feeds or any(k in la.outputs for la in layers)}
+    opsets = {o.domain or "": int(o.version) for o in model.opset_import}
+    graph = Graph(
+        name=name,
+        layers=tuple(layers),
+        tensors=tensors,
+        constants=constants,
+        inputs=tuple(feeds),
+        outputs=tuple(outputs),
+        opsets=opsets,
+    )
+    for out in outputs:
+        if out not in graph.producers():
+            raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant); nothing to partition")
+    reference = {o: values[o] for o in outputs}
+    return Frontend(graph, feeds, reference)

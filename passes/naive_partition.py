@@ -1,0 +1,129 @@
+"""naive-partition: cut every layer's output along its direction (thesis §3.3).
+
+Even split with the remainder dealt round-robin (eq. 3.1), or proportional to the
+node speeds; per-layer custom partitions from the config override both. Each
+node's needed input regions come from the op's region rule (eq. 3.2–3.6). A layer
+that cannot be cut in the requested direction is cut along channels if its rule
+allows, else computed whole on node 0; a layer narrower than the node count is
+split over fewer nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Sequence
+
+from bbgrap.config import CustomPartition, direction_axis
+from bbgrap.ir import BBGrapError, Graph, Interval, Layer, LayerPartition, ShapeMap
+from bbgrap.pass_manager import Pass, PassError, PassResult
+from bbgrap.rules.registry import RuleRegistry, default_registry
+
+WHOLE_NODE = 0  # where layers that cannot be cut are computed
+
+
+def split_sizes(extent: int, speeds: Sequence[float]) -> list[int]:
+    """Sizes per node summing to `extent`: even with a round-robin remainder for equal
+    speeds (eq. 3.1), else proportional to speed with the largest remainders rounded up."""
+    n = len(speeds)
+    if len(set(speeds)) == 1:
+        base, rem = divmod(extent, n)
+        return [base + (1 if i < rem else 0) for i in range(n)]
+    total = sum(speeds)
+    exact = [extent * s / total for s in speeds]
+    sizes = [int(e) for e in exact]
+    order = sorted(range(n), key=lambda i: (-(exact[i] - sizes[i]), i))
+    for i in order[: extent - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def regions_from_sizes(shape: Sequence[int], axis: int, sizes: Sequence[int]) -> list[ShapeMap]:
+    full = ShapeMap.full(shape)
+    out, start = [], 0
+    for s in sizes:
+        out.append(full.with_axis(axis, Interval(start, start + s)))
+        start += s
+    return out
+
+
+def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequence[int] | None, registry: RuleRegistry) -> LayerPartition:
+    """The layer cut into `sizes` along `axis`, or whole on WHOLE_NODE when axis is None."""
+    shape = graph.tensors[layer.outputs[0]].shape
+    n_inputs = len(layer.inputs)
+    if axis is None or sizes is None:
+        outs = [ShapeMap.empty_like(len(shape))] * graph.nodes
+        outs[WHOLE_NODE] = ShapeMap.full(shape)
+    else:
+        outs = regions_from_sizes(shape, axis, sizes)
+    rule = registry.get(layer)
+    needs: list[tuple[ShapeMap | None, ...]] = []
+    computes, attrs = [], []
+    for out in outs:
+        if out.empty:
+            needs.append((None,) * n_inputs)
+            computes.append(out)
+            attrs.append({})
+        elif rule is None or axis is None:
+            needs.append(tuple(ShapeMap.full(graph.tensors[t].shape) if t else None for t in layer.inputs))
+            computes.append(out)
+            attrs.append({})
+        else:
+            local = rule.local(layer, graph, out)
+            needs.append(local.needs)
+            computes.append(local.computes)
+            attrs.append(dict(local.attrs))
+    return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs))
+
+
+def choose_axis(graph: Graph, layer: Layer, direction: str, registry: RuleRegistry) -> int | None:
+    """The requested direction's axis if the layer can be cut there, else channels, else None."""
+    rule = registry.get(layer)
+    if rule is None:
+        return None
+    allowed = rule.axes(layer, graph)
+    shape = graph.tensors[layer.outputs[0]].shape
+    for d in (direction, "c"):
+        axis = direction_axis(d, len(shape))
+        if axis is not None and axis in allowed and shape[axis] > 1:
+            return axis
+    return None
+
+
+@dataclass(frozen=True)
+class NaivePartition(Pass):
+    name: ClassVar[str] = "naive-partition"
+    nodes: int
+    direction: str = "h"
+    speeds: tuple[float, ...] = ()
+    custom: tuple[CustomPartition, ...] = ()
+    registry: RuleRegistry = field(default_factory=default_registry, compare=False)
+
+    def requires(self, graph: Graph) -> None:
+        if graph.partitions:
+            raise PassError("graph is already partitioned")
+        names = {layer.name for layer in graph.layers}
+        for c in self.custom:
+            if c.layer not in names:
+                raise BBGrapError(f"custom partition names layer '{c.layer}', which the model does not have")
+
+    def call(self, graph: Graph) -> PassResult:
+        graph = graph.replace(nodes=self.nodes)
+        speeds = self.speeds or (1.0,) * self.nodes
+        custom = {c.layer: c for c in self.custom}
+        partitions: dict[str, LayerPartition] = {}
+        for layer in graph.layers:
+            c = custom.get(layer.name)
+            axis = choose_axis(graph, layer, c.direction if c else self.direction, self.registry)
+            shape = graph.tensors[layer.outputs[0]].shape
+            sizes = None
+            if c is not None and c.sizes is not None:
+                if axis is None or direction_axis(c.direction, len(shape)) != axis or sum(c.sizes) != shape[axis]:
+                    raise BBGrapError(
+                        f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} must sum to the "
+                        f"extent along '{c.direction}', and the layer must be cuttable there"
+                    )
+                sizes = list(c.sizes)
+            elif axis is not None:
+                sizes = split_sizes(shape[axis], speeds)
+            partitions[layer.name] = partition_layer(graph, layer, axis, sizes, self.registry)
+        return PassResult(graph.replace(partitions=partitions), True)
