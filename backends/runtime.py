@@ -61,10 +61,13 @@ class Transport(Protocol):
     def finish(self) -> None: ...
 
 
-def session_options(threads: int) -> Any:
+def session_options(threads: int, spin: bool = True) -> Any:
+    """Sessions of one node; `spin=False` where several nodes share this process's cores."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -90,11 +93,12 @@ def providers_for(provider: str, device_id: int) -> list[Any]:
     return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
 
 
-def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str, device_id: int = 0) -> NodeRunner:
+def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
+                device_id: int = 0, spin: bool = True) -> NodeRunner:
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
-    opts = session_options(threads)
+    opts = session_options(threads, spin)
     providers = providers_for(provider, device_id)
     sessions = []
     for seg in prog["segments"]:
@@ -325,7 +329,8 @@ def main_embedded(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.plan)
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
-    runners = [load_runner(args.plan, manifest, n, threads, args.provider) for n in range(manifest["nodes"])]
+    spin = manifest["nodes"] == 1
+    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin) for n in range(manifest["nodes"])]
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     for k in range(args.warmup + args.repeat):

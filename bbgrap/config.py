@@ -6,7 +6,7 @@ Every invalid value gets one error line naming the key and the file.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -15,6 +15,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from bbgrap.ir import BBGrapError
+from bbgrap.search.objective import Weights
 
 DIRECTIONS = ("n", "c", "h", "w")
 SEARCHES = ("exact", "pruned-tree", "exhaustive")
@@ -29,14 +30,10 @@ class CustomPartition:
     sizes: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True)
-class Objective:
-    """Weights of the objective's terms (thesis table 3.3, eq. 3.8–3.11)."""
-
-    operations_w: float = 1.0
-    data_w: float = 1.0
-    over_w: float = 1.0
-    harmonic_w: float = 1.0
+# Objective weights (thesis table 3.3). Work is counted in FLOPs and data in values, so
+# data_w says how many FLOPs moving one value is worth: 100 fits a ~1 GB/s link between
+# nodes of ~25 GFLOP/s. The thesis tunes these by hand; so can the config file.
+DEFAULT_WEIGHTS = Weights(operations_w=1.0, data_w=100.0, over_w=1.0, harmonic_w=0.5)
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class Config:
     threshold: float = 20.0
     direction: str = "h"
     search: str = "exact"
-    objective: Objective = field(default_factory=Objective)
+    objective: Weights = DEFAULT_WEIGHTS
     custom: tuple[CustomPartition, ...] = ()
     source: str = "<defaults>"
 
@@ -125,7 +122,7 @@ def load_config(path: str) -> Config:
         threshold=float(part.get("threshold", 20.0)),
         direction=str(part.get("direction", "h")),
         search=str(part.get("search", "exact")),
-        objective=Objective(**{k: float(v) for k, v in obj.items()}),
+        objective=replace(DEFAULT_WEIGHTS, **{k: float(v) for k, v in obj.items()}),
         custom=tuple(custom),
         source=path,
     )

@@ -1,0 +1,45 @@
+"""End to end through the in-process runtime: every zoo model, 1–4 nodes, every
+direction, naive and optimized data movement — each plan checked against
+onnxruntime on the original model."""
+
+from __future__ import annotations
+
+import pytest
+
+from bbgrap import zoo
+from helpers import assert_exact, compile_plan, save
+
+
+@pytest.fixture(scope="module")
+def zoo_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("zoo")
+    return {name: save(zoo.build(name, resolution=48, width=0.125, seed=1), str(d), name) for name in zoo.NAMES}
+
+
+@pytest.mark.parametrize("name", zoo.NAMES)
+@pytest.mark.parametrize("direction", ["h", "w", "c"])
+@pytest.mark.parametrize("nodes", [1, 2, 3, 4])
+def test_zoo_model_is_exact(zoo_models: dict[str, str], tmp_path, name: str, direction: str, nodes: int) -> None:
+    manifest = compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=nodes, direction=direction)
+    assert manifest["nodes"] == nodes
+    assert_exact(str(tmp_path / "plan"))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "inception"])
+def test_naive_plan_is_exact(zoo_models: dict[str, str], tmp_path, name: str) -> None:
+    manifest = compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=3, direction="w", optimize=False)
+    assert manifest["movement"] == "naive"
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_batch_direction_and_batch_two(tmp_path) -> None:
+    path = save(zoo.build("resnet18", resolution=32, width=0.125, batch=2), str(tmp_path))
+    compile_plan(path, str(tmp_path / "plan"), nodes=2, direction="n")
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_heterogeneous_speeds_are_exact(zoo_models: dict[str, str], tmp_path) -> None:
+    manifest = compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "plan"), nodes=3, speeds=(1.0, 3.0, 1.0))
+    flops = [n["flops"] for n in manifest["stats"]["per_node"]]
+    assert flops[1] > 2 * flops[0] and flops[1] > 2 * flops[2]
+    assert_exact(str(tmp_path / "plan"))

@@ -1,0 +1,73 @@
+"""Real `mpirun -n 2` / `-n 4` runs of compiled plans (MPICH from the package index),
+and the runtime's handling of a wrong world size."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bbgrap import zoo
+from helpers import compile_plan, save
+
+BIN = os.path.dirname(sys.executable)
+MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
+RUN = os.path.join(BIN, "bbgrap-run")
+
+
+def mpirun(n: int, *args: str, timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    assert MPIRUN, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
+    return subprocess.run([MPIRUN, "-n", str(n), RUN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("name", "nodes", "direction"), [
+    ("resnet18", 2, "h"), ("inception", 2, "w"), ("mobilenet_v2", 4, "h"), ("vgg16", 4, "w"), ("densenet", 4, "c"),
+])
+def test_mpirun_is_exact(tmp_path, name: str, nodes: int, direction: str) -> None:
+    model = save(zoo.build(name, resolution=48, width=0.125), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(model, plan, nodes=nodes, direction=direction)
+    out = tmp_path / "out.npz"
+    proc = mpirun(nodes, plan, "--json", "--repeat", "2", "--warmup", "1", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["mode"] == "mpi" and result["ranks"] == nodes and result["nodes"] == nodes
+    assert result["max_rel_error"] <= 1e-4 and result["ok"]
+    assert result["latency_ms"] > 0
+    assert out.exists()
+
+
+def test_wrong_world_size_is_one_clear_line(tmp_path) -> None:
+    model = save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(model, plan, nodes=4)
+    proc = mpirun(3, plan)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if "bbgrap-run" in ln]
+    assert len(lines) == 1 and "has 4 nodes but mpirun started 3 ranks" in lines[0]
+
+
+def test_mpirun_one_rank_runs_all_nodes_in_process(tmp_path) -> None:
+    model = save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(model, plan, nodes=2)
+    proc = mpirun(1, plan, "--json", "--repeat", "1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["mode"] == "embedded" and result["ok"]
+
+
+def test_failing_rank_aborts_instead_of_hanging(tmp_path) -> None:
+    model = save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path))
+    plan = tmp_path / "plan"
+    compile_plan(model, str(plan), nodes=2)
+    # corrupt one segment of node 1 after its manifest was read: rank 1 fails to load it
+    seg = next((plan / "node1").glob("seg*.onnx"))
+    seg.write_bytes(b"garbage")
+    proc = mpirun(2, str(plan), timeout=120)
+    assert proc.returncode != 0
+    assert "bbgrap-run" in proc.stderr

@@ -1,0 +1,48 @@
+"""Shared test helpers: compile a model through the real pipeline and run the plan."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+
+from bbgrap.backends.runtime import compare, load_runner, run_embedded
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config
+from bbgrap.plan import read_manifest, read_sample
+
+TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2)
+
+
+def save(model: onnx.ModelProto, directory: str, name: str = "model") -> str:
+    path = os.path.join(directory, f"{name}.onnx")
+    onnx.save(model, path)
+    return path
+
+
+def compile_plan(model_path: str, plan_dir: str, **options: Any) -> dict[str, Any]:
+    """Compile with Config fields from `options` (nodes, direction, speeds, custom, ...) and
+    the compile flags optimize/search/input_shapes."""
+    flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes") if k in options}
+    cfg = Config(**options)
+    return compile_model(model_path, cfg, plan_dir, flags.get("input_shapes"), flags.get("optimize", True), flags.get("search", False))
+
+
+def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], float]:
+    """Run every node in this process; returns the outputs and the max relative error
+    against the plan's reference (or against `inputs`' reference run by the caller)."""
+    manifest = read_manifest(plan_dir)
+    sample, reference = read_sample(plan_dir)
+    runners = [load_runner(plan_dir, manifest, n, 1, "cpu", spin=False) for n in range(manifest["nodes"])]
+    outputs = run_embedded(runners, inputs or sample)
+    _, rel = compare(outputs, reference) if inputs is None else (None, None)
+    return outputs, (rel if rel is not None else float("nan"))
+
+
+def assert_exact(plan_dir: str) -> float:
+    outputs, rel = run_plan(plan_dir)
+    assert outputs, "plan produced no output"
+    assert np.isfinite(rel) and rel <= TOLERANCE, f"plan {plan_dir}: max relative error {rel}"
+    return rel

@@ -1,0 +1,118 @@
+"""The `bbgrap` and `bbgrap-run` commands as a user runs them: outputs, and bad input
+getting one clear line, exit status 2 and nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+
+
+def bbgrap(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([os.path.join(BIN, "bbgrap"), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([os.path.join(BIN, "bbgrap-run"), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("cli")
+    path = str(d / "resnet18.onnx")
+    proc = bbgrap("zoo", "resnet18", "-o", path, "--resolution", "32", "--width", "0.125")
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+def test_quickstart_flow(tmp_path, small_model: str) -> None:
+    proc = bbgrap("compile", small_model, "--nodes", "2", "--threshold", "20", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "bbgrap-run" in proc.stdout
+    assert (tmp_path / "bbgrap-plan" / "plan.json").exists()
+    res = run("--json", "--repeat", "2", cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert result["nodes"] == 2 and result["ok"] and result["max_rel_error"] <= 1e-4
+    info = json.loads(bbgrap("inspect", "--json", cwd=str(tmp_path)).stdout)
+    for key in ("nodes", "layers", "bytes_transferred", "per_node", "search", "sync_points"):
+        assert key in info
+    assert len(info["per_node"]) == 2
+    assert set(info["per_node"][0]) >= {"flops", "bytes_sent", "bytes_received", "weight_bytes"}
+    assert info["bytes_transferred"] == sum(n["bytes_sent"] for n in info["per_node"])
+
+
+def test_input_and_output_files(tmp_path, small_model: str) -> None:
+    import numpy as np
+    assert bbgrap("compile", small_model, "--nodes", "2", "-o", str(tmp_path / "p")).returncode == 0
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", input=x)
+    res = run(str(tmp_path / "p"), "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--json", "--repeat", "1")
+    assert res.returncode == 0, res.stderr
+    import onnxruntime as ort
+    want = ort.InferenceSession(small_model, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    got = np.load(tmp_path / "out.npz")["output"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_help_is_complete() -> None:
+    out = bbgrap("compile", "--help").stdout
+    for flag in ("--nodes", "--threshold", "--direction", "--config", "--input-shape", "--no-search", "--no-optimize", "-o"):
+        assert flag in out
+    out = run("--help").stdout
+    for flag in ("--input", "--output", "--repeat", "--warmup", "--provider", "--json", "--threads"):
+        assert flag in out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["compile", "missing.onnx", "--nodes", "2"], ["does not exist"]),
+    (["compile", "{model}", "--nodes", "0"], ["--nodes", "at least 1"]),
+    (["compile", "{model}", "--nodes", "2", "--direction", "z"], ["--direction", "'z'"]),
+    (["compile", "{model}", "--nodes", "2", "--config", "{badkey}"], ["cluster.cores", "not a known key"]),
+    (["compile", "{model}", "--nodes", "2", "--config", "{badtype}"], ["partition.threshold", "must be"]),
+    (["compile", "{garbage}", "--nodes", "2"], ["not a readable ONNX model"]),
+    (["compile", "{truncated}", "--nodes", "2"], ["ONNX"]),
+    (["compile", "{model}", "--nodes", "2", "--input-shape", "nope"], ["--input-shape"]),
+    (["zoo", "alexnet", "-o", "x.onnx"], ["alexnet"]),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
+    (tmp_path / "badkey.toml").write_text("[cluster]\ncores = 4\n")
+    (tmp_path / "badtype.toml").write_text("[partition]\nthreshold = 'twenty'\n")
+    (tmp_path / "garbage.onnx").write_bytes(b"this is not a model at all")
+    data = open(small_model, "rb").read()
+    (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 3])
+    subs = {"{model}": small_model, "{badkey}": str(tmp_path / "badkey.toml"), "{badtype}": str(tmp_path / "badtype.toml"),
+            "{garbage}": str(tmp_path / "garbage.onnx"), "{truncated}": str(tmp_path / "truncated.onnx")}
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = bbgrap(*[subs.get(a, a) for a in args], cwd=str(work))
+    one_error_line(proc, *words)
+    assert os.listdir(work) == [], "a failed command left files behind"
+
+
+def test_plan_from_another_version(tmp_path, small_model: str) -> None:
+    plan = tmp_path / "plan"
+    assert bbgrap("compile", small_model, "--nodes", "2", "-o", str(plan)).returncode == 0
+    manifest = json.loads((plan / "plan.json").read_text())
+    manifest["version"] = 99
+    (plan / "plan.json").write_text(json.dumps(manifest))
+    one_error_line(run(str(plan)), "version 99", "compile it again")
+    one_error_line(bbgrap("inspect", str(plan)), "version 99")
+
+
+def test_run_without_plan(tmp_path) -> None:
+    one_error_line(run(cwd=str(tmp_path)), "not a bbgrap plan", "bbgrap compile")
