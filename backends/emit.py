@@ -47,8 +47,10 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message]) -> 
                 files[path] = step.segment.model.SerializeToString()
                 segments.append({"file": path, "inputs": step.segment.inputs, "outputs": step.segment.outputs})
                 steps.append(["run", len(segments) - 1])
+            elif step.op == "send":
+                steps.append(["send", step.message.id, step.value])
             else:
-                steps.append([step.op, step.message.id])
+                steps.append(["wait", step.message.id])
         programs_json.append({"node": prog.node, "segments": segments, "steps": steps, "outputs": prog.outputs})
     tensor = graph.tensors
     manifest = {

@@ -61,6 +61,7 @@ class Step:
     op: str  # "run", "send" or "wait"
     segment: Segment | None = None
     message: Message | None = None
+    value: str = ""  # for a send: the local value holding the message's data (aliases resolved)
 
 
 @dataclass
@@ -253,7 +254,8 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any) -> list[Step]:
     kept: list[Step] = []
     for step in reversed(steps):
         if step.op == "send":
-            needed.add(resolve(step.message.value))
+            step.value = resolve(step.message.value)
+            needed.add(step.value)
         elif step.op == "wait":
             needed.discard(step.message.value)
         else:

@@ -44,7 +44,7 @@ class NodeRunner:
     """One node's program with its onnxruntime sessions (created once)."""
 
     node: int
-    steps: list[tuple[str, int]]
+    steps: list[tuple[str, int, str]]  # (op, segment or message id, local value sent)
     sessions: list[Any]
     seg_inputs: list[list[str]]
     seg_outputs: list[list[str]]
@@ -119,7 +119,7 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     }
     return NodeRunner(
         node=node,
-        steps=[(op, k) for op, k in prog["steps"]],
+        steps=[(step[0], step[1], step[2] if len(step) > 2 else "") for step in prog["steps"]],
         sessions=sessions,
         seg_inputs=[s["inputs"] for s in prog["segments"]],
         seg_outputs=[s["outputs"] for s in prog["segments"]],
@@ -133,15 +133,14 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
 def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport) -> Iterator[None]:
     """Run one node's program; yields whenever it waits for a message not yet there."""
     values: dict[str, np.ndarray] = {runner.input_values[k]: v for k, v in inputs.items()}
-    for op, k in runner.steps:
+    for op, k, sent in runner.steps:
         if op == "run":
             sess = runner.sessions[k]
             feeds = {name: values[name] for name in runner.seg_inputs[k]}
             outs = sess.run(runner.seg_outputs[k], feeds)
             values.update(zip(runner.seg_outputs[k], outs))
         elif op == "send":
-            msg = runner.messages[k]
-            transport.send(msg, values[msg.value])
+            transport.send(runner.messages[k], values[sent])
         else:
             msg = runner.messages[k]
             data = transport.receive(msg)

@@ -1,0 +1,92 @@
+"""The ONNX frontend on models as real exporters write them: every one compiled,
+partitioned, run and compared with onnxruntime on the original."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import models
+from bbgrap.frontends.onnx import import_proto, parse_input_shapes
+from bbgrap.ir import BBGrapError
+from helpers import assert_exact, compile_plan, save
+
+
+@pytest.mark.parametrize("opset", range(9, 22))
+def test_every_opset_from_9_to_21(tmp_path, opset: int) -> None:
+    path = save(models.opset(opset), str(tmp_path))
+    compile_plan(path, str(tmp_path / "plan"), nodes=3, direction="h")
+    assert_exact(str(tmp_path / "plan"))
+
+
+@pytest.mark.parametrize("name", ["legacy_opset9", "legacy_opset8", "constant_weight_chain", "unknown_ops", "auto_pad_same"])
+@pytest.mark.parametrize("direction", ["h", "w"])
+def test_exported_models_run_exactly(tmp_path, name: str, direction: str) -> None:
+    path = save(getattr(models, name)(), str(tmp_path))
+    compile_plan(path, str(tmp_path / "plan"), nodes=2, direction=direction)
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_initializers_listed_as_inputs_are_weights() -> None:
+    model = models.legacy_opset9()
+    inits = {i.name for i in model.graph.initializer}
+    assert inits & {i.name for i in model.graph.input}, "fixture should list initializers as inputs"
+    graph = import_proto(model).graph
+    assert not set(graph.inputs) & inits
+    assert set(graph.constants) <= inits | set(graph.constants)
+
+
+def test_constant_subgraphs_are_folded() -> None:
+    graph = import_proto(models.constant_weight_chain()).graph
+    ops = {layer.op_type for layer in graph.layers}
+    assert not ops & {"Constant", "ConstantOfShape", "Reshape", "Unsqueeze", "Mul"} or "Conv" in ops
+    for layer in graph.layers:
+        if layer.op_type == "Conv":
+            assert layer.inputs[1] in graph.constants, "conv weight should be a folded constant"
+
+
+def test_unknown_ops_become_opaque() -> None:
+    graph = import_proto(models.unknown_ops()).graph
+    opaque = {layer.op_type for layer in graph.layers if layer.group == "opaque"}
+    assert {"Resize", "DepthToSpace", "InstanceNormalization", "Split"} <= opaque
+
+
+def test_auto_pad_becomes_explicit_pads() -> None:
+    graph = import_proto(models.auto_pad_same()).graph
+    for layer in graph.layers:
+        if layer.op_type in ("Conv", "MaxPool", "AveragePool"):
+            assert "auto_pad" not in layer.attrs and "pads" in layer.attrs
+
+
+def test_symbolic_batch_needs_input_shape(tmp_path) -> None:
+    model = models.symbolic_batch()
+    with pytest.raises(BBGrapError, match="--input-shape"):
+        import_proto(model)
+    name = model.graph.input[0].name
+    path = save(model, str(tmp_path))
+    compile_plan(path, str(tmp_path / "plan"), nodes=2, input_shapes={name: (2, 3, 16, 16)})
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_input_shape_parsing() -> None:
+    assert parse_input_shapes(["input:1x3x224x224"]) == {"input": (1, 3, 224, 224)}
+    assert parse_input_shapes(["a:b:2x3"]) == {"a:b": (2, 3)}
+    for bad in ["input", "input:", "input:1xx3", "input:0x3"]:
+        with pytest.raises(BBGrapError, match="--input-shape"):
+            parse_input_shapes([bad])
+
+
+def test_input_shape_for_unknown_input_is_an_error() -> None:
+    with pytest.raises(BBGrapError, match="model's inputs are"):
+        import_proto(models.opset(13), input_shapes={"nope": (1, 3, 16, 16)})
+
+
+def test_reference_output_matches_onnxruntime() -> None:
+    import onnxruntime as ort
+    model = models.opset(13)
+    front = import_proto(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, front.sample_inputs)
+    for got, exp in zip(front.reference_outputs.values(), want):
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6)
