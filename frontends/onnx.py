@@ -64,7 +64,7 @@ def load_model(path: str) -> onnx.ModelProto:
     if not model.graph.node:
         raise BBGrapError(f"'{path}' holds no ONNX graph (empty or truncated file?); re-export the model")
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(path)  # by path: checked in C++, without re-serialising the model
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BBGrapError(f"'{path}' is not a valid ONNX model: {first}") from None
@@ -138,16 +138,18 @@ def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, 
     """Run the model in onnxruntime and return the values of `wanted` tensors."""
     import onnxruntime as ort
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    del probe.graph.output[:]
+    saved = list(model.graph.output)
+    del model.graph.output[:]
     for name in wanted:
-        probe.graph.output.add().name = name
+        model.graph.output.add().name = name
+    data = model.SerializeToString()
+    del model.graph.output[:]
+    model.graph.output.extend(saved)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         values = sess.run(wanted, feeds)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -155,10 +157,28 @@ def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, 
     return dict(zip(wanted, values))
 
 
+def _skeleton(model: onnx.ModelProto, max_elements: int = 4096) -> onnx.ModelProto:
+    """The model with its large weights turned into typed graph inputs: same shapes
+    for shape inference, without serialising hundreds of MB of weights."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    g = light.graph
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= max_elements:
+            g.initializer.append(init)
+        else:
+            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
 def _inferred(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], str]]:
     """Static shapes and dtypes that ONNX shape inference can give (others: from the run)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
     except Exception:
         return {}
     out: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -203,7 +223,7 @@ def import_model(
 ) -> Frontend:
     """Load `path` and build the IR (see module docstring)."""
     model = load_model(path)
-    return import_proto(model, os.path.splitext(os.path.basename(path))[0], input_shapes, seed, registry)
+    return import_proto(model, os.path.splitext(os.path.basename(path))[0], input_shapes, seed, registry, copy=False)
 
 
 def import_proto(
@@ -212,11 +232,14 @@ def import_proto(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     seed: int = 0,
     registry: RuleRegistry | None = None,
+    copy: bool = True,
 ) -> Frontend:
+    """Build the IR from a model proto (`copy=False`: the proto may be modified)."""
     registry = registry or default_registry()
-    model_copy = onnx.ModelProto()
-    model_copy.CopyFrom(model)
-    model = model_copy
+    if copy:
+        model_copy = onnx.ModelProto()
+        model_copy.CopyFrom(model)
+        model = model_copy
     shapes = _fix_inputs(model, input_shapes or {})
     inits = {i.name for i in model.graph.initializer}
     real_inputs = [i for i in model.graph.input if i.name not in inits]

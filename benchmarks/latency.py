@@ -1,0 +1,128 @@
+"""Latency: N ranks of BBGraP against one onnxruntime, measured side by side.
+
+For each model / resolution / batch, in one run and interleaved round by round (so
+the machine's noise hits every side alike):
+  A       plain onnxruntime on the original model with the threads one node has
+          (cores / N: 1 on a 2-core machine) — "one node of the cluster";
+  B       plain onnxruntime with all the host's cores — "one bigger machine";
+  BBGraP  `mpirun -n N bbgrap-run` on the compiled plan, one thread per rank.
+Prints median latencies and the ratios A/BBGraP and B/BBGraP; every BBGraP run is
+checked against the plan's reference in the same run.
+
+  python benchmarks/latency.py                         # vgg16, resnet50, mobilenet_v2 at 224, batch 1 and 8
+  python benchmarks/latency.py --models vgg16 --resolutions 224 512 --batches 1 --rounds 5 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from bbgrap import zoo
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config
+from bbgrap.plan import read_sample
+
+BIN = os.path.dirname(sys.executable)
+
+
+def session(path: str, threads: int) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def time_session(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run_bbgrap(plan: str, nodes: int, repeat: int) -> dict[str, Any]:
+    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap-run"), plan,
+           "--json", "--repeat", str(repeat), "--warmup", "1", "--threads", "1", "--provider", "cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: str, rounds: int, repeat: int,
+               search: bool, workdir: str) -> dict[str, Any]:
+    path = os.path.join(workdir, f"{model}-{resolution}-{batch}.onnx")
+    onnx.save(zoo.build(model, resolution=resolution, batch=batch), path)
+    plan = os.path.join(workdir, f"plan-{model}-{resolution}-{batch}")
+    manifest = compile_model(path, Config(nodes=nodes, direction=direction), plan, search=search)
+    feeds, _ = read_sample(plan)
+    cores = len(os.sched_getaffinity(0))
+    one_node = session(path, max(1, cores // nodes))
+    bigger = session(path, cores)
+    for s in (one_node, bigger):
+        time_session(s, feeds, 1)  # warm-up
+    a, b, p, errors = [], [], [], []
+    for _ in range(rounds):
+        a += time_session(one_node, feeds, repeat)
+        b += time_session(bigger, feeds, repeat)
+        r = run_bbgrap(plan, nodes, repeat)
+        p.append(r["latency_ms"] / 1e3)
+        errors.append(r["max_rel_error"])
+    a_ms, b_ms, p_ms = (statistics.median(x) * 1e3 for x in (a, b, p))
+    return {
+        "model": model, "resolution": resolution, "batch": batch, "nodes": nodes, "direction": direction,
+        "searched": search, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
+        "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
+        "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
+        "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": max(1, cores // nodes), "threads_B": cores,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["vgg16", "resnet50", "mobilenet_v2"])
+    p.add_argument("--resolutions", nargs="+", type=int, default=[224])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--direction", default="h")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--repeat", type=int, default=5, help="inferences per side per round (default 5)")
+    p.add_argument("--no-search", action="store_true", help="benchmark the naive split instead of the searched plan")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bbgrap-bench-") as work:
+        for model in args.models:
+            for res in args.resolutions:
+                for batch in args.batches:
+                    row = bench_case(model, res, batch, args.nodes, args.direction, args.rounds, args.repeat,
+                                     not args.no_search, work)
+                    rows.append(row)
+                    if not args.json:
+                        if len(rows) == 1:
+                            print(f"{'model':<13}{'res':>5}{'batch':>6}{'A ms':>10}{'B ms':>10}{'BBGraP ms':>11}"
+                                  f"{'A/BBGraP':>10}{'B/BBGraP':>10}{'rel err':>10}")
+                        print(f"{model:<13}{res:>5}{batch:>6}{row['A_ms']:>10.1f}{row['B_ms']:>10.1f}{row['bbgrap_ms']:>11.1f}"
+                              f"{row['A_over_bbgrap']:>10.2f}{row['B_over_bbgrap']:>10.2f}{row['max_rel_error']:>10.1e}", flush=True)
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "cores": len(os.sched_getaffinity(0)), "rows": rows}, indent=1))
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

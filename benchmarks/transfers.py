@@ -1,0 +1,65 @@
+"""Bytes transferred per inference: naive (gather everything, thesis fig. 3.6a)
+against optimized (send only what the next layer reads), for the zoo models at
+2, 3 and 4 nodes and directions h and w, with the synchronisation points.
+
+  python benchmarks/transfers.py                    # all zoo models at 224
+  python benchmarks/transfers.py --models vgg16 resnet50 --resolution 224 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import onnx
+
+from bbgrap import zoo
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config
+
+
+def measure(path: str, nodes: int, direction: str, work: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"nodes": nodes, "direction": direction}
+    for label, optimize in (("naive", False), ("optimized", True)):
+        m = compile_model(path, Config(nodes=nodes, direction=direction), os.path.join(work, "plan"), optimize=optimize, search=False)
+        row[f"{label}_bytes"] = m["stats"]["bytes_transferred"]
+        row[f"{label}_sync_points"] = m["stats"]["sync_points"]
+    row["ratio"] = row["naive_bytes"] / max(1, row["optimized_bytes"])
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=list(zoo.NAMES))
+    p.add_argument("--nodes", nargs="+", type=int, default=[2, 3, 4])
+    p.add_argument("--directions", nargs="+", default=["h", "w"])
+    p.add_argument("--resolution", type=int, default=224)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bbgrap-transfers-") as work:
+        for model in args.models:
+            path = os.path.join(work, f"{model}.onnx")
+            onnx.save(zoo.build(model, resolution=args.resolution), path)
+            for nodes in args.nodes:
+                for direction in args.directions:
+                    row = {"model": model, **measure(path, nodes, direction, work)}
+                    rows.append(row)
+                    if not args.json:
+                        if len(rows) == 1:
+                            print(f"{'model':<13}{'nodes':>6}{'dir':>4}{'naive MB':>11}{'optimized MB':>14}{'ratio':>8}"
+                                  f"{'sync naive':>12}{'sync opt':>10}")
+                        print(f"{model:<13}{nodes:>6}{direction:>4}{row['naive_bytes'] / 1e6:>11.2f}"
+                              f"{row['optimized_bytes'] / 1e6:>14.3f}{row['ratio']:>8.1f}"
+                              f"{row['naive_sync_points']:>12}{row['optimized_sync_points']:>10}", flush=True)
+    if args.json:
+        print(json.dumps({"resolution": args.resolution, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
