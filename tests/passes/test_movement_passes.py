@@ -108,6 +108,7 @@ def test_tensor_with_two_consumers_is_gathered_once(tmp_path) -> None:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 12, 6])],
                               [w("w0", 1), w("w1", 3), w("w2", 5)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
     g = partitioned(model, 3)
     c0 = [t for t in g.transfers() if t.tensor == "c0"]
     # the middle node needs 2 rows each side (the 5x5 conv), sent once, not 1 + 2

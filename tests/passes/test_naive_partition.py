@@ -1,0 +1,62 @@
+"""naive-partition: sizes (eq. 3.1 and speed-proportional), custom partitions, narrow layers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bbgrap.config import CustomPartition
+from bbgrap.frontends.onnx import import_proto
+from bbgrap.ir import BBGrapError
+from bbgrap.passes.naive_partition import NaivePartition, split_sizes
+from graphs import conv_chain
+
+
+def test_even_split_deals_the_remainder_round_robin() -> None:
+    assert split_sizes(8, [1, 1, 1]) == [3, 3, 2]  # thesis §3.3's example
+    assert split_sizes(2, [1, 1, 1, 1]) == [1, 1, 0, 0]
+
+
+def test_speed_proportional_split() -> None:
+    assert split_sizes(10, [1, 3, 1]) == [2, 6, 2]
+    assert split_sizes(112, [1, 3, 1]) == [23, 67, 22]  # 22.4, 67.2, 22.4: largest remainders first, ties to the lower node
+
+
+@given(st.integers(0, 500), st.lists(st.floats(0.1, 10), min_size=1, max_size=8))
+def test_split_sizes_sum_and_fairness(extent: int, speeds: list[float]) -> None:
+    sizes = split_sizes(extent, speeds)
+    assert sum(sizes) == extent and min(sizes) >= 0
+    for s, v in zip(sizes, speeds):
+        assert abs(s - extent * v / sum(speeds)) < 1 + 1e-9
+
+
+def test_narrow_layer_is_split_over_fewer_nodes() -> None:
+    graph = import_proto(conv_chain([3, 3], height=3)).graph
+    g = NaivePartition(5).call(graph).graph
+    part = g.partitions["conv0"]
+    assert [r.shape[2] if not r.empty else 0 for r in part.out] == [1, 1, 1, 0, 0]
+    assert part.active_nodes() == [0, 1, 2]
+
+
+def test_custom_partition_overrides() -> None:
+    graph = import_proto(conv_chain([3, 3], height=8)).graph
+    g = NaivePartition(2, custom=(CustomPartition("conv1", "w", (1, 4)),)).call(graph).graph
+    assert g.partitions["conv1"].axis == 3
+    assert [r.shape[3] for r in g.partitions["conv1"].out] == [1, 4]
+    assert g.partitions["conv0"].axis == 2
+
+
+@pytest.mark.parametrize("custom", [CustomPartition("conv1", "h", (1, 2)), CustomPartition("nope", "h", None)])
+def test_bad_custom_partition_is_a_user_error(custom: CustomPartition) -> None:
+    graph = import_proto(conv_chain([3, 3], height=8)).graph
+    with pytest.raises(BBGrapError):
+        NaivePartition(2, custom=(custom,))(graph)
+
+
+def test_channel_direction_slices_weights() -> None:
+    graph = import_proto(conv_chain([3], channels=6, height=8)).graph
+    g = NaivePartition(4, "c").call(graph).graph
+    part = g.partitions["conv0"]
+    assert [r.shape[1] for r in part.out] == [2, 2, 1, 1]
+    assert [n[1].shape[0] for n in part.needs] == [2, 2, 1, 1]  # weight rows per node

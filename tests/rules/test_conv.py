@@ -1,0 +1,89 @@
+"""Conv region rule: any output box computed locally equals the whole Conv."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.rules.helpers import rules_settings, check_partition, const, rng_of, single_op
+
+SETTINGS = rules_settings(60)
+
+
+@st.composite
+def conv_models(draw: st.DrawFn, rank: int | None = None) -> tuple:
+    data = draw(st.data())
+    rng = rng_of(data)
+    k = rank if rank is not None else draw(st.sampled_from([1, 2]), label="spatial rank")
+    mode = draw(st.sampled_from(["groups1", "depthwise", "grouped"]), label="group mode")
+    if mode == "groups1":
+        group, c_in, c_out = 1, draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    elif mode == "depthwise":
+        c_in = draw(st.integers(1, 12))
+        group = c_in
+        c_out = c_in * draw(st.integers(1, 2))
+    else:
+        group = draw(st.integers(2, 4))
+        c_in = group * draw(st.integers(1, 3))
+        c_out = group * draw(st.integers(1, 3))
+    kernel = [draw(st.integers(1, 5)) for _ in range(k)]
+    strides = [draw(st.integers(1, 3)) for _ in range(k)]
+    auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]), label="auto_pad")
+    # onnxruntime refuses dilations with SAME_UPPER / SAME_LOWER
+    max_d = 1 if auto_pad.startswith("SAME") else 3
+    dilations = [draw(st.integers(1, max_d)) for _ in range(k)]
+    eff = [(kk - 1) * d + 1 for kk, d in zip(kernel, dilations)]
+    spatial = [draw(st.integers(e, max(e, 20))) for e in eff]
+    batch = draw(st.integers(1, 2))
+    attrs: dict = {"strides": strides, "dilations": dilations}
+    if draw(st.booleans(), label="kernel_shape attr"):
+        attrs["kernel_shape"] = kernel
+    if auto_pad == "NOTSET":
+        attrs["pads"] = [draw(st.integers(0, kk - 1)) for kk in kernel + kernel]
+    else:
+        attrs["auto_pad"] = auto_pad
+    if group != 1:
+        attrs["group"] = group
+    consts = {"w": const(rng, [c_out, c_in // group, *kernel])}
+    inputs = ["x", "w"]
+    if draw(st.booleans(), label="bias"):
+        consts["b"] = const(rng, [c_out])
+        inputs.append("b")
+    opset = draw(st.integers(13, 17), label="opset")
+    model = single_op("Conv", inputs, {"x": [batch, c_in, *spatial]}, consts, opset, **attrs)
+    return data, model, group
+
+
+@SETTINGS
+@given(conv_models())
+def test_conv_any_axis(case: tuple) -> None:
+    data, model, _ = case
+    check_partition(data, model, expect_axes=set(range(2 + len(model.graph.input[0].type.tensor_type.shape.dim) - 2)))
+
+
+@SETTINGS
+@given(conv_models(rank=2))
+def test_conv_channel_cuts_split_groups(case: tuple) -> None:
+    """Channel cuts, including ones through the middle of groups: whole groups are
+    computed and cropped, and the local group count follows."""
+    data, model, group = case
+    checked = check_partition(data, model, cut_axes=[1])
+    w = checked.front.graph.tensors["w"].shape
+    per_out = w[0] // group
+    for box, local in zip(checked.boxes, checked.locals):
+        ch, computed = box.interval(1), local.computes.interval(1)
+        if group == 1:
+            assert computed == ch and "group" not in local.attrs
+        else:
+            assert computed.start % per_out == 0 and computed.stop % per_out == 0
+            assert computed.start <= ch.start and ch.stop <= computed.stop
+            assert computed.start > ch.start - per_out and computed.stop < ch.stop + per_out
+            assert int(local.attrs.get("group", group)) == len(computed) // per_out
+
+
+@SETTINGS
+@given(conv_models(rank=2))
+def test_conv_spatial_grid(case: tuple) -> None:
+    """A 2-D grid of boxes over both spatial axes (padding only at borders)."""
+    data, model, _ = case
+    check_partition(data, model, cut_axes=[2, 3])

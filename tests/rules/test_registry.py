@@ -1,0 +1,107 @@
+"""The region-rule registry: duplicates, unknown ops, groups, and the frontend's use of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bbgrap.frontends.onnx import import_proto
+from bbgrap.ir import GROUPS, Layer
+from bbgrap.rules.registry import RegionRule, RuleRegistry, default_registry
+from bbgrap.rules.structural import WholeRule
+from tests.rules.helpers import single_op
+
+
+def _layer(op: str, domain: str = "") -> Layer:
+    return Layer("n", op, domain, {}, ("x",), ("y",))
+
+
+def test_duplicate_registration_raises() -> None:
+    registry = RuleRegistry()
+    registry.register(["Foo"], WholeRule())
+    with pytest.raises(ValueError, match="Foo"):
+        registry.register(["Bar", "Foo"], WholeRule())
+
+
+def test_duplicate_within_one_call_raises() -> None:
+    with pytest.raises(ValueError):
+        RuleRegistry().register(["Foo", "Foo"], WholeRule())
+
+
+def test_default_registry_rejects_reregistration() -> None:
+    """A family registering an op another family already has is an error."""
+    registry = default_registry()
+    assert "Conv" in registry
+    fresh = RuleRegistry()
+    from bbgrap.rules import conv
+
+    conv.register(fresh)
+    with pytest.raises(ValueError):
+        conv.register(fresh)
+
+
+def test_unknown_op_has_no_rule() -> None:
+    assert default_registry().get(_layer("NoSuchOp")) is None
+    assert "NoSuchOp" not in default_registry()
+
+
+def test_other_domain_has_no_rule() -> None:
+    """Same op name in a custom domain: not ONNX's op, no rule."""
+    assert default_registry().get(_layer("Conv", "com.microsoft")) is None
+    assert default_registry().get(_layer("Conv", "ai.onnx")) is not None
+    assert default_registry().get(_layer("Conv", "")) is not None
+
+
+def test_default_registry_is_built_once() -> None:
+    assert default_registry() is default_registry()
+
+
+@pytest.mark.parametrize("op", default_registry().op_types())
+def test_every_op_maps_to_rule_with_valid_group(op: str) -> None:
+    rule = default_registry().get(_layer(op))
+    assert isinstance(rule, RegionRule)
+    assert rule.group in GROUPS and rule.group != "opaque"
+
+
+@pytest.mark.parametrize(
+    ("op", "group"),
+    [
+        ("Conv", "convolutions"),
+        ("MaxPool", "pools"),
+        ("AveragePool", "pools"),
+        ("GlobalAveragePool", "pools"),
+        ("LRN", "pools"),
+        ("Add", "arithmetic"),
+        ("Mul", "arithmetic"),
+        ("Relu", "others"),
+        ("BatchNormalization", "others"),
+        ("Concat", "others"),
+        ("Gemm", "others"),
+    ],
+)
+def test_groups_follow_table_3_1(op: str, group: str) -> None:
+    assert default_registry().get(_layer(op)).group == group
+
+
+def test_frontend_tags_layers_with_rule_group() -> None:
+    """Imported layers carry their rule's group; ops without a rule are opaque."""
+    from onnx import helper
+
+    from tests.rules.helpers import build_model
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Erf", ["r"], ["e"], name="erf"),
+        helper.make_node("TopK", ["e", "k"], ["y", "i"], name="topk", axis=1),
+    ]
+    import numpy as np
+
+    model = build_model(nodes, {"x": [1, 4]}, {"k": np.array([2], np.int64)}, ["y"], 13)
+    graph = import_proto(model).graph
+    groups = {layer.name: layer.group for layer in graph.layers}
+    assert groups == {"relu": "others", "erf": "others", "topk": "opaque"}
+    assert default_registry().get(graph.layer("topk")) is None
+
+
+def test_single_op_model_imports_one_layer() -> None:
+    graph = import_proto(single_op("Relu", ["x"], {"x": [1, 2, 3, 3]}, {}, 13)).graph
+    assert [la.op_type for la in graph.layers] == ["Relu"]

@@ -1,0 +1,54 @@
+"""Config files: valid examples load; every wrong key or type names the key and the file."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from bbgrap.config import Config, load_config
+from bbgrap.ir import BBGrapError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.toml"))))
+def test_example_configs_load(path: str) -> None:
+    cfg = load_config(path)
+    assert cfg.nodes >= 1 and cfg.source == path
+
+
+def test_heterogeneous_example() -> None:
+    cfg = load_config(os.path.join(ROOT, "configs", "heterogeneous-1-3-1.toml"))
+    assert cfg.nodes == 3 and cfg.node_speeds() == (1.0, 3.0, 1.0)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("[cluster]\nnodes = 'four'\n", "cluster.nodes"),
+    ("[cluster]\nnodes = 2\nspeeds = [1, 2, 3]\n", "cluster.speeds"),
+    ("[cluster]\nspeeds = ['fast']\n", "cluster.speeds"),
+    ("[partition]\ndirection = 'x'\n", "direction"),
+    ("[partition]\nthreshold = 150\n", "threshold"),
+    ("[objective]\ndata_w = -1\n", "objective.data_w"),
+    ("[objective]\nspeed_w = 1\n", "objective.speed_w"),
+    ("[nodes]\nx = 1\n", "nodes"),
+    ("[[custom]]\nlayer = 'a'\n", "custom[0]"),
+    ("[[custom]]\nlayer = 'a'\ndirection = 'h'\nsizes = [1, -2]\n", "custom[0].sizes"),
+    ("not toml at all [", "not valid TOML"),
+])
+def test_bad_config_names_key_and_file(tmp_path, text: str, key: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(BBGrapError) as err:
+        load_config(str(path))
+    assert key in str(err.value) and str(path) in str(err.value)
+
+
+def test_flags_override_file() -> None:
+    cfg = load_config(os.path.join(ROOT, "configs", "homogeneous-2.toml")).with_overrides(direction="w", threshold=10.0)
+    assert cfg.direction == "w" and cfg.threshold == 10.0 and cfg.nodes == 2
+    with pytest.raises(BBGrapError, match="--nodes"):
+        load_config(os.path.join(ROOT, "configs", "heterogeneous-1-3-1.toml")).with_overrides(nodes=2)
+    with pytest.raises(BBGrapError, match="nodes"):
+        Config().with_overrides(nodes=0)
