@@ -130,10 +130,25 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     )
 
 
-def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport) -> Iterator[None]:
+@dataclass
+class Profile:
+    """Where one node's time goes: its segments, waiting for messages, posting sends."""
+
+    compute: float = 0.0
+    wait: float = 0.0
+    send: float = 0.0
+
+    def as_ms(self, runs: int) -> dict[str, float]:
+        return {k: round(v * 1e3 / max(runs, 1), 3) for k, v in self.__dict__.items()}
+
+
+def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport,
+            profile: Profile | None = None) -> Iterator[None]:
     """Run one node's program; yields whenever it waits for a message not yet there."""
     values: dict[str, np.ndarray] = {runner.input_values[k]: v for k, v in inputs.items()}
+    clock = time.perf_counter
     for op, k, sent in runner.steps:
+        t0 = clock()
         if op == "run":
             sess = runner.sessions[k]
             feeds = {name: values[name] for name in runner.seg_inputs[k]}
@@ -148,6 +163,14 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
                 yield
                 data = transport.receive(msg)
             values[msg.value] = data
+        if profile is not None:
+            spent = clock() - t0
+            if op == "run":
+                profile.compute += spent
+            elif op == "send":
+                profile.send += spent
+            else:
+                profile.wait += spent
     runner_outputs = {name: values[v] for name, v in runner.outputs.items()}
     inputs.clear()
     inputs.update(runner_outputs)
@@ -227,10 +250,11 @@ class MPITransport:
         self.keep.clear()
 
 
-def run_mpi_node(runner: NodeRunner, transport: MPITransport, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_mpi_node(runner: NodeRunner, transport: MPITransport, inputs: dict[str, np.ndarray],
+                 profile: Profile | None = None) -> dict[str, np.ndarray]:
     transport.start()
     result = dict(inputs)
-    for _ in execute(runner, result, transport):
+    for _ in execute(runner, result, transport, profile):
         pass  # MPITransport.receive blocks, so the program never yields
     transport.finish()
     return result
@@ -294,7 +318,8 @@ def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dic
 
 
 def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
-           reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str]) -> int:
+           reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str],
+           profiles: list[dict[str, float]] | None = None) -> int:
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     if args.output:
@@ -313,12 +338,16 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         "max_rel_error": rel_err,
         "ok": ok,
     }
+    if profiles:
+        result["profile_ms"] = profiles  # per rank, per inference: compute, wait, send
     if args.json:
         print(json.dumps(result))
     else:
         check = "no reference" if rel_err is None else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} ({'ok' if ok else 'MISMATCH'})"
         print(f"{manifest['model']}: {manifest['nodes']} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
+        for r, prof in enumerate(profiles or []):
+            print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms")
     if not ok:
         print(f"bbgrap-run: error: result differs from the reference by {rel_err:.3g} > --tolerance {args.tolerance:g}", file=sys.stderr)
     return 0 if ok else 1
@@ -367,17 +396,18 @@ def main_mpi(args: argparse.Namespace) -> int:
     transport = MPITransport(comm, runner)
     latencies = []
     outputs: dict[str, np.ndarray] = {}
+    profile = Profile()
     for k in range(args.warmup + args.repeat):
         comm.Barrier()
         t0 = time.perf_counter()
-        outputs = run_mpi_node(runner, transport, inputs)
+        outputs = run_mpi_node(runner, transport, inputs, profile if k >= args.warmup else None)
         elapsed = time.perf_counter() - t0
         if k >= args.warmup:
             latencies.append(elapsed)
-    comm.Barrier()
+    profiles = comm.gather(profile.as_ms(args.repeat), root=0)
     if rank != 0:
         return 0
-    return report(args, manifest, outputs, reference, latencies, size, runner.providers)
+    return report(args, manifest, outputs, reference, latencies, size, runner.providers, profiles)
 
 
 def under_mpi() -> bool:
