@@ -1,0 +1,62 @@
+"""Whole-model compile time (with the search) for the zoo models at 2–16 nodes.
+
+  python benchmarks/compile_time.py                       # all zoo models at 224, 2/4/8/16 nodes, 20 %
+  python benchmarks/compile_time.py --models resnet50 --nodes 16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import onnx
+
+from bbgrap import zoo
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=list(zoo.NAMES))
+    p.add_argument("--nodes", nargs="+", type=int, default=[2, 4, 8, 16])
+    p.add_argument("--threshold", type=float, default=20.0)
+    p.add_argument("--direction", default="h")
+    p.add_argument("--search", default="exact")
+    p.add_argument("--resolution", type=int, default=224)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bbgrap-compile-") as work:
+        for model in args.models:
+            path = os.path.join(work, f"{model}.onnx")
+            onnx.save(zoo.build(model, resolution=args.resolution), path)
+            for nodes in args.nodes:
+                cfg = Config(nodes=nodes, threshold=args.threshold, direction=args.direction, search=args.search)
+                t0 = time.perf_counter()
+                m = compile_model(path, cfg, os.path.join(work, "plan"))
+                total = time.perf_counter() - t0
+                s = m["search"] or {}
+                row = {"model": model, "nodes": nodes, "compile_s": total, "search_s": s.get("seconds", 0.0),
+                       "evaluated": s.get("evaluated", 0), "log10_total": s.get("log10_total", 0.0),
+                       "objective": s.get("objective"), "naive_objective": s.get("naive_objective"),
+                       "bytes_transferred": m["stats"]["bytes_transferred"]}
+                rows.append(row)
+                if not args.json:
+                    if len(rows) == 1:
+                        print(f"{'model':<13}{'nodes':>6}{'compile s':>11}{'search s':>10}{'evaluated':>11}"
+                              f"{'log10 total':>13}{'objective/naive':>17}")
+                    ratio = (row["objective"] / row["naive_objective"]) if row["naive_objective"] else float("nan")
+                    print(f"{model:<13}{nodes:>6}{total:>11.2f}{row['search_s']:>10.2f}{row['evaluated']:>11}"
+                          f"{row['log10_total']:>13.1f}{ratio:>17.3f}", flush=True)
+    if args.json:
+        print(json.dumps({"threshold": args.threshold, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
