@@ -288,7 +288,8 @@ def import_proto(
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}
     tensors = {k: v for k, v in tensors.items() if k in used or k in feeds or any(k in la.outputs for la in layers)}
-    opsets = {o.domain or "": int(o.version) for o in model.opset_import}
+    # the default domain may be spelled "" or "ai.onnx"
+    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version) for o in model.opset_import}
     graph = Graph(
         name=name,
         layers=tuple(layers),

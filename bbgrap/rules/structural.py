@@ -53,7 +53,8 @@ class FlattenRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         need = full(graph, layer.inputs[0])
-        if out.interval(0) != need.interval(0):
+        rank = need.rank
+        if _axis(layer, rank, 1) == 1:  # output axis 0 is the input's batch axis
             need = need.with_axis(0, out.interval(0))
         return Local((need,), out)
 

@@ -62,8 +62,10 @@ def build_model(
     constants: Mapping[str, np.ndarray],
     outputs: Sequence[str],
     opset: int,
+    opset_domain: str = "",
 ) -> onnx.ModelProto:
-    """A checked model: float32 graph inputs `inputs`, initialisers `constants`."""
+    """A checked model: float32 graph inputs `inputs`, initialisers `constants`;
+    `opset_domain` spells the default domain ("" or its alias "ai.onnx")."""
     graph = helper.make_graph(
         list(nodes),
         "g",
@@ -71,7 +73,7 @@ def build_model(
         [onnx.ValueInfoProto(name=n) for n in outputs],  # typed below from shape inference
         [numpy_helper.from_array(np.asarray(v), n) for n, v in constants.items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(opset_domain, opset)])
     model.ir_version = 8
     # give the outputs the shapes ONNX infers, so that the checker accepts them
     inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output}
@@ -88,11 +90,12 @@ def single_op(
     constants: Mapping[str, np.ndarray],
     opset: int,
     outputs: Sequence[str] = ("y",),
+    opset_domain: str = "",
     **attrs: Any,
 ) -> onnx.ModelProto:
     """A one-node model `outputs = op_type(inputs)`."""
     node = helper.make_node(op_type, list(inputs), list(outputs), name="op", **attrs)
-    return build_model([node], activations, constants, [o for o in outputs if o], opset)
+    return build_model([node], activations, constants, [o for o in outputs if o], opset, opset_domain)
 
 
 # running ------------------------------------------------------------------------------
@@ -229,9 +232,11 @@ def draw_boxes(
     allowed: frozenset[int],
     cut_axes: Sequence[int] | None = None,
     max_cut_axes: int = 2,
+    finest: bool = False,
 ) -> tuple[list[int], list[ShapeMap]]:
     """A grid of boxes covering the output: up to 4 pieces along the first cut axis,
-    up to 2 along the others. `cut_axes` forces the axes (each must be allowed)."""
+    up to 2 along the others (`finest`: unit pieces along every cut axis).
+    `cut_axes` forces the axes (each must be allowed)."""
     if cut_axes is None:
         options = sorted(allowed)
         n = min(max_cut_axes, len(options))
@@ -241,7 +246,9 @@ def draw_boxes(
         assert set(chosen) <= allowed, (chosen, allowed)
     per_axis: list[list[Interval]] = []
     for a, size in enumerate(out_shape):
-        if a in chosen:
+        if a in chosen and finest:
+            per_axis.append([Interval(i, i + 1) for i in range(size)])
+        elif a in chosen:
             per_axis.append(pieces(data, size, 3 if a == chosen[0] else 1))
         else:
             per_axis.append([Interval(0, size)])
@@ -293,6 +300,7 @@ def check_partition(
     expect_axes: frozenset[int] | set[int] | None = None,
     cut_axes: Sequence[int] | None = None,
     max_cut_axes: int = 2,
+    finest: bool = False,
 ) -> Checked:
     """The core property (see module docstring). `layer` defaults to the last layer;
     `cut_axes` forces the axes to cut (each must be allowed), else they are drawn."""
@@ -307,7 +315,7 @@ def check_partition(
         assert allowed == frozenset(expect_axes), (allowed, expect_axes)
     values = tensor_values(model, front)
     out_shape = graph.tensors[lay.outputs[0]].shape
-    chosen, boxes = draw_boxes(data, out_shape, allowed, cut_axes, max_cut_axes)
+    chosen, boxes = draw_boxes(data, out_shape, allowed, cut_axes, max_cut_axes, finest)
     locals_ = assemble(lay, graph, rule, boxes, values, np.asarray(values[lay.outputs[0]]))
     return Checked(front, lay, rule, allowed, chosen, boxes, locals_)
 

@@ -33,7 +33,7 @@ def conv_models(draw: st.DrawFn, rank: int | None = None) -> tuple:
     max_d = 1 if auto_pad.startswith("SAME") else 3
     dilations = [draw(st.integers(1, max_d)) for _ in range(k)]
     eff = [(kk - 1) * d + 1 for kk, d in zip(kernel, dilations)]
-    spatial = [draw(st.integers(e, max(e, 20))) for e in eff]
+    spatial = [draw(st.integers(e, max(e, 20 if k < 3 else 7))) for e in eff]
     batch = draw(st.integers(1, 2))
     attrs: dict = {"strides": strides, "dilations": dilations}
     if draw(st.booleans(), label="kernel_shape attr"):
@@ -58,7 +58,7 @@ def conv_models(draw: st.DrawFn, rank: int | None = None) -> tuple:
 @given(conv_models())
 def test_conv_any_axis(case: tuple) -> None:
     data, model, _ = case
-    check_partition(data, model, expect_axes=set(range(2 + len(model.graph.input[0].type.tensor_type.shape.dim) - 2)))
+    check_partition(data, model, expect_axes=set(range(len(model.graph.input[0].type.tensor_type.shape.dim))))
 
 
 @SETTINGS
@@ -87,3 +87,11 @@ def test_conv_spatial_grid(case: tuple) -> None:
     """A 2-D grid of boxes over both spatial axes (padding only at borders)."""
     data, model, _ = case
     check_partition(data, model, cut_axes=[2, 3])
+
+
+@rules_settings(30)
+@given(conv_models(rank=3))
+def test_conv_3d(case: tuple) -> None:
+    """3-D convolutions (the windowed rule is rank-generic)."""
+    data, model, _ = case
+    check_partition(data, model, expect_axes={0, 1, 2, 3, 4})

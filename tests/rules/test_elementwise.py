@@ -107,6 +107,16 @@ def test_binary_with_constant(data: st.DataObject, op: str, kind: str, const_fir
     check_partition(data, model, expect_axes={0, 1, 2, 3})
 
 
+@SETTINGS
+@given(st.data(), st.sampled_from(["C11", "1", "HW", "full"]))
+def test_prelu(data: st.DataObject, kind: str) -> None:
+    """PRelu's slope broadcasts (unidirectionally) like an arithmetic operand."""
+    n, c, h, w = _shape(data.draw)
+    slope = const(rng_of(data), _operand_shape(kind, n, c, h, w), 0.1, 0.5)
+    model = single_op("PRelu", ["x", "slope"], {"x": [n, c, h, w]}, {"slope": slope}, data.draw(st.integers(13, 17)))
+    check_partition(data, model, expect_axes={0, 1, 2, 3})
+
+
 @rules_settings(80)
 @given(
     st.data(),

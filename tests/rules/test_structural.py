@@ -62,12 +62,7 @@ def test_flatten_axis_1(data: st.DataObject, rank: int, negative: bool) -> None:
     check_partition(data, model, expect_axes={0})
 
 
-FLATTEN_BUG = (
-    "FlattenRule.local: for axis != 1 it compares output axis 0 (prod(shape[:axis])) "
-    "with input axis 0 (the batch) and, when they differ, replaces the input's axis-0 "
-    "need by the output interval, so the whole-output box needs x[0:N*C] (outside "
-    "the tensor) or x[0:1] (too little)"
-)
+# Regression (fixed): FlattenRule.local: for axis != 1 it compares output axis 0 (prod(shape[:axis]))  with input axis 0 (the batch) and, when they differ, replaces the input's axis-0  need by the output interval, so the whole-output box needs x[0:N*C] (outside  the tensor) or x[0:1] (too little)
 
 
 @SETTINGS
@@ -82,7 +77,6 @@ def test_flatten_other_axes_are_whole(data: st.DataObject, rank: int) -> None:
     assert default_registry().get(layer).axes(layer, front.graph) == frozenset()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FLATTEN_BUG)
 @settings(max_examples=20, deadline=None, phases=[Phase.generate], report_multiple_bugs=False)
 @given(st.data(), st.integers(2, 4))
 def test_flatten_other_axes_whole_box(data: st.DataObject, rank: int) -> None:
@@ -96,7 +90,6 @@ def test_flatten_other_axes_whole_box(data: st.DataObject, rank: int) -> None:
     check_partition(data, model, expect_axes=set())
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FLATTEN_BUG)
 def test_flatten_axis_2_whole_box_reproducer() -> None:
     """Minimal reproducer: Flatten(axis=2) of x (1, 3, 4, 4) → y (3, 16); whole box [0:3, 0:16]."""
     model = single_op("Flatten", ["x"], {"x": [1, 3, 4, 4]}, {}, 13, axis=2)
@@ -134,6 +127,36 @@ def test_softmax(data: st.DataObject, op: str, rank: int, axis: int, opset: int)
     a = axis % rank
     expect = set(range(rank)) - {a} if opset >= 13 else set(range(a))
     check_partition(data, model, expect_axes=expect)
+
+
+# Regression (fixed): SoftmaxRule._reduced reads graph.opsets.get('', 13) only; a model importing the  default domain under its alias 'ai.onnx' (valid ONNX, run by onnxruntime with the  legacy semantics) gets opsets {'ai.onnx': 11}, so the rule applies opset-13  semantics and offers cuts along axes that legacy Softmax reduces
+
+
+@settings(max_examples=20, deadline=None, phases=[Phase.generate], report_multiple_bugs=False)
+@given(st.data(), st.sampled_from(["Softmax", "LogSoftmax"]), st.sampled_from([11, 12]))
+def test_softmax_legacy_under_ai_onnx_domain(data: st.DataObject, op: str, opset: int) -> None:
+    """Legacy Softmax (axis 1 of 4-D: axes 1..3 reduced) with the default domain spelled 'ai.onnx'."""
+    shape = [data.draw(st.integers(1, 3))] + [data.draw(st.integers(2, 5)) for _ in range(3)]
+    model = single_op(op, ["x"], {"x": shape}, {}, opset, opset_domain="ai.onnx", axis=1)
+    check_partition(data, model, expect_axes={0})
+
+
+def test_softmax_ai_onnx_domain_reproducer() -> None:
+    """Minimal reproducer: Softmax(axis=1), x (1, 2, 3, 4), opset_import [('ai.onnx', 11)]."""
+    model = single_op("Softmax", ["x"], {"x": [1, 2, 3, 4]}, {}, 11, opset_domain="ai.onnx", axis=1)
+    graph = import_proto(model).graph
+    layer = graph.layers[0]
+    axes = default_registry().get(layer).axes(layer, graph)
+    assert axes == frozenset({0}), f"got {sorted(axes)}"  # got [0, 2, 3]
+
+
+@rules_settings(30)
+@given(st.data(), st.sampled_from([11, 13]))
+def test_softmax_ai_onnx_domain_whole_and_batch(data: st.DataObject, opset: int) -> None:
+    """With the 'ai.onnx' spelling, the whole box and batch cuts are exact either way."""
+    shape = [data.draw(st.integers(1, 3))] + [data.draw(st.integers(1, 5)) for _ in range(3)]
+    model = single_op("Softmax", ["x"], {"x": shape}, {}, opset, opset_domain="ai.onnx", axis=1)
+    check_partition(data, model, cut_axes=data.draw(st.sampled_from([[], [0]])))
 
 
 @SETTINGS
