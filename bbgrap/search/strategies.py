@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
-from bbgrap.search.objective import LayerCost, NodeCost, Weights, objective
+from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Interval, Partition, Partitions
 
 Progress = Callable[[int, int], None]
@@ -186,3 +186,123 @@ class PrunedTree(Strategy):
             else:
                 break
         return best, best_list
+
+
+class Exact(Strategy):
+    """Branch and bound that provably returns the optimum of `exhaustive`.
+
+    A backward pass over the procedural partitions gives, for every (node, interval),
+    the exact minimum over all valid suffixes after it of (a) the max work and (b) the
+    weighted data+over sum (two independent min-max / min-sum dynamic programmes).
+    `objective.lower_bound` turns a prefix's known costs plus these two minima into a
+    sound lower bound on every completion (see its docstring). The search visits
+    prefixes in lexicographic order, so a later leaf can only beat the incumbent with
+    a strictly smaller objective, and it discards a prefix only when its bound exceeds
+    the incumbent's objective (by more than float rounding): nothing it discards can be
+    better, and among equal objectives the lexicographically smallest partition is
+    kept, exactly as `exhaustive` does. A greedy descent by bound gives the first
+    incumbent. Progress unit: intervals of node 0 done.
+    """
+
+    name = "exact"
+
+    def run(self) -> tuple[Partition, float]:
+        parts, w = self.partitions, self.cache.weights
+        last = parts.nodes - 1
+        self._kids: dict[tuple[int, Interval], list[Interval]] = {}
+        self._top: dict[tuple[int, Interval], float] = {}
+        self._flat: dict[tuple[int, Interval], float] = {}
+        for node in range(last, -1, -1):
+            for interval in (iv for ivs in parts.ds[node].values() for iv in ivs):
+                if parts.completions(node, interval) == 0:
+                    continue
+                if node == last:
+                    self._top[(node, interval)] = self._flat[(node, interval)] = 0.0
+                    continue
+                top, flat = INF, INF
+                for child in self._children(node, interval):
+                    c = self.cache.node(node + 1, child)
+                    top = min(top, max(c.work, self._top[(node + 1, child)]))
+                    flat = min(flat, w.data_w * c.data + w.over_w * c.over + self._flat[(node + 1, child)])
+                self._top[(node, interval)], self._flat[(node, interval)] = top, flat
+        roots = [iv for iv in parts.roots() if parts.completions(0, iv)]
+        start = PartialCost(parts.nodes)
+        self.best, self.best_value = self._greedy(roots, start)
+        for done, root in enumerate(roots, 1):
+            self._descend(0, (root,), start.add(self.cache.node(0, root), w))
+            self._report(done, len(roots))
+        return self.best, self.best_value
+
+    def _children(self, node: int, interval: Interval) -> list[Interval]:
+        kids = self._kids.get((node, interval))
+        if kids is None:
+            parts = self.partitions
+            kids = [c for c in parts.children(node, interval) if parts.completions(node + 1, c)]
+            self._kids[(node, interval)] = kids
+        return kids
+
+    def _bound(self, node: int, interval: Interval, p: PartialCost) -> float:
+        return lower_bound(p, self.cache.weights, self._top[(node, interval)], self._flat[(node, interval)])
+
+    def _greedy(self, roots: list[Interval], start: PartialCost) -> tuple[Partition, float]:
+        w = self.cache.weights
+        path: Partition = ()
+        candidates, p = roots, start
+        for node in range(self.partitions.nodes):
+            scored = [(self._bound(node, iv, p.add(self.cache.node(node, iv), w)), iv) for iv in candidates]
+            _, choice = min(scored)
+            path, p = path + (choice,), p.add(self.cache.node(node, choice), w)
+            if node < self.partitions.nodes - 1:
+                candidates = self._children(node, choice)
+        return path, self.cache.evaluate(path)
+
+    def _descend(self, node: int, path: Partition, p: PartialCost) -> None:
+        interval = path[-1]
+        bound = self._bound(node, interval, p)
+        slack = 1e-12 * abs(self.best_value)
+        if bound > self.best_value + slack or (bound >= self.best_value - slack and path > self.best[: len(path)]):
+            return
+        if node == self.partitions.nodes - 1:
+            value = self.cache.evaluate(path)
+            if better(value, path, self.best_value, self.best):
+                self.best, self.best_value = path, value
+            return
+        w = self.cache.weights
+        for child in self._children(node, interval):
+            self._descend(node + 1, path + (child,), p.add(self.cache.node(node + 1, child), w))
+
+
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Exhaustive, PrunedTree, Exact)}
+
+
+def search(
+    cost: LayerCost,
+    speeds: Sequence[float],
+    threshold_pct: float | Fraction,
+    weights: Weights,
+    strategy: str = "exact",
+    overlapped: bool = False,
+    progress: Optional[Progress] = None,
+) -> SearchResult:
+    """Best partition of one layer within the threshold band (see the module docstring)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown search strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    weights.check()
+    t0 = time.perf_counter()
+    partitions = Partitions(cost.extent, speeds, threshold_pct, overlapped)
+    cache = CostCache(cost, weights)
+    best, value = STRATEGIES[strategy](partitions, cache, progress).run()
+    if overlapped:
+        cuts = tuple(iv[0] for iv in best) + (cost.extent,)
+    else:
+        cuts = (0,) + tuple(iv[1] for iv in best)
+    return SearchResult(
+        cuts=cuts,
+        objective=value,
+        evaluated=cache.evaluated,
+        cost_calls=cache.calls,
+        log10_total=partitions.log10_total(),
+        seconds=time.perf_counter() - t0,
+        strategy=strategy,
+        intervals=best,
+    )
