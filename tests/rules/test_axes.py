@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import onnx
 from hypothesis import given
 from hypothesis import strategies as st
+from onnx import helper
 
-from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
+from bbgrap.frontends.onnx import import_proto
+from bbgrap.rules.registry import default_registry
+from tests.rules.helpers import build_model, check_partition, const, rng_of, rules_settings, single_op
 
 Factory = Callable[[st.DataObject], onnx.ModelProto]
 
@@ -104,12 +106,6 @@ def test_every_allowed_axis_is_exact(data: st.DataObject, name: str) -> None:
 
 def test_maxpool_with_indices_is_whole() -> None:
     """MaxPool's Indices output is position-dependent: no axis is offered."""
-    from onnx import helper
-
-    from bbgrap.frontends.onnx import import_proto
-    from bbgrap.rules.registry import default_registry
-    from tests.rules.helpers import build_model
-
     node = helper.make_node("MaxPool", ["x"], ["y", "i"], name="op", kernel_shape=[2, 2])
     graph = import_proto(build_model([node], {"x": [1, 2, 4, 4]}, {}, ["y", "i"], 13)).graph
     layer = graph.layers[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from onnx import helper
 
 from bbgrap.ir import ShapeMap
 from tests.rules.helpers import build_model, check_partition, const, rng_of, rules_settings, single_op
@@ -71,7 +72,7 @@ def test_dropout(data: st.DataObject, with_ratio: bool, with_mask: bool) -> None
     inputs = ["x"] + (["ratio"] if with_ratio else [])
     consts = {"ratio": np.array(0.3, np.float32)} if with_ratio else {}
     outputs = ("y", "mask") if with_mask else ("y",)
-    node = __import__("onnx").helper.make_node("Dropout", inputs, list(outputs), name="op")
+    node = helper.make_node("Dropout", inputs, list(outputs), name="op")
     model = build_model([node], {"x": _shape(data.draw)}, consts, list(outputs), data.draw(st.integers(13, 17)))
     check_partition(data, model, expect_axes=set() if with_mask else {0, 1, 2, 3})
 
@@ -130,8 +131,6 @@ def test_binary_two_activations(data: st.DataObject, op: str, kind: str, swap: b
     shapes = {"a": [n, c, h, w], "b": _operand_shape(kind, n, c, h, w)}
     inputs = ["b", "a"] if swap else ["a", "b"]
     if op == "Pow":  # a positive base keeps real results: Pow(|a| + 1, b) via Abs/Add
-        from onnx import helper
-
         nodes = [
             helper.make_node("Abs", [inputs[0]], ["abs"], name="abs"),
             helper.make_node("Add", ["abs", "one"], ["base"], name="base"),

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-import numpy as np
-
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import rules_settings, assemble, check_partition, draw_boxes, manual_graph, rng_of, single_op
+from tests.rules.helpers import assemble, check_partition, draw_boxes, manual_graph, rng_of, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from onnx import helper
 
 from bbgrap.frontends.onnx import import_proto
 from bbgrap.ir import GROUPS, Layer
 from bbgrap.rules.registry import RegionRule, RuleRegistry, default_registry
 from bbgrap.rules.structural import WholeRule
-from tests.rules.helpers import single_op
+from tests.rules.helpers import build_model, single_op
 
 
 def _layer(op: str, domain: str = "") -> Layer:
@@ -84,17 +86,11 @@ def test_groups_follow_table_3_1(op: str, group: str) -> None:
 
 def test_frontend_tags_layers_with_rule_group() -> None:
     """Imported layers carry their rule's group; ops without a rule are opaque."""
-    from onnx import helper
-
-    from tests.rules.helpers import build_model
-
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="relu"),
         helper.make_node("Erf", ["r"], ["e"], name="erf"),
         helper.make_node("TopK", ["e", "k"], ["y", "i"], name="topk", axis=1),
     ]
-    import numpy as np
-
     model = build_model(nodes, {"x": [1, 4]}, {"k": np.array([2], np.int64)}, ["y"], 13)
     graph = import_proto(model).graph
     groups = {layer.name: layer.group for layer in graph.layers}

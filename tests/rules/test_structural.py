@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from bbgrap.frontends.onnx import import_proto
@@ -62,7 +61,10 @@ def test_flatten_axis_1(data: st.DataObject, rank: int, negative: bool) -> None:
     check_partition(data, model, expect_axes={0})
 
 
-# Regression (fixed): FlattenRule.local: for axis != 1 it compares output axis 0 (prod(shape[:axis]))  with input axis 0 (the batch) and, when they differ, replaces the input's axis-0  need by the output interval, so the whole-output box needs x[0:N*C] (outside  the tensor) or x[0:1] (too little)
+# Regression (fixed in e124b0d): FlattenRule.local compared output axis 0
+# (prod(shape[:axis])) with input axis 0 (the batch) and, when they differed, put the
+# output interval on the input's axis 0, so for axis != 1 the whole-output box needed
+# x[0:N*C] (outside the tensor) or x[0:1] (too little).
 
 
 @SETTINGS
@@ -77,7 +79,7 @@ def test_flatten_other_axes_are_whole(data: st.DataObject, rank: int) -> None:
     assert default_registry().get(layer).axes(layer, front.graph) == frozenset()
 
 
-@settings(max_examples=20, deadline=None, phases=[Phase.generate], report_multiple_bugs=False)
+@rules_settings(30)
 @given(st.data(), st.integers(2, 4))
 def test_flatten_other_axes_whole_box(data: st.DataObject, rank: int) -> None:
     """The whole output box of a Flatten at axis != 1 must read the whole input.
@@ -96,7 +98,7 @@ def test_flatten_axis_2_whole_box_reproducer() -> None:
     graph = import_proto(model).graph
     layer = graph.layers[0]
     local = default_registry().get(layer).local(layer, graph, ShapeMap.full((3, 16)))
-    assert local.needs[0] == ShapeMap.full((1, 3, 4, 4)), f"got {local.needs[0]}"  # got [0:3,0:3,0:4,0:4]
+    assert local.needs[0] == ShapeMap.full((1, 3, 4, 4)), f"got {local.needs[0]}"  # was [0:3,0:3,0:4,0:4]
 
 
 @rules_settings(80)
@@ -129,10 +131,14 @@ def test_softmax(data: st.DataObject, op: str, rank: int, axis: int, opset: int)
     check_partition(data, model, expect_axes=expect)
 
 
-# Regression (fixed): SoftmaxRule._reduced reads graph.opsets.get('', 13) only; a model importing the  default domain under its alias 'ai.onnx' (valid ONNX, run by onnxruntime with the  legacy semantics) gets opsets {'ai.onnx': 11}, so the rule applies opset-13  semantics and offers cuts along axes that legacy Softmax reduces
+# Regression (fixed in e124b0d, in the frontend): SoftmaxRule._reduced reads
+# graph.opsets.get('', 13); a model importing the default domain under its alias
+# 'ai.onnx' (valid ONNX, run by onnxruntime with the legacy semantics) got opsets
+# {'ai.onnx': 11}, so the rule applied opset-13 semantics and offered cuts along
+# axes that legacy Softmax reduces (axes {0, 2, 3} instead of {0}).
 
 
-@settings(max_examples=20, deadline=None, phases=[Phase.generate], report_multiple_bugs=False)
+@rules_settings(30)
 @given(st.data(), st.sampled_from(["Softmax", "LogSoftmax"]), st.sampled_from([11, 12]))
 def test_softmax_legacy_under_ai_onnx_domain(data: st.DataObject, op: str, opset: int) -> None:
     """Legacy Softmax (axis 1 of 4-D: axes 1..3 reduced) with the default domain spelled 'ai.onnx'."""
@@ -147,7 +153,7 @@ def test_softmax_ai_onnx_domain_reproducer() -> None:
     graph = import_proto(model).graph
     layer = graph.layers[0]
     axes = default_registry().get(layer).axes(layer, graph)
-    assert axes == frozenset({0}), f"got {sorted(axes)}"  # got [0, 2, 3]
+    assert axes == frozenset({0}), f"got {sorted(axes)}"  # was [0, 2, 3]
 
 
 @rules_settings(30)
