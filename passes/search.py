@@ -1,7 +1,14 @@
 """search: choose every layer's cut by minimising the objective (thesis §3.5).
 
 Layers are searched one at a time in topological order, each with the cuts already
-chosen for its producers: a node's cost for an interval is its operations over its
+chosen for its producers. A layer that passes regions straight through (activations,
+BatchNormalization, elementwise arithmetic: output = input region) is not searched:
+it takes its producer's cut, which moves nothing, where any other cut would only
+create halos that the next layer pays for. Layers that cannot be cut in the requested
+direction and fall back to a channel cut (global pools, the classifier's Gemm) keep
+their speed-proportional split: every channel cut of them moves the same data, so
+the objective is flat there and the split already balances the work. For the
+searched layers, a node's cost for an interval is its operations over its
 speed, the values it must receive to read its input regions (what its producers'
 cuts left on other nodes), and the operations it computes only to crop them away
 (eq. 3.7–3.11, weights from the config). The strategy (`exact`, `pruned-tree`,
@@ -17,12 +24,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
-from bbgrap.config import Config
+from bbgrap.config import Config, direction_axis
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.passes.naive_partition import partition_layer
+from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
 from bbgrap.search.strategies import search
@@ -99,24 +107,69 @@ class SearchPartitions(Pass):
                 total += self._cost(graph, layer, part.axis, partitions).cost_of(part)
         return total
 
+    def _follow(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> LayerPartition | None:
+        """The producer's cut for a pass-through layer of the same output shape, else None."""
+        if not isinstance(self.registry.get(layer), (BroadcastRule, BatchNormRule)):
+            return None
+        producers = graph.producers()
+        shape = graph.tensors[layer.outputs[0]].shape
+        for t in layer.inputs:
+            if t in producers and graph.tensors[t].shape == shape:
+                source = partitions[producers[t].name]
+                if source.axis is not None and source.axis == partitions[layer.name].axis:
+                    sizes = [r.shape[source.axis] if not r.empty else 0 for r in source.out]
+                    return partition_layer(graph, layer, source.axis, sizes, self.registry)
+        return None
+
+    def _aligned(self, graph: Graph, layer: Layer, axis: int, partitions: dict[str, LayerPartition]) -> list[LayerPartition]:
+        """The layer cut like each producer whose output has the same extent along `axis`."""
+        producers = graph.producers()
+        extent = graph.tensors[layer.outputs[0]].shape[axis]
+        out = []
+        for t in dict.fromkeys(layer.inputs):
+            source = partitions.get(producers[t].name) if t in producers else None
+            if source is not None and source.axis == axis and graph.tensors[t].shape[axis] == extent:
+                sizes = [r.shape[axis] if not r.empty else 0 for r in source.out]
+                out.append(partition_layer(graph, layer, axis, sizes, self.registry))
+        return out
+
+    def _searchable(self, graph: Graph, layer: Layer) -> bool:
+        axis = graph.partitions[layer.name].axis
+        rank = len(graph.tensors[layer.outputs[0]].shape)
+        return axis is not None and axis == direction_axis(self.config.direction, rank)
+
     def call(self, graph: Graph) -> PassResult:
         cfg = self.config
         custom = {c.layer for c in cfg.custom}
-        searched = [la for la in graph.layers if graph.partitions[la.name].axis is not None and la.name not in custom]
+        searched = [la for la in graph.layers if self._searchable(graph, la) and la.name not in custom]
         partitions = dict(graph.partitions)
-        evaluated = cost_calls = 0
+        evaluated = cost_calls = searched_layers = 0
         log10_total = 0.0
         t0 = time.perf_counter()
         for k, layer in enumerate(searched):
+            followed = self._follow(graph, layer, partitions)
+            if followed is not None:
+                partitions[layer.name] = followed
+                if self.progress is not None:
+                    self.progress(k + 1, len(searched))
+                continue
             axis = partitions[layer.name].axis
             assert axis is not None
             cost = self._cost(graph, layer, axis, partitions)
             result = search(cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
             sizes = [b - a for a, b in zip(result.cuts, result.cuts[1:])]
-            partitions[layer.name] = partition_layer(graph, layer, axis, sizes, self.registry)
+            chosen = partition_layer(graph, layer, axis, sizes, self.registry)
+            # Among optimal cuts, prefer one aligned with the producer, then the naive one:
+            # equal for this layer, and consumers downstream then need no transfer.
+            for alt in self._aligned(graph, layer, axis, partitions) + [graph.partitions[layer.name]]:
+                if alt.axis == axis and alt.out != chosen.out and cost.cost_of(alt) <= result.objective:
+                    chosen = alt
+                    break
+            partitions[layer.name] = chosen
             evaluated += result.evaluated
             cost_calls += result.cost_calls
             log10_total += result.log10_total
+            searched_layers += 1
             if self.progress is not None:
                 self.progress(k + 1, len(searched))
         searched_total = self._plan_objective(graph, partitions)
@@ -127,7 +180,7 @@ class SearchPartitions(Pass):
         stats = {
             "strategy": cfg.search,
             "threshold": cfg.threshold,
-            "layers": len(searched),
+            "layers": searched_layers,
             "evaluated": evaluated,
             "cost_calls": cost_calls,
             "log10_total": log10_total,

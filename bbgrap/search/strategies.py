@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Interval, Partition, Partitions
 
@@ -191,17 +193,23 @@ class PrunedTree(Strategy):
 class Exact(Strategy):
     """Branch and bound that provably returns the optimum of `exhaustive`.
 
-    A backward pass over the procedural partitions gives, for every (node, interval),
-    the exact minimum over all valid suffixes after it of (a) the max work and (b) the
-    weighted data+over sum (two independent min-max / min-sum dynamic programmes).
-    `objective.lower_bound` turns a prefix's known costs plus these two minima into a
-    sound lower bound on every completion (see its docstring). The search visits
-    prefixes in lexicographic order, so a later leaf can only beat the incumbent with
-    a strictly smaller objective, and it discards a prefix only when its bound exceeds
-    the incumbent's objective (by more than float rounding): nothing it discards can be
-    better, and among equal objectives the lexicographically smallest partition is
-    kept, exactly as `exhaustive` does. A greedy descent by bound gives the first
-    incumbent. Progress unit: intervals of node 0 done.
+    Bound. Let T range over the distinct work values of all candidate intervals. A
+    backward dynamic programme gives, for every (node, interval) and every T, the exact
+    minimum weighted data+over sum over the valid suffixes after it whose works are
+    all <= T (inf if none). Any completion of a prefix has some suffix max work T*, so
+    its objective is at least ow*M + hw*gap(M) + flat_known + minflat_T*, with
+    M = max(known max, T*) and gap(M) the harmonic-gap bound of
+    `objective.lower_bound` (increasing in M); the minimum of that over all T is a
+    sound lower bound that couples the max-work and the data terms.
+
+    Search. A greedy descent by bound gives the first incumbent; then prefixes are
+    visited in lexicographic order. A prefix is discarded when its bound exceeds the
+    incumbent's objective, or when it is lexicographically after the incumbent and its
+    bound reaches the incumbent's objective (every completion then costs more, or ties
+    and loses the tie-break). So among equal objectives the lexicographically smallest
+    partition wins, as in `exhaustive`. Bounds are compared with a relative slack of
+    1e-12: the result is the optimum up to float rounding of the objective's sums.
+    Progress unit: intervals of node 0 done.
     """
 
     name = "exact"
@@ -210,22 +218,27 @@ class Exact(Strategy):
         parts, w = self.partitions, self.cache.weights
         last = parts.nodes - 1
         self._kids: dict[tuple[int, Interval], list[Interval]] = {}
-        self._top: dict[tuple[int, Interval], float] = {}
-        self._flat: dict[tuple[int, Interval], float] = {}
+        live = {node: [iv for ivs in parts.ds[node].values() for iv in ivs if parts.completions(node, iv)] for node in range(parts.nodes)}
+        works = sorted({self.cache.node(n, iv).work for n in live for iv in live[n]})
+        self._thresholds = np.asarray(works, dtype=np.float64)
+        position = {t: k for k, t in enumerate(works)}
+        self._minflat: dict[tuple[int, Interval], np.ndarray] = {}
+        zeros = np.zeros(len(works))
         for node in range(last, -1, -1):
-            for interval in (iv for ivs in parts.ds[node].values() for iv in ivs):
-                if parts.completions(node, interval) == 0:
-                    continue
+            for interval in live[node]:
                 if node == last:
-                    self._top[(node, interval)] = self._flat[(node, interval)] = 0.0
+                    self._minflat[(node, interval)] = zeros
                     continue
-                top, flat = INF, INF
+                best = np.full(len(works), INF)
                 for child in self._children(node, interval):
                     c = self.cache.node(node + 1, child)
-                    top = min(top, max(c.work, self._top[(node + 1, child)]))
-                    flat = min(flat, w.data_w * c.data + w.over_w * c.over + self._flat[(node + 1, child)])
-                self._top[(node, interval)], self._flat[(node, interval)] = top, flat
-        roots = [iv for iv in parts.roots() if parts.completions(0, iv)]
+                    flat = w.data_w * c.data + w.over_w * c.over + self._minflat[(node + 1, child)]
+                    # the child's work must itself be <= T
+                    flat = flat.copy()
+                    flat[: position[c.work]] = INF
+                    np.minimum(best, flat, out=best)
+                self._minflat[(node, interval)] = best
+        roots = live[0]
         start = PartialCost(parts.nodes)
         self.best, self.best_value = self._greedy(roots, start)
         for done, root in enumerate(roots, 1):
@@ -242,7 +255,14 @@ class Exact(Strategy):
         return kids
 
     def _bound(self, node: int, interval: Interval, p: PartialCost) -> float:
-        return lower_bound(p, self.cache.weights, self._top[(node, interval)], self._flat[(node, interval)])
+        w = self.cache.weights
+        minflat = self._minflat[(node, interval)]
+        m = np.maximum(self._thresholds, p.top)
+        r = p.nodes - p.known
+        with np.errstate(divide="ignore", invalid="ignore"):
+            denominator = p.inv_sum + r / m
+            gap = np.where((m > 0) & (denominator > 0), np.maximum(0.0, m - p.nodes / denominator), 0.0)
+        return float(np.min(w.operations_w * m + w.harmonic_w * gap + minflat)) + p.flat
 
     def _greedy(self, roots: list[Interval], start: PartialCost) -> tuple[Partition, float]:
         w = self.cache.weights
