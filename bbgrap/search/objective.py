@@ -9,6 +9,7 @@ some of the nodes' costs are known (used by the exact search).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -53,27 +54,33 @@ def harmonic_mean(works: Sequence[float]) -> float:
     """Harmonic mean of the works; 0 when any work is 0 (eq. 3.11)."""
     if any(w == 0 for w in works):
         return 0.0
-    return len(works) / sum(1.0 / w for w in works)
+    return len(works) / math.fsum(1.0 / w for w in works)
 
 
 def objective(costs: Sequence[NodeCost], w: Weights) -> float:
-    """Eq. 3.8–3.11 for one layer: weighted max work + data + over + |max - harmonic|."""
+    """Eq. 3.8–3.11 for one layer: weighted max work + data + over + |max - harmonic|.
+
+    Sums are exact-rounded (`math.fsum`), so the value depends only on the multiset
+    of node costs: partitions that tie mathematically tie in floating point too.
+    """
     works = [c.work for c in costs]
     top = max(works)
     return (
         w.operations_w * top
-        + w.data_w * sum(c.data for c in costs)
-        + w.over_w * sum(c.over for c in costs)
+        + w.data_w * math.fsum(c.data for c in costs)
+        + w.over_w * math.fsum(c.over for c in costs)
         + w.harmonic_w * abs(top - harmonic_mean(works))
     )
 
 
 @dataclass(frozen=True)
 class PartialCost:
-    """What is known of a partition whose costs are known for `known` of `nodes` nodes.
+    """Known part of a partition of `nodes` nodes: `known` nodes' costs folded.
 
-    `top` is the max known work, `inv_sum` the sum of 1/work over known nodes (inf
-    when one known work is 0) and `flat` the weighted sum of known data and over.
+    `top` is the max known work, `inv_sum` the sum of 1/work over the known nodes
+    (inf once a known work is 0) and `flat` the weighted sum of known data and over.
+    The same record also serves as a lower-bound label: then each field is only a
+    lower bound (e.g. minima taken over different sets of intervals).
     """
 
     nodes: int
@@ -84,7 +91,7 @@ class PartialCost:
 
     def add(self, cost: NodeCost, w: Weights) -> PartialCost:
         """This partial cost with one more node's cost known."""
-        inv = float("inf") if cost.work == 0 else 1.0 / cost.work
+        inv = math.inf if cost.work == 0 else 1.0 / cost.work
         return PartialCost(
             self.nodes,
             self.known + 1,
@@ -94,24 +101,45 @@ class PartialCost:
         )
 
 
-def lower_bound(p: PartialCost, w: Weights, top_at_least: float = 0.0, flat_at_least: float = 0.0) -> float:
-    """Sound lower bound on `objective` of any completion of `p`.
+def lower_bound(
+    p: PartialCost, w: Weights, top_at_least: float = 0.0, inv_at_least: float = 0.0, flat_at_least: float = 0.0
+) -> float:
+    """Sound lower bound on `objective` of any completion of `p` (weights and costs >= 0).
 
-    `top_at_least` / `flat_at_least` are known lower bounds on the max work and on the
-    weighted data+over sum of the unknown nodes (0 when nothing is known).
+    The r = nodes - known unknown nodes have, by assumption, max work >=
+    `top_at_least`, sum of 1/work >= `inv_at_least` and weighted data+over sum >=
+    `flat_at_least` (all 0 when nothing is known about them).
 
-    Why it is sound (weights >= 0, costs >= 0): let M >= m := max(p.top,
-    top_at_least) be the completion's max work, r the number of unknown nodes and
-    A = p.inv_sum.  Every unknown work is <= M, so the sum of 1/work is >= A + r/M and
-    the harmonic mean is <= N/(A + r/M) (or 0); hence objective - flat >=
-    ow*M + hw*phi(M) with phi(M) = M - N*M/(A*M + r).  Since every known work is
-    <= m, A*M >= known, so (A*M + r)^2 >= N^2 >= N*r, i.e. phi'(M) >= 0 and the
-    minimum over M >= m is at M = m.  With r == 0 the bound is the objective itself.
+    Proof.  Let M be the completion's max work, so M >= m := max(p.top,
+    top_at_least), and A its total sum of 1/work.  Every unknown work is <= M, so
+    A >= p.inv_sum + max(inv_at_least, r/M), and the harmonic mean N/A is at most
+    N/(p.inv_sum + r/M) and at most N/(p.inv_sum + inv_at_least).  With
+    c = ow + hw, objective - flat >= c*M - hw*N*M/(p.inv_sum*M + r) =: psi1(M), a
+    convex function of M (second derivative 2*hw*N*r*A/(A*M + r)^3 >= 0) whose
+    minimum over M >= m is at max(m, M*), M* solving psi1'(M*) = 0; and
+    objective - flat >= c*M - hw*N/(p.inv_sum + inv_at_least), increasing in M, so
+    >= its value at m.  Also the harmonic term is >= 0, so objective - flat >= ow*m.
+    The bound is the largest of the three plus the known flat sums.  With r == 0 and
+    exact fields it equals the objective; with nothing unknown-specific it is the
+    minimum of the objective over all completions, hence monotone as nodes become known.
     """
+    a, h, n = w.operations_w, w.harmonic_w, p.nodes
     m = max(p.top, top_at_least)
-    r = p.nodes - p.known
-    harmonic_gap = 0.0
-    if m > 0:
-        denominator = p.inv_sum + r / m
-        harmonic_gap = max(0.0, m - p.nodes / denominator) if denominator > 0 else 0.0
-    return w.operations_w * m + w.harmonic_w * harmonic_gap + p.flat + flat_at_least
+    r = n - p.known
+    c = a + h
+    inv = p.inv_sum
+    best = a * m
+    if h > 0:
+        if r == 0:
+            best = max(best, c * m - h * n / inv if inv > 0 else best)
+        else:
+            def psi1(x: float) -> float:
+                return c * x - h * n * x / (inv * x + r) if not math.isinf(inv) else c * x
+
+            x = m
+            if 0 < inv < math.inf:
+                x = max(m, (math.sqrt(h * n * r / c) - r) / inv)
+            best = max(best, psi1(x))
+            if inv + inv_at_least > 0:
+                best = max(best, c * m - h * n / (inv + inv_at_least))
+    return best + p.flat + flat_at_least

@@ -11,7 +11,10 @@ Validity.  Node j's interval size must lie in its band (`size_band`).
 * Overlapped mode (the thesis' "overlapped option", fig. 3.10, tables 3.6–3.8):
   node 0 starts at 0, node N-1 ends at extent, and every next start s' satisfies
   s < s' <= e for the previous interval (s, e): starts strictly increase and there
-  is no gap; a middle node may not end at extent.
+  is no gap; a middle node may not end at extent; and, as the thesis builds its
+  dictionaries, a middle node n starts within [extent - sum of the max sizes of
+  nodes n.., extent - sum of their min sizes] (eq. 3.22-3.24), a range derived for
+  contiguous intervals that we keep so that table 4.1's totals are reproduced.
 
 Band widening (a decision of ours, the thesis does not say): the thesis' rounding
 can give a band with sum(max) < extent (e.g. extent 10, 3 nodes, 0 %: sizes 3, 3, 3)
@@ -141,6 +144,8 @@ class Partitions:
             (start, stop)
             for start, stop in intervals
             if 0 <= start <= stop <= extent
+            and (node > 0 or start == 0)
+            and (node < last or stop == extent)
             and (start > 0 or may_start_at_0)
             and (stop < extent or may_end_at_extent)
         ]
@@ -236,7 +241,12 @@ class Partitions:
                 return False
         for node, ((s, e), (s2, _)) in enumerate(zip(partition, partition[1:])):
             if self.overlapped:
-                if not s < s2 <= e or (e == self.extent and node < self.nodes - 1):
+                if not s < s2 <= e or e == self.extent:
+                    return False
+                rest = self.band[node + 1 :]
+                if 0 < node + 1 < self.nodes - 1 and not (
+                    self.extent - sum(hi for _, hi in rest) <= s2 <= self.extent - sum(lo for lo, _ in rest)
+                ):
                     return False
             elif s2 != e:
                 return False

@@ -13,9 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Optional, Sequence
-
-import numpy as np
+from typing import Callable, Iterable, Optional, Sequence
 
 from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Interval, Partition, Partitions
@@ -118,7 +116,7 @@ class Exhaustive(Strategy):
                 best, best_value = partition, value
             if done % step == 0 or done == total:
                 self._report(done, total)
-        assert best is not None, "a widened band always has a partition"
+        assert best is not None, "search() checks that a partition exists"
         return best, best_value
 
 
@@ -129,9 +127,14 @@ class PrunedTree(Strategy):
     (ds[node][start]).  Per tree it keeps the best partitions (alg. 2) and stops the
     tree at the first interval that does worse than the tree's best so far (alg. 5,
     line 33); over the trees of a node it stops at the first tree whose best is worse
-    than the node's best (line 42).  Skip lists (alg. 3–4): once a tree has been
-    searched, the intervals of it that were not in its best partitions are skipped
-    when the same tree is reached again from another prefix.
+    than the node's best (line 42).  Skip lists (alg. 3–4): after each interval of a
+    tree, the next node's intervals linked from it that are not in the tree's best
+    partitions are marked bad for that tree and skipped when a later interval of the
+    same tree links to them again ('base' list); and once a tree has been searched,
+    only its best intervals are tried when it is reached again from another prefix.
+    The listing in the thesis is garbled in places; this reading reproduces its
+    table 4.1 counts for 2 nodes exactly (26/48/70/92 evaluated, in the thesis'
+    setup), not for more nodes.
 
     Both early breaks and the skip lists assume that the objective is convex along
     each tree and that a tree's best does not depend on the intervals before it; for
@@ -143,6 +146,7 @@ class PrunedTree(Strategy):
 
     def run(self) -> tuple[Partition, float]:
         self._best_of_tree: dict[tuple[int, int], frozenset[Interval]] = {}
+        self._bad: dict[tuple[int, int], frozenset[Interval]] = {}
         value, found = self._search(0, ())
         if not found:
             raise ValueError("no valid partition")
@@ -155,15 +159,23 @@ class PrunedTree(Strategy):
         links = self.partitions.link[node - 1].get(end, [])
         return [s for s in links if not self.partitions.overlapped or s > start]
 
+    def _skip(self, node: int, interval: Interval, prefix: Partition) -> bool:
+        """Alg. 4: whether `interval` of `node` is on a skip list for this prefix."""
+        if self.partitions.completions(node, interval) == 0:
+            return True
+        kept = self._best_of_tree.get((node, interval[0]))
+        if kept is not None and interval not in kept:
+            return True
+        return node > 0 and interval in self._bad.get((node - 1, prefix[-1][0]), frozenset())
+
     def _search(self, node: int, prefix: Partition) -> tuple[float, list[Partition]]:
         parts, last = self.partitions, self.partitions.nodes - 1
         best, best_list = INF, []
         for start in self._trees(node, prefix):
-            kept = self._best_of_tree.get((node, start))  # skip list of this tree, if seen before
             tree_best, tree_list = INF, []
             intervals = parts.ds[node].get(start, [])
             for i, interval in enumerate(intervals):
-                if (kept is not None and interval not in kept) or parts.completions(node, interval) == 0:
+                if self._skip(node, interval, prefix):
                     continue
                 path = prefix + (interval,)
                 if node == last:
@@ -178,6 +190,9 @@ class PrunedTree(Strategy):
                     tree_list = tree_list + found
                 else:
                     break
+                if node < last and tree_list:  # alg. 3, 'base' list of this tree
+                    winners = {p[node + 1] for p in tree_list}
+                    self._bad[(node, start)] = frozenset(parts.children(node, interval)) - winners
             if not tree_list:
                 continue
             self._best_of_tree.setdefault((node, start), frozenset(p[node] for p in tree_list))
@@ -190,106 +205,194 @@ class PrunedTree(Strategy):
         return best, best_list
 
 
+def nominal_partition(partitions: Partitions) -> Partition:
+    """The valid partition closest (sum of |boundary - ideal|) to the speed-proportional split.
+
+    A cheap first incumbent for the exact search: a DP over the partition graph that
+    needs no cost calls.
+    """
+    speeds = [Fraction(s) for s in partitions.speeds]
+    total = sum(speeds)
+    ideal = [partitions.extent * sum(speeds[:j]) / total for j in range(partitions.nodes + 1)]
+    last = partitions.nodes - 1
+    best: dict[tuple[int, Interval], tuple[Fraction, Partition]] = {}
+    for node in range(last, -1, -1):
+        for interval in (iv for ivs in partitions.ds[node].values() for iv in ivs):
+            if partitions.completions(node, interval) == 0:
+                continue
+            here = abs(interval[0] - ideal[node]) + abs(interval[1] - ideal[node + 1])
+            if node == last:
+                best[(node, interval)] = (here, (interval,))
+                continue
+            tail = min(best[(node + 1, nxt)] for nxt in partitions.children(node, interval) if (node + 1, nxt) in best)
+            best[(node, interval)] = (here + tail[0], (interval,) + tail[1])
+    return min(best[(0, iv)] for iv in partitions.roots() if (0, iv) in best)[1]
+
+
+@dataclass(frozen=True)
+class _Label:
+    """Lower bounds over a set of partial partitions: max work, sum of 1/work, weighted data+over."""
+
+    top: float
+    inv: float
+    flat: float
+
+    def meet(self, other: _Label) -> _Label:
+        return _Label(min(self.top, other.top), min(self.inv, other.inv), min(self.flat, other.flat))
+
+
+_NO_NODES = _Label(0.0, 0.0, 0.0)
+
+
 class Exact(Strategy):
-    """Branch and bound that provably returns the optimum of `exhaustive`.
+    """Exact branch and bound: returns the optimum of `exhaustive` for any cost table.
 
-    Bound. Let T range over the distinct work values of all candidate intervals. A
-    backward dynamic programme gives, for every (node, interval) and every T, the exact
-    minimum weighted data+over sum over the valid suffixes after it whose works are
-    all <= T (inf if none). Any completion of a prefix has some suffix max work T*, so
-    its objective is at least ow*M + hw*gap(M) + flat_known + minflat_T*, with
-    M = max(known max, T*) and gap(M) the harmonic-gap bound of
-    `objective.lower_bound` (increasing in M); the minimum of that over all T is a
-    sound lower bound that couples the max-work and the data terms.
+    1. Incumbent: `nominal_partition` (no search, one evaluation).
+    2. Forward pass, node by node over the partition graph (intervals of node k linked
+       to intervals of node k+1): each interval reached gets a label of lower bounds
+       (max work, sum 1/work, flat sum) over all prefixes ending with it that go only
+       through live intervals; it is live if `lower_bound` of that label, with the
+       other nodes unknown, does not exceed the incumbent.  Only children of live
+       intervals are ever passed to node_cost.
+    3. Backward pass over live intervals: the same three lower bounds over all
+       completions after each interval (a min-max / min-sum DP).
+    4. Depth-first search over nodes, children best-bound-first, pruning a prefix when
+       `lower_bound(prefix, suffix label)` exceeds the incumbent, or equals it and the
+       prefix is lexicographically after the incumbent.
 
-    Search. A greedy descent by bound gives the first incumbent; then prefixes are
-    visited in lexicographic order. A prefix is discarded when its bound exceeds the
-    incumbent's objective, or when it is lexicographically after the incumbent and its
-    bound reaches the incumbent's objective (every completion then costs more, or ties
-    and loses the tie-break). So among equal objectives the lexicographically smallest
-    partition wins, as in `exhaustive`. Bounds are compared with a relative slack of
-    1e-12: the result is the optimum up to float rounding of the objective's sums.
-    Progress unit: intervals of node 0 done.
+    Exactness: a dead interval's label bounds every prefix through live intervals
+    ending with it, and `lower_bound` is the minimum of the objective over all
+    completions of a prefix, hence never decreases along a prefix, so by induction
+    every prefix through a dead interval has a bound above the incumbent; the suffix
+    labels are minima over all completions that avoid dead intervals, so the DFS bound
+    never exceeds the objective of a partition it cuts off; and a partition is only
+    cut off when its objective is larger than the incumbent's, or equal and
+    lexicographically after it.  Floating point: pruning on value needs the bound to
+    exceed the incumbent by a relative 1e-9, far above the rounding error of either
+    side (see `_dead` for the tie rule).  Cost calls: the forward pass asks node_cost
+    for every child of every live interval, i.e. at most all intervals that occur in
+    some valid partition, usually far fewer; evaluations are the incumbent plus the
+    leaves the bounds cannot cut off.  Progress unit: node-0 intervals done in step 4.
     """
 
     name = "exact"
+    RELATIVE_TOLERANCE = 1e-9
 
     def run(self) -> tuple[Partition, float]:
-        parts, w = self.partitions, self.cache.weights
-        last = parts.nodes - 1
-        self._kids: dict[tuple[int, Interval], list[Interval]] = {}
-        live = {node: [iv for ivs in parts.ds[node].values() for iv in ivs if parts.completions(node, iv)] for node in range(parts.nodes)}
-        works = sorted({self.cache.node(n, iv).work for n in live for iv in live[n]})
-        self._thresholds = np.asarray(works, dtype=np.float64)
-        position = {t: k for k, t in enumerate(works)}
-        self._minflat: dict[tuple[int, Interval], np.ndarray] = {}
-        zeros = np.zeros(len(works))
-        for node in range(last, -1, -1):
-            for interval in live[node]:
-                if node == last:
-                    self._minflat[(node, interval)] = zeros
+        parts, cache, w = self.partitions, self.cache, self.cache.weights
+        self._best = nominal_partition(parts)
+        self._best_value = cache.evaluate(self._best)
+        live = self._forward()
+        self._suffix = self._backward(live)
+        self._visit(0, (), PartialCost(parts.nodes), parts.roots())
+        return self._best, self._best_value
+
+    def _slack(self) -> float:
+        scale = 1.0 + abs(self._best_value)
+        return self.RELATIVE_TOLERANCE * scale
+
+    def _dead(self, bound: float, path: Partition) -> bool:
+        """Whether no partition extending `path` can beat the incumbent.
+
+        Above the incumbent by the slack: every completion is worse.  Reaching it with
+        a lexicographically later prefix: every completion is worse or ties and loses
+        the tie-break (exact in real arithmetic; in floats a completion better by less
+        than the bound's rounding, ~1e-15 relative, could be cut off here).
+        """
+        if bound - self._slack() > self._best_value:
+            return True
+        return bound >= self._best_value and path > self._best[: len(path)]
+
+    def _label_bound(self, node: int, label: _Label) -> float:
+        return lower_bound(PartialCost(self.partitions.nodes, node + 1, label.top, label.inv, label.flat), self.cache.weights)
+
+    def _leaf_label(self, node: int, interval: Interval) -> _Label:
+        cost = self.cache.node(node, interval)
+        w = self.cache.weights
+        inv = math.inf if cost.work == 0 else 1.0 / cost.work
+        return _Label(cost.work, inv, w.data_w * cost.data + w.over_w * cost.over)
+
+    def _forward(self) -> set[tuple[int, Interval]]:
+        """Step 2: the live intervals (costs are fetched only for children of live ones)."""
+        parts = self.partitions
+        live: set[tuple[int, Interval]] = set()
+        labels: dict[Interval, _Label] = {iv: self._leaf_label(0, iv) for iv in parts.roots() if parts.completions(0, iv)}
+        for node in range(parts.nodes):
+            following: dict[Interval, _Label] = {}
+            for interval, label in labels.items():
+                if self._label_bound(node, label) - self._slack() > self._best_value:
                     continue
-                best = np.full(len(works), INF)
-                for child in self._children(node, interval):
-                    c = self.cache.node(node + 1, child)
-                    flat = w.data_w * c.data + w.over_w * c.over + self._minflat[(node + 1, child)]
-                    # the child's work must itself be <= T
-                    flat = flat.copy()
-                    flat[: position[c.work]] = INF
-                    np.minimum(best, flat, out=best)
-                self._minflat[(node, interval)] = best
-        roots = live[0]
-        start = PartialCost(parts.nodes)
-        self.best, self.best_value = self._greedy(roots, start)
-        for done, root in enumerate(roots, 1):
-            self._descend(0, (root,), start.add(self.cache.node(0, root), w))
-            self._report(done, len(roots))
-        return self.best, self.best_value
+                live.add((node, interval))
+                if node == parts.nodes - 1:
+                    continue
+                for child in parts.children(node, interval):
+                    if parts.completions(node + 1, child) == 0:
+                        continue
+                    own = self._leaf_label(node + 1, child)
+                    through = _Label(max(label.top, own.top), label.inv + own.inv, label.flat + own.flat)
+                    known = following.get(child)
+                    following[child] = through if known is None else known.meet(through)
+            labels = following
+        return live
 
-    def _children(self, node: int, interval: Interval) -> list[Interval]:
-        kids = self._kids.get((node, interval))
-        if kids is None:
-            parts = self.partitions
-            kids = [c for c in parts.children(node, interval) if parts.completions(node + 1, c)]
-            self._kids[(node, interval)] = kids
-        return kids
+    def _backward(self, live: set[tuple[int, Interval]]) -> dict[tuple[int, Interval], _Label]:
+        """Step 3: per live interval, lower bounds over the nodes after it in any live completion."""
+        parts = self.partitions
+        suffix: dict[tuple[int, Interval], _Label] = {}
+        for node in range(parts.nodes - 1, -1, -1):
+            for interval in (iv for n, iv in live if n == node):
+                if node == parts.nodes - 1:
+                    suffix[(node, interval)] = _NO_NODES
+                    continue
+                label: Optional[_Label] = None
+                for child in parts.children(node, interval):
+                    after = suffix.get((node + 1, child))
+                    if after is None:
+                        continue
+                    own = self._leaf_label(node + 1, child)
+                    through = _Label(max(own.top, after.top), own.inv + after.inv, own.flat + after.flat)
+                    label = through if label is None else label.meet(through)
+                if label is not None:
+                    suffix[(node, interval)] = label
+        return suffix
 
-    def _bound(self, node: int, interval: Interval, p: PartialCost) -> float:
-        w = self.cache.weights
-        minflat = self._minflat[(node, interval)]
-        m = np.maximum(self._thresholds, p.top)
-        r = p.nodes - p.known
-        with np.errstate(divide="ignore", invalid="ignore"):
-            denominator = p.inv_sum + r / m
-            gap = np.where((m > 0) & (denominator > 0), np.maximum(0.0, m - p.nodes / denominator), 0.0)
-        return float(np.min(w.operations_w * m + w.harmonic_w * gap + minflat)) + p.flat
+    def _bound(self, node: int, known: PartialCost, interval: Interval) -> tuple[float, PartialCost]:
+        """Bound of the prefix extended by `interval` at `node`, and that extended prefix."""
+        extended = known.add(self.cache.node(node, interval), self.cache.weights)
+        after = self._suffix[(node, interval)]
+        return lower_bound(extended, self.cache.weights, after.top, after.inv, after.flat), extended
 
-    def _greedy(self, roots: list[Interval], start: PartialCost) -> tuple[Partition, float]:
-        w = self.cache.weights
-        path: Partition = ()
-        candidates, p = roots, start
-        for node in range(self.partitions.nodes):
-            scored = [(self._bound(node, iv, p.add(self.cache.node(node, iv), w)), iv) for iv in candidates]
-            _, choice = min(scored)
-            path, p = path + (choice,), p.add(self.cache.node(node, choice), w)
-            if node < self.partitions.nodes - 1:
-                candidates = self._children(node, choice)
-        return path, self.cache.evaluate(path)
+    def _single(self, node: int, prefix: Partition, interval: Interval) -> None:
+        """Evaluate the one partition that extends `prefix` by `interval` (it has one completion)."""
+        path = prefix + (interval,)
+        for k in range(node, self.partitions.nodes - 1):
+            path += tuple(c for c in self.partitions.children(k, path[-1]) if self.partitions.completions(k + 1, c))
+        value = self.cache.evaluate(path)
+        if better(value, path, self._best_value, self._best):
+            self._best, self._best_value = path, value
 
-    def _descend(self, node: int, path: Partition, p: PartialCost) -> None:
-        interval = path[-1]
-        bound = self._bound(node, interval, p)
-        slack = 1e-12 * abs(self.best_value)
-        if bound > self.best_value + slack or (bound >= self.best_value - slack and path > self.best[: len(path)]):
-            return
-        if node == self.partitions.nodes - 1:
-            value = self.cache.evaluate(path)
-            if better(value, path, self.best_value, self.best):
-                self.best, self.best_value = path, value
-            return
-        w = self.cache.weights
-        for child in self._children(node, interval):
-            self._descend(node + 1, path + (child,), p.add(self.cache.node(node + 1, child), w))
+    def _visit(self, node: int, prefix: Partition, known: PartialCost, candidates: Sequence[Interval]) -> None:
+        """Search the live `candidates` for `node` after `prefix`, best bound first.
+
+        A candidate with a single completion is evaluated outright: its bound would be
+        its objective, so computing it counts as an evaluation either way.
+        """
+        scored = []
+        for interval in candidates:
+            if (node, interval) not in self._suffix:
+                continue
+            if self.partitions.completions(node, interval) == 1:
+                self._single(node, prefix, interval)
+            else:
+                bound, extended = self._bound(node, known, interval)
+                scored.append((bound, interval, extended))
+        scored.sort(key=lambda item: (item[0], item[1]))
+        for done, (bound, interval, extended) in enumerate(scored, 1):
+            path = prefix + (interval,)
+            if not self._dead(bound, path):
+                self._visit(node + 1, path, extended, self.partitions.children(node, interval))
+            if node == 0:
+                self._report(done, len(scored))
 
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Exhaustive, PrunedTree, Exact)}
@@ -310,6 +413,8 @@ def search(
     weights.check()
     t0 = time.perf_counter()
     partitions = Partitions(cost.extent, speeds, threshold_pct, overlapped)
+    if partitions.total() == 0:
+        raise ValueError(f"no valid partition of extent {cost.extent} over {len(speeds)} nodes (overlapped={overlapped})")
     cache = CostCache(cost, weights)
     best, value = STRATEGIES[strategy](partitions, cache, progress).run()
     if overlapped:
@@ -326,3 +431,38 @@ def search(
         strategy=strategy,
         intervals=best,
     )
+
+
+@dataclass(frozen=True)
+class MissRate:
+    """How often a strategy missed the optimum of `exhaustive`."""
+
+    instances: int
+    misses: int  # instances where its objective exceeded the optimum
+    worst_excess: float  # largest relative excess, objective / optimum - 1
+
+    @property
+    def rate(self) -> float:
+        return self.misses / self.instances if self.instances else 0.0
+
+
+def miss_rate(
+    cases: Iterable[tuple[LayerCost, Sequence[float], float | Fraction, Weights]],
+    strategy: str = "pruned-tree",
+    overlapped: bool = False,
+) -> MissRate:
+    """Run `strategy` and `exhaustive` on each (cost, speeds, threshold, weights) and count misses.
+
+    The pruned tree's assumptions (convexity along a tree, prefix-independent tree
+    optima) do not hold for general costs; this measures the price, not hides it.
+    """
+    instances = misses = 0
+    worst = 0.0
+    for cost, speeds, threshold, weights in cases:
+        optimum = search(cost, speeds, threshold, weights, "exhaustive", overlapped).objective
+        found = search(cost, speeds, threshold, weights, strategy, overlapped).objective
+        instances += 1
+        if found > optimum:
+            misses += 1
+            worst = max(worst, found / optimum - 1 if optimum > 0 else math.inf)
+    return MissRate(instances, misses, worst)
