@@ -148,6 +148,8 @@ class PrunedTree(Strategy):
         self._best_of_tree: dict[tuple[int, int], frozenset[Interval]] = {}
         self._bad: dict[tuple[int, int], frozenset[Interval]] = {}
         value, found = self._search(0, ())
+        roots = len(self.partitions.roots())
+        self._report(roots, roots)  # the early breaks may skip the last roots
         if not found:
             raise ValueError("no valid partition")
         return min(found), value
@@ -280,11 +282,13 @@ class Exact(Strategy):
 
     def run(self) -> tuple[Partition, float]:
         parts, cache, w = self.partitions, self.cache, self.cache.weights
-        self._best = nominal_partition(parts)
+        self._best = self._nominal = nominal_partition(parts)
         self._best_value = cache.evaluate(self._best)
         live = self._forward()
         self._suffix = self._backward(live)
         self._visit(0, (), PartialCost(parts.nodes), parts.roots())
+        roots = max(1, sum((0, iv) in self._suffix for iv in parts.roots()))
+        self._report(roots, roots)
         return self._best, self._best_value
 
     def _slack(self) -> float:
@@ -367,6 +371,8 @@ class Exact(Strategy):
         path = prefix + (interval,)
         for k in range(node, self.partitions.nodes - 1):
             path += tuple(c for c in self.partitions.children(k, path[-1]) if self.partitions.completions(k + 1, c))
+        if path == self._nominal:  # already evaluated as the first incumbent
+            return
         value = self.cache.evaluate(path)
         if better(value, path, self._best_value, self._best):
             self._best, self._best_value = path, value
@@ -439,7 +445,7 @@ class MissRate:
 
     instances: int
     misses: int  # instances where its objective exceeded the optimum
-    worst_excess: float  # largest relative excess, objective / optimum - 1
+    worst_gap: float  # largest objective - optimum
 
     @property
     def rate(self) -> float:
@@ -464,5 +470,5 @@ def miss_rate(
         instances += 1
         if found > optimum:
             misses += 1
-            worst = max(worst, found / optimum - 1 if optimum > 0 else math.inf)
+            worst = max(worst, found - optimum)
     return MissRate(instances, misses, worst)
