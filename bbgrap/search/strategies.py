@@ -233,58 +233,75 @@ def nominal_partition(partitions: Partitions) -> Partition:
 
 @dataclass(frozen=True)
 class _Label:
-    """Lower bounds over a set of partial partitions: max work, sum of 1/work, weighted data+over."""
+    """Lower bounds over a set of partial partitions, each covering some of the nodes.
 
-    top: float
-    inv: float
-    flat: float
+    `top`, `inv`, `flat`: minima over the set of the known max work, sum of 1/work and
+    weighted data+over sum; `known`: the most known nodes of any member.  Since every
+    unknown work is <= the max work M, a member's total sum of 1/work is >=
+    inv + (nodes - known) / M, so `lower_bound` of the label bounds every member.
+    """
+
+    top: float = 0.0
+    inv: float = 0.0
+    flat: float = 0.0
+    known: int = 0
 
     def meet(self, other: _Label) -> _Label:
-        return _Label(min(self.top, other.top), min(self.inv, other.inv), min(self.flat, other.flat))
+        """Bounds over the union of two sets."""
+        return _Label(min(self.top, other.top), min(self.inv, other.inv), min(self.flat, other.flat), max(self.known, other.known))
+
+    def join(self, other: _Label) -> _Label:
+        """Bounds over the concatenations (disjoint nodes) of two sets' members."""
+        return _Label(max(self.top, other.top), self.inv + other.inv, self.flat + other.flat, self.known + other.known)
 
 
-_NO_NODES = _Label(0.0, 0.0, 0.0)
+_EMPTY = _Label()
+Key = tuple[int, Interval]  # (node, interval)
 
 
 class Exact(Strategy):
     """Exact branch and bound: returns the optimum of `exhaustive` for any cost table.
 
     1. Incumbent: `nominal_partition` (no search, one evaluation).
-    2. Forward pass, node by node over the partition graph (intervals of node k linked
-       to intervals of node k+1): each interval reached gets a label of lower bounds
-       (max work, sum 1/work, flat sum) over all prefixes ending with it that go only
-       through live intervals; it is live if `lower_bound` of that label, with the
-       other nodes unknown, does not exceed the incumbent.  Only children of live
-       intervals are ever passed to node_cost.
-    3. Backward pass over live intervals: the same three lower bounds over all
-       completions after each interval (a min-max / min-sum DP).
-    4. Depth-first search over nodes, children best-bound-first, pruning a prefix when
-       `lower_bound(prefix, suffix label)` exceeds the incumbent, or equals it and the
-       prefix is lexicographically after the incumbent.
+    2. Outside-in pruning with lazy cost calls.  The intervals that occur in some
+       valid partition form a layered graph (node k's interval -> the node k+1
+       intervals that may follow it).  Nodes are taken in pairs from the outside in:
+       (0, N-1), (1, N-2), ...  The intervals of a pair are visited largest first
+       (size / speed: a guess of which intervals are costly, used for the order only;
+       see `_settle`).
+       Each gets a label of lower bounds over every partition through it that uses
+       only live intervals, from the known costs (the nodes outside the pair, the
+       other node of the pair where known, nothing for the nodes in between); if
+       `lower_bound` of it exceeds the incumbent the interval dies without a cost
+       call, else node_cost is called and it dies if the bound with its own cost
+       does.  An interval whose partners in the pair are all dead dies too.
+    3. Backward pass over the live intervals: label of every completion after each.
+    4. Depth-first search over nodes, children best-bound-first, cutting a prefix off
+       when `lower_bound(prefix, suffix label)` exceeds the incumbent (see `_dead`).
 
-    Exactness: a dead interval's label bounds every prefix through live intervals
-    ending with it, and `lower_bound` is the minimum of the objective over all
-    completions of a prefix, hence never decreases along a prefix, so by induction
-    every prefix through a dead interval has a bound above the incumbent; the suffix
-    labels are minima over all completions that avoid dead intervals, so the DFS bound
-    never exceeds the objective of a partition it cuts off; and a partition is only
-    cut off when its objective is larger than the incumbent's, or equal and
-    lexicographically after it.  Floating point: pruning on value needs the bound to
+    Exactness: a label bounds every partition through live intervals that passes
+    through its interval (meets over alternatives, joins over disjoint nodes,
+    `lower_bound` monotone in each field and the minimum over all completions), so
+    an interval dies only when every such partition costs more than the incumbent;
+    by induction over the order of deaths, every partition through a dead interval
+    costs more than the incumbent (which only improves).  Step 4 then only cuts off
+    partitions whose objective exceeds the incumbent's, or equals it and loses the
+    lexicographic tie-break.  Floating point: cutting on value needs the bound to
     exceed the incumbent by a relative 1e-9, far above the rounding error of either
-    side (see `_dead` for the tie rule).  Cost calls: the forward pass asks node_cost
-    for every child of every live interval, i.e. at most all intervals that occur in
-    some valid partition, usually far fewer; evaluations are the incumbent plus the
-    leaves the bounds cannot cut off.  Progress unit: node-0 intervals done in step 4.
+    side.  Cost calls: only for intervals that survive their label with unknown
+    costs, at most all intervals of valid partitions.  Evaluations: the incumbent
+    plus the leaves the bounds cannot cut off.  Progress unit: node-0 intervals done
+    in step 4.
     """
 
     name = "exact"
     RELATIVE_TOLERANCE = 1e-9
 
     def run(self) -> tuple[Partition, float]:
-        parts, cache, w = self.partitions, self.cache, self.cache.weights
+        parts, cache = self.partitions, self.cache
         self._best = self._nominal = nominal_partition(parts)
         self._best_value = cache.evaluate(self._best)
-        live = self._forward()
+        live = self._prune()
         self._suffix = self._backward(live)
         self._visit(0, (), PartialCost(parts.nodes), parts.roots())
         roots = max(1, sum((0, iv) in self._suffix for iv in parts.roots()))
@@ -292,8 +309,7 @@ class Exact(Strategy):
         return self._best, self._best_value
 
     def _slack(self) -> float:
-        scale = 1.0 + abs(self._best_value)
-        return self.RELATIVE_TOLERANCE * scale
+        return self.RELATIVE_TOLERANCE * (1.0 + abs(self._best_value))
 
     def _dead(self, bound: float, path: Partition) -> bool:
         """Whether no partition extending `path` can beat the incumbent.
@@ -307,55 +323,143 @@ class Exact(Strategy):
             return True
         return bound >= self._best_value and path > self._best[: len(path)]
 
-    def _label_bound(self, node: int, label: _Label) -> float:
-        return lower_bound(PartialCost(self.partitions.nodes, node + 1, label.top, label.inv, label.flat), self.cache.weights)
+    def _too_costly(self, label: _Label) -> bool:
+        p = PartialCost(self.partitions.nodes, label.known, label.top, label.inv, label.flat)
+        return lower_bound(p, self.cache.weights) - self._slack() > self._best_value
 
-    def _leaf_label(self, node: int, interval: Interval) -> _Label:
+    def _own(self, node: int, interval: Interval) -> _Label:
+        """Label of one interval's own cost (calls node_cost)."""
         cost = self.cache.node(node, interval)
         w = self.cache.weights
         inv = math.inf if cost.work == 0 else 1.0 / cost.work
-        return _Label(cost.work, inv, w.data_w * cost.data + w.over_w * cost.over)
+        return _Label(cost.work, inv, w.data_w * cost.data + w.over_w * cost.over, 1)
 
-    def _forward(self) -> set[tuple[int, Interval]]:
-        """Step 2: the live intervals (costs are fetched only for children of live ones)."""
-        parts = self.partitions
-        live: set[tuple[int, Interval]] = set()
-        labels: dict[Interval, _Label] = {iv: self._leaf_label(0, iv) for iv in parts.roots() if parts.completions(0, iv)}
-        for node in range(parts.nodes):
-            following: dict[Interval, _Label] = {}
-            for interval, label in labels.items():
-                if self._label_bound(node, label) - self._slack() > self._best_value:
-                    continue
-                live.add((node, interval))
-                if node == parts.nodes - 1:
-                    continue
-                for child in parts.children(node, interval):
-                    if parts.completions(node + 1, child) == 0:
-                        continue
-                    own = self._leaf_label(node + 1, child)
-                    through = _Label(max(label.top, own.top), label.inv + own.inv, label.flat + own.flat)
-                    known = following.get(child)
-                    following[child] = through if known is None else known.meet(through)
-            labels = following
+    def _prune(self) -> set[Key]:
+        """Step 2: the live intervals, all with known costs."""
+        parts, last = self.partitions, self.partitions.nodes - 1
+        # the intervals of valid partitions: reachable from node 0 and completable
+        self._levels = [[iv for iv in parts.roots() if parts.completions(0, iv)]]
+        self._kids: dict[Key, list[Interval]] = {}
+        self._parents: dict[Key, list[Interval]] = {}
+        for k in range(last):
+            for interval in self._levels[k]:
+                kids = [c for c in parts.children(k, interval) if parts.completions(k + 1, c)]
+                self._kids[(k, interval)] = kids
+                for child in kids:
+                    self._parents.setdefault((k + 1, child), []).append(interval)
+            self._levels.append(sorted(iv for (n, iv) in self._parents if n == k + 1))
+        live = {(k, iv) for k in range(last + 1) for iv in self._levels[k]}
+        self._known: set[Key] = set()
+        before = {iv: _EMPTY for iv in self._levels[0]}  # labels of everything left of level lo
+        after = {iv: _EMPTY for iv in self._levels[last]}  # ... right of level hi
+        lo, hi = 0, last
+        while lo <= hi:
+            self._settle(lo, hi, before, after, live)
+            if lo + 1 <= hi - 1:
+                before = self._step(lo, lo + 1, before, live, self._kids)
+                after = self._step(hi, hi - 1, after, live, self._parents)
+            lo, hi = lo + 1, hi - 1
         return live
 
-    def _backward(self, live: set[tuple[int, Interval]]) -> dict[tuple[int, Interval], _Label]:
-        """Step 3: per live interval, lower bounds over the nodes after it in any live completion."""
-        parts = self.partitions
-        suffix: dict[tuple[int, Interval], _Label] = {}
-        for node in range(parts.nodes - 1, -1, -1):
-            for interval in (iv for n, iv in live if n == node):
-                if node == parts.nodes - 1:
-                    suffix[(node, interval)] = _NO_NODES
+    def _step(self, level: int, target: int, labels: dict[Interval, _Label], live: set[Key], links: dict[Key, list[Interval]]) -> dict[Interval, _Label]:
+        """Labels of the live intervals of `target` from those of the adjacent, settled `level`."""
+        result: dict[Interval, _Label] = {}
+        for interval, label in labels.items():
+            if (level, interval) not in live:
+                continue
+            through = label.join(self._own(level, interval))
+            for nxt in links.get((level, interval), ()):
+                if (target, nxt) in live:
+                    known = result.get(nxt)
+                    result[nxt] = through if known is None else known.meet(through)
+        for interval in self._levels[target]:
+            if interval not in result:
+                live.discard((target, interval))
+        return result
+
+    def _settle(self, lo: int, hi: int, before: dict[Interval, _Label], after: dict[Interval, _Label], live: set[Key]) -> None:
+        """Decide every interval of levels lo and hi: dead, or live with a known cost.
+
+        Order (it only affects the number of cost calls): heaviest (size / speed)
+        first; a heavy interval (above the balanced size / speed) whose live partners
+        are all heavy and unknown waits for a second round: a partition with two heavy
+        intervals needs only one of them called to be ruled out, and the partners are
+        often called (and die) anyway for partitions where they are the only heavy one.
+        """
+        speeds = self.partitions.speeds
+        balanced = self.partitions.extent / sum(speeds)
+        side = {lo: before, hi: after}
+
+        def weight(key: Key) -> float:
+            return (key[1][1] - key[1][0]) / speeds[key[0]]
+
+        order = sorted(
+            ((k, iv) for k in {lo, hi} for iv in self._levels[k] if (k, iv) in live),
+            key=lambda key: (-weight(key), key[0], key[1]),
+        )
+        deferred: list[Key] = []
+        for second_round in (False, True):
+            for key in deferred if second_round else order:
+                k, interval = key
+                if key not in live:
+                    continue
+                if not second_round and lo != hi and weight(key) > balanced:
+                    other, candidates = self._partners(k, interval, lo, hi)
+                    partners = [(other, c) for c in candidates if (other, c) in live]
+                    if partners and all(weight(p) > balanced and p not in self._known for p in partners):
+                        deferred.append(key)
+                        continue
+                outer = side[k].get(interval)
+                partners_label = _EMPTY if lo == hi else self._partners_label(k, interval, lo, hi, after if k == lo else before, live)
+                if outer is None or partners_label is None:
+                    live.discard(key)
+                    continue
+                label = outer.join(partners_label)
+                if self._too_costly(label) or self._too_costly(label.join(self._own(k, interval))):
+                    live.discard(key)
+                else:
+                    self._known.add(key)
+
+    def _partners(self, k: int, interval: Interval, lo: int, hi: int) -> tuple[int, Sequence[Interval]]:
+        """The pair's other level and its intervals that may share a partition with `interval` (a superset)."""
+        other = hi if k == lo else lo
+        if hi == lo + 1:
+            return other, self._kids.get((k, interval), []) if k == lo else self._parents.get((k, interval), [])
+        if self.partitions.overlapped:
+            return other, self._levels[other]  # any: a sound relaxation
+        band = self.partitions.band[lo + 1 : hi]
+        gap_min, gap_max = sum(b[0] for b in band), sum(b[1] for b in band)
+        if k == lo:
+            return other, [iv for iv in self._levels[other] if gap_min <= iv[0] - interval[1] <= gap_max]
+        return other, [iv for iv in self._levels[other] if gap_min <= interval[0] - iv[1] <= gap_max]
+
+    def _partners_label(self, k: int, interval: Interval, lo: int, hi: int, outer: dict[Interval, _Label], live: set[Key]) -> Optional[_Label]:
+        """Meet over the live partners of `interval` in the pair (None: it has none)."""
+        other, candidates = self._partners(k, interval, lo, hi)
+        label: Optional[_Label] = None
+        for candidate in candidates:
+            if (other, candidate) not in live or candidate not in outer:
+                continue
+            through = outer[candidate]
+            if (other, candidate) in self._known:
+                through = through.join(self._own(other, candidate))
+            label = through if label is None else label.meet(through)
+        return label
+
+    def _backward(self, live: set[Key]) -> dict[Key, _Label]:
+        """Step 3: per live interval, the label of all live completions after it."""
+        last = self.partitions.nodes - 1
+        suffix: dict[Key, _Label] = {(last, iv): _EMPTY for iv in self._levels[last] if (last, iv) in live}
+        for node in range(last - 1, -1, -1):
+            for interval in self._levels[node]:
+                if (node, interval) not in live:
                     continue
                 label: Optional[_Label] = None
-                for child in parts.children(node, interval):
-                    after = suffix.get((node + 1, child))
-                    if after is None:
-                        continue
-                    own = self._leaf_label(node + 1, child)
-                    through = _Label(max(own.top, after.top), own.inv + after.inv, own.flat + after.flat)
-                    label = through if label is None else label.meet(through)
+                for child in self._kids.get((node, interval), ()):
+                    rest = suffix.get((node + 1, child))
+                    if rest is not None:
+                        through = self._own(node + 1, child).join(rest)
+                        label = through if label is None else label.meet(through)
                 if label is not None:
                     suffix[(node, interval)] = label
         return suffix
@@ -363,8 +467,8 @@ class Exact(Strategy):
     def _bound(self, node: int, known: PartialCost, interval: Interval) -> tuple[float, PartialCost]:
         """Bound of the prefix extended by `interval` at `node`, and that extended prefix."""
         extended = known.add(self.cache.node(node, interval), self.cache.weights)
-        after = self._suffix[(node, interval)]
-        return lower_bound(extended, self.cache.weights, after.top, after.inv, after.flat), extended
+        rest = self._suffix[(node, interval)]
+        return lower_bound(extended, self.cache.weights, rest.top, rest.inv, rest.flat), extended
 
     def _single(self, node: int, prefix: Partition, interval: Interval) -> None:
         """Evaluate the one partition that extends `prefix` by `interval` (it has one completion)."""

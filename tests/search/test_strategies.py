@@ -182,6 +182,15 @@ def test_conv_cells_against_exhaustive_and_thesis() -> None:
         assert exact.evaluated < reported
 
 
+@pytest.mark.parametrize("nodes,threshold", [(2, 5), (2, 20), (4, 20), (8, 10), (16, 5)])
+def test_exact_needs_fewer_evaluations_and_calls_than_pruned_tree(nodes: int, threshold: int) -> None:
+    cost = ConvCost(488, 448, (1.0,) * nodes)
+    exact = search(cost, [1] * nodes, threshold, Weights(), "exact")
+    pruned = search(cost, [1] * nodes, threshold, Weights(), "pruned-tree")
+    assert exact.evaluated < pruned.evaluated and exact.cost_calls < pruned.cost_calls
+    assert exact.objective <= pruned.objective
+
+
 def test_progress_is_reported() -> None:
     seen: list[tuple[int, int]] = []
     cost = ConvCost(488, 448, (1.0,) * 4)
