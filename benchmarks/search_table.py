@@ -85,7 +85,7 @@ def measure(nodes: int, threshold: int, setup: str) -> Cell:
     return Cell(
         nodes,
         threshold,
-        round(math.log10(total), 2),
+        math.log10(total),
         THESIS_TOTAL[nodes][column],
         THESIS_PRUNED[nodes][column],
         pruned,
