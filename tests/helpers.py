@@ -26,6 +26,8 @@ def compile_plan(model_path: str, plan_dir: str, **options: Any) -> dict[str, An
     """Compile with Config fields from `options` (nodes, direction, speeds, custom, ...) and
     the compile flags optimize/search/input_shapes."""
     flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes") if k in options}
+    if "search_strategy" in options:
+        options["search"] = options.pop("search_strategy")
     cfg = Config(**options)
     return compile_model(model_path, cfg, plan_dir, flags.get("input_shapes"), flags.get("optimize", True), flags.get("search", False))
 
