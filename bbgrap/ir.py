@@ -9,6 +9,7 @@ axis); the general form is kept for set algebra and for the invariant checks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -333,8 +334,14 @@ class Graph:
                 return layer
         raise KeyError(name)
 
-    def producers(self) -> dict[str, Layer]:
+    @functools.cached_property
+    def _producer_map(self) -> dict[str, Layer]:
+        # Layers never change within one Graph (passes return new Graphs), so once per instance.
         return {t: layer for layer in self.layers for t in layer.outputs if t}
+
+    def producers(self) -> Mapping[str, Layer]:
+        """Tensor name → the layer that computes it."""
+        return self._producer_map
 
     def consumers(self) -> dict[str, list[Layer]]:
         out: dict[str, list[Layer]] = {}
