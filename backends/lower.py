@@ -182,7 +182,7 @@ class _Builder:
         part = self.graph.partitions[layer.name]
         if list(layer.outputs).index(tensor) > 0:
             return ShapeMap.full(self.graph.tensors[tensor].shape)
-        return part.out[self.node]
+        return part.computes[self.node]
 
     def constant(self, tensor: str, need: ShapeMap) -> str:
         value = self.graph.constants[tensor]
@@ -230,8 +230,6 @@ class _Builder:
                 node = helper.make_node(layer.op_type, inputs, outputs, name=layer.name, domain=layer.domain or None, **attrs)
                 self.current.nodes.append(node)
                 self.available.update(o for o in outputs if o)
-            if computes != part.out[n] and layer.outputs[0] in live:
-                self.crop(layer.outputs[0], computes, part.out[n])
         sends = [m for t in layer.outputs if t for m in self.outgoing.get(t, [])]
         if sends:
             for m in sends:

@@ -64,7 +64,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")
     c.add_argument("-o", "--output", default="bbgrap-plan", metavar="DIR", help="plan directory (default ./bbgrap-plan)")
     c.add_argument("--no-search", action="store_true", help="keep the naive (even or speed-proportional) split")
-    c.add_argument("--no-optimize", action="store_true", help="keep the naive gather-everything plan (implies --no-search)")
+    c.add_argument("--no-recompute", action="store_true",
+                   help="receive every halo instead of recomputing the cheap ones locally (the thesis' plan)")
+    c.add_argument("--no-optimize", action="store_true",
+                   help="keep the naive gather-everything plan (implies --no-search and --no-recompute)")
     c.add_argument("--dump-ir-after", action="append", default=[], metavar="PASS",
                    help="write the IR after this pass to --dump-dir/PASS.txt (repeatable)")
     c.add_argument("--dump-dir", default="bbgrap-ir", metavar="DIR", help="where --dump-ir-after writes (default ./bbgrap-ir)")
@@ -114,7 +117,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         args.model, cfg, args.output, parse_input_shapes(args.input_shape),
         optimize=not args.no_optimize, search=not (args.no_search or args.no_optimize),
         dump_after=args.dump_ir_after, dump_dir=args.dump_dir,
-        progress=None if args.quiet else Progress("search"), log=log,
+        progress=None if args.quiet else Progress("search"), log=log, recompute=not args.no_recompute,
     )
     if not args.quiet:
         print(summary(manifest, args.output))

@@ -12,9 +12,10 @@ from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import write_plan
 
 
-def pipeline(cfg: Config, optimize: bool = True, search: bool = True, progress: Callable[[int, int], None] | None = None) -> list[Pass]:
-    """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search`,
-    or a prefix of it (`--no-search`, `--no-optimize`)."""
+def pipeline(cfg: Config, optimize: bool = True, search: bool = True, progress: Callable[[int, int], None] | None = None,
+             recompute: bool = True) -> list[Pass]:
+    """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search
+    → recompute-halos`, or part of it (`--no-search`, `--no-recompute`, `--no-optimize`)."""
     from bbgrap.passes.eliminate_transfers import EliminateTransfers
     from bbgrap.passes.insert_crop_concat import InsertCropConcat
     from bbgrap.passes.naive_partition import NaivePartition
@@ -26,6 +27,10 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True, progress: 
             from bbgrap.passes.search import SearchPartitions
 
             passes.append(SearchPartitions(cfg, progress=progress))
+        if recompute and cfg.nodes > 1:
+            from bbgrap.passes.recompute_halos import RecomputeHalos
+
+            passes.append(RecomputeHalos())
     return passes
 
 
@@ -51,6 +56,7 @@ def compile_model(
     dump_dir: str = "bbgrap-ir",
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] = lambda s: None,
+    recompute: bool = True,
 ) -> dict[str, Any]:
     """Compile `model` for `cfg.nodes` nodes into `out_dir`; returns the manifest."""
     from bbgrap.backends.emit import emit
@@ -60,7 +66,7 @@ def compile_model(
     t0 = time.perf_counter()
     front = import_model(model, input_shapes)
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
-    manager = PassManager(pipeline(cfg, optimize, search, progress), dump_after=dump_after, dump=dump_ir(dump_dir))
+    manager = PassManager(pipeline(cfg, optimize, search, progress, recompute), dump_after=dump_after, dump=dump_ir(dump_dir))
     graph = manager.run(front.graph)
     programs, messages = lower(graph)
     plan, files = emit(graph, programs, messages)

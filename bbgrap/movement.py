@@ -1,9 +1,12 @@
 """Data movement: how every node assembles the regions of a tensor it reads.
 
 A tensor is held in pieces — what each node computed of it (graph inputs are held
-whole by every node). A node that reads the tensor assembles one box of it (a
-*gather*): the concatenation of its own piece's overlap and the overlaps received
-from the nodes that computed the rest, cropped afterwards for each consumer. The
+whole by every node). Each node *owns* its output region of the layer (the owned
+regions tile the tensor) and *holds* what its local op computed, which can be more:
+whole groups of a group conv, or a neighbour's halo it recomputed rather than
+receive. A node that reads the tensor assembles one box of it (a *gather*): the
+concatenation of what it holds of the box and the rest received from the nodes
+that own it, cropped afterwards for each consumer. The
 naive plan (thesis fig. 3.6a) gathers the whole tensor on every reading node; the
 optimized plan gathers just the hull of what the node's consumers read (fig.
 3.6b–e), which is no transfer and no concat at all when the node holds exactly that.
@@ -19,8 +22,9 @@ Mode = Literal["naive", "optimized"]
 OUTPUT_NODE = 0  # the node that collects the model's outputs
 
 
-def pieces(graph: Graph, tensor: str) -> list[tuple[int, ShapeMap]] | None:
-    """(node, region) each node computed of `tensor`; None for a graph input (held whole everywhere)."""
+def pieces(graph: Graph, tensor: str, owned: bool = False) -> list[tuple[int, ShapeMap]] | None:
+    """(node, region) each node holds of `tensor` (with `owned`: owns, disjoint);
+    None for a graph input (held whole everywhere)."""
     if tensor in graph.inputs:
         return None
     layer = graph.producers()[tensor]
@@ -29,7 +33,8 @@ def pieces(graph: Graph, tensor: str) -> list[tuple[int, ShapeMap]] | None:
     if idx > 0:  # extra outputs exist only for layers computed whole
         (node,) = part.active_nodes()
         return [(node, ShapeMap.full(graph.tensors[tensor].shape))]
-    return [(n, part.out[n]) for n in part.active_nodes()]
+    regions = part.out if owned else part.computes
+    return [(n, regions[n]) for n in part.active_nodes()]
 
 
 def needs_by_node(graph: Graph) -> dict[tuple[str, int], list[ShapeMap]]:
@@ -65,7 +70,19 @@ def derive_gathers(graph: Graph, mode: Mode) -> dict[tuple[str, int], Gather]:
             gathers[(t, n)] = Gather(t, n, region, (Part(region, n),), 0)
             continue
         axis = graph.partitions[graph.producers()[t].name].axis or 0
-        parts = [Part(region.intersect(r), p) for p, r in held if not region.intersect(r).empty]
-        parts.sort(key=lambda part: part.region.starts[axis])
-        gathers[(t, n)] = Gather(t, n, region, tuple(parts), axis)
+        gathers[(t, n)] = Gather(t, n, region, tuple(assemble(region, n, dict(held), pieces(graph, t, owned=True) or [], axis)), axis)
     return gathers
+
+
+def assemble(region: ShapeMap, node: int, held: dict[int, ShapeMap], owned: list[tuple[int, ShapeMap]], axis: int) -> list[Part]:
+    """The parts of `region` on `node`: all it holds itself, the rest from the nodes that own it,
+    in order along the cut axis."""
+    mine = held.get(node)
+    parts, rest = [], [region]
+    if mine is not None and not region.intersect(mine).empty:
+        parts.append(Part(region.intersect(mine), node))
+        rest = region.difference(mine)
+    for box in rest:
+        parts += [Part(box.intersect(r), p) for p, r in owned if p != node and not box.intersect(r).empty]
+    parts.sort(key=lambda part: part.region.starts[axis])
+    return parts

@@ -24,12 +24,13 @@ def save(model: onnx.ModelProto, directory: str, name: str = "model") -> str:
 
 def compile_plan(model_path: str, plan_dir: str, **options: Any) -> dict[str, Any]:
     """Compile with Config fields from `options` (nodes, direction, speeds, custom, ...) and
-    the compile flags optimize/search/input_shapes."""
-    flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes") if k in options}
+    the compile flags optimize/search/input_shapes/recompute."""
+    flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute") if k in options}
     if "search_strategy" in options:
         options["search"] = options.pop("search_strategy")
     cfg = Config(**options)
-    return compile_model(model_path, cfg, plan_dir, flags.get("input_shapes"), flags.get("optimize", True), flags.get("search", False))
+    return compile_model(model_path, cfg, plan_dir, flags.get("input_shapes"), flags.get("optimize", True), flags.get("search", False),
+                         recompute=flags.get("recompute", True))
 
 
 def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], float]:
