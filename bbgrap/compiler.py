@@ -30,7 +30,7 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True, progress: 
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
 
-            passes.append(RecomputeHalos())
+            passes.append(RecomputeHalos(speeds=cfg.node_speeds()))
     return passes
 
 

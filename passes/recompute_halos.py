@@ -14,7 +14,7 @@ grown their regions before it decides. A node recomputes a halo when
 
     extra operations + change in its inputs' receive costs  <  receive cost of the halo
 
-where a receive costs `sync_ops` (one receive point: a segment boundary, waiting,
+with operations weighted by the node's slowness, and where a receive costs `sync_ops` (one receive point: a segment boundary, waiting,
 layout changes) plus `byte_ops` per byte of the gathered region (the concat copies
 all of it). Owned regions stay disjoint and tile every tensor; only what nodes
 compute grows, so every result is still exact.
@@ -41,6 +41,7 @@ class RecomputeHalos(Pass):
     sync_ops: float = 5e6
     byte_ops: float = 10.0
     depth: int = 12  # layers looked up from a halo for a cheaper place to receive it
+    speeds: tuple[float, ...] = ()  # relative node speeds: a slow node's extra operations cost it more time
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
@@ -79,6 +80,12 @@ class RecomputeHalos(Pass):
             and layer.outputs[0] not in graph.outputs
         )
 
+    def _slowness(self, node: int) -> float:
+        """Time per operation on `node`, relative to the average node."""
+        if not self.speeds:
+            return 1.0
+        return sum(self.speeds) / len(self.speeds) / self.speeds[node]
+
     def _receive_cost(self, graph: Graph, tensor: str, held: ShapeMap, region: ShapeMap) -> float:
         """What gathering `region` costs a node holding `held`: nothing if it holds it all."""
         if held.contains(region):
@@ -95,7 +102,8 @@ class RecomputeHalos(Pass):
         if any(grown.interval(a) != held.interval(a) for a in range(held.rank) if a != part.axis):
             return None
         local = self.registry.get(layer).local(layer, graph, grown)  # type: ignore[union-attr]
-        cost = layer_ops(layer, graph, local.computes) - layer_ops(layer, graph, held) - self._receive_cost(graph, layer.outputs[0], held, need)
+        extra = layer_ops(layer, graph, local.computes) - layer_ops(layer, graph, held)
+        cost = extra * self._slowness(node) - self._receive_cost(graph, layer.outputs[0], held, need)
         for t, after in zip(layer.inputs, local.needs):
             if t and after is not None and graph.is_activation(t):
                 cost += self._provide(graph, t, node, after, partitions, consumers, depth - 1)

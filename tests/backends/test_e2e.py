@@ -39,7 +39,10 @@ def test_batch_direction_and_batch_two(tmp_path) -> None:
 
 
 def test_heterogeneous_speeds_are_exact(zoo_models: dict[str, str], tmp_path) -> None:
-    manifest = compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "plan"), nodes=3, speeds=(1.0, 3.0, 1.0))
+    # recompute=False: the owned split alone (recomputed halos would add to every node's operations)
+    manifest = compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "plan"), nodes=3, speeds=(1.0, 3.0, 1.0), recompute=False)
     flops = [n["flops"] for n in manifest["stats"]["per_node"]]
     assert flops[1] > 2 * flops[0] and flops[1] > 2 * flops[2]
     assert_exact(str(tmp_path / "plan"))
+    compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "recomputed"), nodes=3, speeds=(1.0, 3.0, 1.0))
+    assert_exact(str(tmp_path / "recomputed"))
