@@ -14,9 +14,10 @@ grown their regions before it decides. A node recomputes a halo when
 
     extra operations + change in its inputs' receive costs  <  receive cost of the halo
 
-with operations weighted by the node's slowness, and where a receive costs `sync_ops` (one receive point: a segment boundary, waiting,
-layout changes) plus `byte_ops` per byte of the gathered region (the concat copies
-all of it). Owned regions stay disjoint and tile every tensor; only what nodes
+with operations weighted by the node's slowness, and where a receive costs `sync_ops` (one receive point: a segment boundary, waiting)
+plus `byte_ops` per byte of the gathered region (the concat copies all of it) and of
+the other activations alive across that point (each segment boundary hands them from
+one onnxruntime session to the next, converting their memory layout twice). Owned regions stay disjoint and tile every tensor; only what nodes
 compute grows, so every result is still exact.
 """
 
@@ -37,7 +38,7 @@ from bbgrap.rules.registry import Local, RuleRegistry, default_registry
 class RecomputeHalos(Pass):
     name: ClassVar[str] = "recompute-halos"
     # Calibrated on onnxruntime's CPU provider (about 1e5 operations per microsecond
-    # per core): one receive point costs roughly 50 us, a gathered byte about 0.1 ns.
+    # per core): one receive point costs roughly 50 us, a byte it moves about 0.1 ns.
     sync_ops: float = 5e6
     byte_ops: float = 10.0
     depth: int = 12  # layers looked up from a halo for a cheaper place to receive it
@@ -49,102 +50,124 @@ class RecomputeHalos(Pass):
             raise PassError("run eliminate-transfers first")
 
     def call(self, graph: Graph) -> PassResult:
-        partitions = dict(graph.partitions)
-        consumers = graph.consumers()
+        walk = _Walk(self, graph)
         changed = False
         for layer in reversed(graph.layers):
-            if not self._growable(graph, layer, partitions[layer.name]):
+            if not walk.growable(layer):
                 continue
-            for n in partitions[layer.name].active_nodes():
-                part = partitions[layer.name]
-                reads = _reads(partitions, consumers, layer.outputs[0], n)
+            for n in walk.partitions[layer.name].active_nodes():
+                part = walk.partitions[layer.name]
+                reads = walk.reads(layer.outputs[0], n)
                 if not reads or part.computes[n].contains(need := hull_of(reads)):
                     continue
-                grown = self._grow(graph, layer, part, n, need, partitions, consumers, self.depth)
+                grown = walk.grow(layer, n, need, self.depth)
                 if grown is not None and grown[0] < 0:
-                    local = grown[1]
-                    partitions[layer.name] = _with_node(part, n, local.needs, local.computes, local.attrs)
+                    walk.partitions[layer.name] = _with_node(part, n, grown[1])
                     changed = True
         if not changed:
             return PassResult(graph, False)
-        graph = graph.replace(partitions=partitions)
+        graph = graph.replace(partitions=walk.partitions)
         return PassResult(graph.replace(gathers=derive_gathers(graph, "optimized")), True)
 
-    def _growable(self, graph: Graph, layer: Layer, part: LayerPartition) -> bool:
+
+class _Walk:
+    """The pass's working state: partitions as decided so far, and the static facts it prices with."""
+
+    def __init__(self, options: RecomputeHalos, graph: Graph) -> None:
+        self.options = options
+        self.graph = graph
+        self.partitions = dict(graph.partitions)
+        self.consumers = graph.consumers()
+        position = {layer.name: i for i, layer in enumerate(graph.layers)}
+        self.first_use = {t: min(position[c.name] for c in cs) for t, cs in self.consumers.items()}
+        self.live = self._live_bytes(position)
+
+    def _live_bytes(self, position: dict[str, int]) -> list[float]:
+        """Bytes of activations a node holds across each layer position (produced before, read at or after it)."""
+        live = [0.0] * (len(self.graph.layers) + 1)
+        for i, layer in enumerate(self.graph.layers):
+            for t in layer.outputs:
+                if t and t in self.consumers:
+                    last = max(position[c.name] for c in self.consumers[t])
+                    for p in range(i + 1, last + 1):
+                        live[p] += self.graph.tensors[t].nbytes / self.graph.nodes
+        return live
+
+    def growable(self, layer: Layer) -> bool:
         """Cut along a spatial axis by a rule, with one live output that is not a model output."""
+        part = self.partitions[layer.name]
         return (
             part.axis is not None
             and part.axis >= 2
-            and self.registry.get(layer) is not None
+            and self.options.registry.get(layer) is not None
             and len([t for t in layer.outputs if t]) == 1
-            and layer.outputs[0] not in graph.outputs
+            and layer.outputs[0] not in self.graph.outputs
         )
 
-    def _slowness(self, node: int) -> float:
-        """Time per operation on `node`, relative to the average node."""
-        if not self.speeds:
-            return 1.0
-        return sum(self.speeds) / len(self.speeds) / self.speeds[node]
+    def reads(self, tensor: str, node: int) -> list[ShapeMap]:
+        """The regions of `tensor` that its consumers (and the model's output) read on `node`."""
+        regions = [self.partitions[c.name].needs[node][i] for c in self.consumers.get(tensor, [])
+                   for i, t in enumerate(c.inputs) if t == tensor]
+        if tensor in self.graph.outputs and node == OUTPUT_NODE:
+            regions.append(ShapeMap.full(self.graph.tensors[tensor].shape))
+        return [r for r in regions if r is not None and not r.empty]
 
-    def _receive_cost(self, graph: Graph, tensor: str, held: ShapeMap, region: ShapeMap) -> float:
-        """What gathering `region` costs a node holding `held`: nothing if it holds it all."""
-        if held.contains(region):
+    def receive_cost(self, tensor: str, held: ShapeMap, region: ShapeMap | None) -> float:
+        """What gathering `region` of `tensor` costs a node holding `held`: nothing if it holds it all."""
+        if region is None or held.contains(region):
             return 0.0
-        itemsize = graph.tensors[tensor].nbytes // max(1, math.prod(graph.tensors[tensor].shape))
-        return self.sync_ops + self.byte_ops * region.volume * itemsize
+        spec = self.graph.tensors[tensor]
+        itemsize = spec.nbytes // max(1, math.prod(spec.shape))
+        others = self.live[self.first_use[tensor]] - spec.nbytes / self.graph.nodes
+        return self.options.sync_ops + self.options.byte_ops * (region.volume * itemsize + max(0.0, others))
 
-    def _grow(self, graph: Graph, layer: Layer, part: LayerPartition, node: int, need: ShapeMap,
-              partitions: dict[str, LayerPartition], consumers: dict[str, list[Layer]], depth: int) -> tuple[float, Local] | None:
+    def slowness(self, node: int) -> float:
+        """Time per operation on `node`, relative to the average node."""
+        speeds = self.options.speeds
+        return sum(speeds) / len(speeds) / speeds[node] if speeds else 1.0
+
+    def grow(self, layer: Layer, node: int, need: ShapeMap, depth: int) -> tuple[float, Local] | None:
         """(cost change, local op) of `node` computing `need` of the layer itself instead of receiving
-        what it lacks; None where it cannot (cut differently, or along another axis)."""
+        what it lacks; None where it cannot (it would grow along another axis than the cut's)."""
+        part = self.partitions[layer.name]
         held = part.computes[node]
         grown = held.hull(need)
         if any(grown.interval(a) != held.interval(a) for a in range(held.rank) if a != part.axis):
             return None
-        local = self.registry.get(layer).local(layer, graph, grown)  # type: ignore[union-attr]
-        extra = layer_ops(layer, graph, local.computes) - layer_ops(layer, graph, held)
-        cost = extra * self._slowness(node) - self._receive_cost(graph, layer.outputs[0], held, need)
+        local = self.options.registry.get(layer).local(layer, self.graph, grown)  # type: ignore[union-attr]
+        extra = layer_ops(layer, self.graph, local.computes) - layer_ops(layer, self.graph, held)
+        cost = extra * self.slowness(node) - self.receive_cost(layer.outputs[0], held, need)
         for t, after in zip(layer.inputs, local.needs):
-            if t and after is not None and graph.is_activation(t):
-                cost += self._provide(graph, t, node, after, partitions, consumers, depth - 1)
+            if t and after is not None and self.graph.is_activation(t):
+                cost += self.provide(t, node, after, depth - 1)
         return cost, local
 
-    def _provide(self, graph: Graph, tensor: str, node: int, region: ShapeMap,
-                 partitions: dict[str, LayerPartition], consumers: dict[str, list[Layer]], depth: int) -> float:
+    def provide(self, tensor: str, node: int, region: ShapeMap, depth: int) -> float:
         """The least extra cost of `node` also reading `region` of `tensor`: receiving more of it, or
         (looking `depth` layers up) having its producer compute it there."""
-        if tensor in graph.inputs:
+        if tensor in self.graph.inputs:
             return 0.0
-        producer = graph.producers()[tensor]
-        part = partitions[producer.name]
-        reads = _reads(partitions, consumers, tensor, node)
-        if tensor in graph.outputs and node == OUTPUT_NODE:
-            reads.append(ShapeMap.full(graph.tensors[tensor].shape))
+        producer = self.graph.producers()[tensor]
+        part = self.partitions[producer.name]
         if tensor == producer.outputs[0]:
             held = part.computes[node]
         else:  # extra outputs exist only for layers computed whole
-            held = ShapeMap.full(graph.tensors[tensor].shape) if not part.out[node].empty else ShapeMap.empty_like(region.rank)
+            held = ShapeMap.full(self.graph.tensors[tensor].shape) if not part.out[node].empty else ShapeMap.empty_like(region.rank)
+        reads = self.reads(tensor, node)
         old = hull_of(reads) if reads else None
         new = old.hull(region) if old is not None else region
-        old_cost = self._receive_cost(graph, tensor, held, old) if old is not None else 0.0
-        receive = self._receive_cost(graph, tensor, held, new) - old_cost
-        if receive == 0 or depth <= 0 or held.empty or not self._growable(graph, producer, part):
+        receive = self.receive_cost(tensor, held, new) - self.receive_cost(tensor, held, old)
+        if receive == 0 or depth <= 0 or held.empty or not self.growable(producer):
             return receive
-        grown = self._grow(graph, producer, part, node, new, partitions, consumers, depth)
+        grown = self.grow(producer, node, new, depth)
         return receive if grown is None else receive + min(0.0, grown[0])
 
 
-def _reads(partitions: dict[str, LayerPartition], consumers: dict[str, list[Layer]], tensor: str, node: int) -> list[ShapeMap]:
-    """The regions of `tensor` that its consumers on `node` read."""
-    reads = [partitions[c.name].needs[node][i] for c in consumers.get(tensor, []) for i, t in enumerate(c.inputs) if t == tensor]
-    return [r for r in reads if r is not None and not r.empty]
-
-
-def _with_node(part: LayerPartition, node: int, needs: tuple[ShapeMap | None, ...], computes: ShapeMap,
-               attrs: object) -> LayerPartition:
+def _with_node(part: LayerPartition, node: int, local: Local) -> LayerPartition:
     """The partition with node `node`'s local op replaced (its owned region unchanged)."""
 
     def put(values: tuple, value: object) -> tuple:
         return values[:node] + (value,) + values[node + 1:]
 
-    return LayerPartition(part.axis, part.out, put(part.needs, needs), put(part.computes, computes), put(part.attrs, dict(attrs)))  # type: ignore[arg-type]
+    return LayerPartition(part.axis, part.out, put(part.needs, local.needs), put(part.computes, local.computes),
+                          put(part.attrs, dict(local.attrs)))
