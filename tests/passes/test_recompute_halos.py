@@ -1,0 +1,115 @@
+"""recompute-halos on hand-built graphs: what it grows, what it leaves, and that the plans stay exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from bbgrap.backends.emit import emit
+from bbgrap.backends.lower import lower
+from bbgrap.frontends.onnx import import_proto
+from bbgrap.invariants import check_invariants
+from bbgrap.ir import Graph, Part, ShapeMap
+from bbgrap.movement import assemble
+from bbgrap.pass_manager import PassManager
+from bbgrap.passes.eliminate_transfers import EliminateTransfers
+from bbgrap.passes.insert_crop_concat import InsertCropConcat
+from bbgrap.passes.naive_partition import NaivePartition
+from bbgrap.passes.recompute_halos import RecomputeHalos
+from bbgrap.plan import write_plan
+from graphs import conv_chain
+from helpers import assert_exact, compile_plan, save
+
+NEVER, ALWAYS = RecomputeHalos(sync_ops=0.0, byte_ops=0.0), RecomputeHalos(sync_ops=1e12)
+
+
+def rows(lo: int, hi: int, channels: int = 2, width: int = 5) -> ShapeMap:
+    return ShapeMap.box([0, 0, lo, 0], [1, channels, hi, width])
+
+
+def run_pipeline(model: onnx.ModelProto, nodes: int, recompute: RecomputeHalos, plan_dir: str | None = None) -> Graph:
+    """The pipeline with the given recompute-halos options; with `plan_dir`, also write the plan."""
+    front = import_proto(model)
+    graph = PassManager([NaivePartition(nodes, "h"), InsertCropConcat(), EliminateTransfers(), recompute]).run(front.graph)
+    if plan_dir is not None:
+        plan, files = emit(graph, *lower(graph))
+        write_plan(plan_dir, plan, files, front.sample_inputs, front.reference_outputs)
+    return graph
+
+
+def expand_then_window() -> onnx.ModelProto:
+    """x[2 ch] → 1x1 conv to 16 channels (wide) → 3x3 conv back to 2: its halo is cheapest
+    to get by recomputing one row of the 1x1 conv instead of receiving 16 channels."""
+    rng = np.random.default_rng(1)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 2, 1, 1)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((2, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["wide"], name="expand"),
+             helper.make_node("Conv", ["wide", "w2"], ["y"], name="window", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "expand", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 5])], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_expensive_receives_are_recomputed_back_to_the_input(tmp_path) -> None:
+    # four 3x3 convs over 16 rows on 2 nodes: each node grows its rows by one per layer
+    # back from the last, so nothing but the output travels
+    g = run_pipeline(conv_chain([3, 3, 3, 3], height=16), 2, ALWAYS, str(tmp_path / "plan"))
+    for i, (lo0, hi1) in enumerate([(11, 5), (10, 6), (9, 7)]):
+        part = g.partitions[f"conv{i}"]
+        assert part.out == (rows(0, 8), rows(8, 16))  # owned regions never change
+        assert part.computes == (rows(0, lo0), rows(hi1, 16))
+    assert {t.tensor for t in g.transfers()} == {"y"}
+    assert check_invariants(g) == []
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_free_receives_are_left_alone() -> None:
+    before = run_pipeline(conv_chain([3, 3, 3], height=16), 2, NEVER)
+    for layer in before.layers:
+        part = before.partitions[layer.name]
+        assert part.computes == part.out
+    assert {t.tensor for t in before.transfers()} == {"c0", "c1", "y"}
+
+
+def test_wide_halo_is_replaced_by_recomputing_the_cheap_layer(tmp_path) -> None:
+    model = expand_then_window()
+    kept = run_pipeline(model, 2, NEVER)
+    assert "wide" in {t.tensor for t in kept.transfers()}
+    g = run_pipeline(model, 2, RecomputeHalos(sync_ops=0.0, byte_ops=1000.0), str(tmp_path / "plan"))
+    assert "wide" not in {t.tensor for t in g.transfers()}
+    assert g.partitions["expand"].computes == (rows(0, 5, 16), rows(3, 8, 16))
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_slow_node_recomputes_less() -> None:
+    # a recompute that pays on the average node does not on one 100x slower
+    options = dict(sync_ops=0.0, byte_ops=1.0)
+    even = run_pipeline(expand_then_window(), 2, RecomputeHalos(**options))
+    uneven = run_pipeline(expand_then_window(), 2, RecomputeHalos(**options, speeds=(1.0, 0.01)))
+    assert even.partitions["expand"].computes == (rows(0, 5, 16), rows(3, 8, 16))
+    assert uneven.partitions["expand"].computes == (rows(0, 5, 16), rows(4, 8, 16))
+
+
+def test_gather_takes_what_the_node_holds_before_what_others_own() -> None:
+    region = rows(0, 10)
+    held = {0: rows(0, 6), 1: rows(2, 10)}
+    owned = [(0, rows(0, 4)), (1, rows(4, 10))]
+    assert assemble(region, 0, held, owned, 2) == [Part(rows(0, 6), 0), Part(rows(6, 10), 1)]
+    assert assemble(region, 1, held, owned, 2) == [Part(rows(0, 2), 0), Part(rows(2, 10), 1)]
+    # a node that holds none of the region takes every part from its owner
+    assert assemble(rows(7, 9), 0, {0: rows(0, 6)}, owned, 2) == [Part(rows(7, 9), 1)]
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 4])
+def test_default_pipeline_recomputes_and_stays_exact(tmp_path, nodes: int) -> None:
+    path = save(conv_chain([3, 1, 3, 3], channels=4, height=24, width=6, relu_after=True), str(tmp_path))
+    manifest = compile_plan(path, str(tmp_path / "plan"), nodes=nodes, search=True)
+    assert manifest["passes"][-1] == "recompute-halos"
+    assert_exact(str(tmp_path / "plan"))
+    off = compile_plan(path, str(tmp_path / "off"), nodes=nodes, search=True, recompute=False)
+    assert "recompute-halos" not in off["passes"]
+    assert manifest["stats"]["sync_points"] <= off["stats"]["sync_points"]
