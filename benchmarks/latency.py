@@ -6,11 +6,14 @@ the machine's noise hits every side alike):
           (cores / N: 1 on a 2-core machine) — "one node of the cluster";
   B       plain onnxruntime with all the host's cores — "one bigger machine";
   BBGraP  `mpirun -n N bbgrap-run` on the compiled plan, one thread per rank.
-Prints median latencies and the ratios A/BBGraP and B/BBGraP; every BBGraP run is
-checked against the plan's reference in the same run.
+Prints median latencies, the ratios A/BBGraP and B/BBGraP, and where the slowest
+rank's time went (computing its segments, waiting for halos); every BBGraP run is
+checked against the plan's reference in the same run. The cut direction is `auto` by
+default: the batch (`n`) when there are at least as many images as nodes — no halos
+at all — else height (`h`).
 
-  python benchmarks/latency.py                         # vgg16, resnet50, mobilenet_v2 at 224, batch 1 and 8
-  python benchmarks/latency.py --models vgg16 --resolutions 224 512 --batches 1 --rounds 5 --json
+  python benchmarks/latency.py                         # vgg16, resnet50, mobilenet_v2; 224 and 512; batch 1 and 8
+  python benchmarks/latency.py --models vgg16 --resolutions 224 --batches 1 --rounds 5 --json
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def time_session(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repea
 
 def run_bbgrap(plan: str, nodes: int, repeat: int) -> dict[str, Any]:
     cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap-run"), plan,
-           "--json", "--repeat", str(repeat), "--warmup", "1", "--threads", "1", "--provider", "cpu"]
+           "--json", "--repeat", str(repeat), "--warmup", "2", "--threads", "1", "--provider", "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
@@ -69,6 +72,8 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     path = os.path.join(workdir, f"{model}-{resolution}-{batch}.onnx")
     onnx.save(zoo.build(model, resolution=resolution, batch=batch), path)
     plan = os.path.join(workdir, f"plan-{model}-{resolution}-{batch}")
+    if direction == "auto":
+        direction = "n" if batch >= nodes else "h"
     manifest = compile_model(path, Config(nodes=nodes, direction=direction), plan, search=search)
     feeds, _ = read_sample(plan)
     cores = len(os.sched_getaffinity(0))
@@ -76,16 +81,21 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     bigger = session(path, cores)
     for s in (one_node, bigger):
         time_session(s, feeds, 1)  # warm-up
-    a, b, p, errors = [], [], [], []
+    a, b, p, errors, profiles = [], [], [], [], []
     for _ in range(rounds):
         a += time_session(one_node, feeds, repeat)
         b += time_session(bigger, feeds, repeat)
         r = run_bbgrap(plan, nodes, repeat)
         p.append(r["latency_ms"] / 1e3)
         errors.append(r["max_rel_error"])
+        profiles.append(r["profile_ms"])
     a_ms, b_ms, p_ms = (statistics.median(x) * 1e3 for x in (a, b, p))
+    # per rank, the median over rounds of its per-inference compute / wait / send
+    profile = [{k: statistics.median(round_[rank][k] for round_ in profiles) for k in profiles[0][rank]}
+               for rank in range(nodes)]
     return {
         "model": model, "resolution": resolution, "batch": batch, "nodes": nodes, "direction": direction,
+        "profile_ms": profile, "sync_points": manifest["stats"]["sync_points"], "segments": manifest["stats"]["segments"],
         "searched": search, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
@@ -96,12 +106,12 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["vgg16", "resnet50", "mobilenet_v2"])
-    p.add_argument("--resolutions", nargs="+", type=int, default=[224])
+    p.add_argument("--resolutions", nargs="+", type=int, default=[224, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--direction", default="h")
+    p.add_argument("--direction", default="auto", help="cut direction n/c/h/w, or auto: n when batch >= nodes, else h (default)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--repeat", type=int, default=5, help="inferences per side per round (default 5)")
+    p.add_argument("--repeat", type=int, default=3, help="inferences per side per round (default 3)")
     p.add_argument("--no-search", action="store_true", help="benchmark the naive split instead of the searched plan")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -115,10 +125,13 @@ def main() -> int:
                     rows.append(row)
                     if not args.json:
                         if len(rows) == 1:
-                            print(f"{'model':<13}{'res':>5}{'batch':>6}{'A ms':>10}{'B ms':>10}{'BBGraP ms':>11}"
-                                  f"{'A/BBGraP':>10}{'B/BBGraP':>10}{'rel err':>10}")
-                        print(f"{model:<13}{res:>5}{batch:>6}{row['A_ms']:>10.1f}{row['B_ms']:>10.1f}{row['bbgrap_ms']:>11.1f}"
-                              f"{row['A_over_bbgrap']:>10.2f}{row['B_over_bbgrap']:>10.2f}{row['max_rel_error']:>10.1e}", flush=True)
+                            print(f"{'model':<13}{'res':>5}{'batch':>6}{'cut':>4}{'A ms':>10}{'B ms':>10}{'BBGraP ms':>11}"
+                                  f"{'A/BBGraP':>10}{'B/BBGraP':>10}{'compute':>9}{'wait':>7}{'syncs':>6}{'rel err':>9}")
+                        slowest = max(row["profile_ms"], key=lambda r: r["compute"] + r["wait"])
+                        print(f"{model:<13}{res:>5}{batch:>6}{row['direction']:>4}{row['A_ms']:>10.1f}{row['B_ms']:>10.1f}"
+                              f"{row['bbgrap_ms']:>11.1f}{row['A_over_bbgrap']:>10.2f}{row['B_over_bbgrap']:>10.2f}"
+                              f"{slowest['compute']:>9.1f}{slowest['wait']:>7.1f}{row['sync_points']:>6}{row['max_rel_error']:>9.1e}",
+                              flush=True)
     if args.json:
         print(json.dumps({"nodes": args.nodes, "cores": len(os.sched_getaffinity(0)), "rows": rows}, indent=1))
     return 0 if all(r["exact"] for r in rows) else 1
