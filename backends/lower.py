@@ -50,7 +50,8 @@ class Message:
 @dataclass
 class Segment:
     nodes: list[onnx.NodeProto] = field(default_factory=list)
-    initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    initializers: dict[str, np.ndarray] = field(default_factory=dict)  # the model's weights and crops' indices
+    weights: set[str] = field(default_factory=set)  # which initializers are the model's weights
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     model: onnx.ModelProto | None = None
@@ -188,9 +189,11 @@ class _Builder:
         value = self.graph.constants[tensor]
         if need == ShapeMap.full(value.shape):
             self.current.initializers[tensor] = value
+            self.current.weights.add(tensor)
             return tensor
         name = value_name(tensor, need)
         self.current.initializers[name] = np.ascontiguousarray(value[need.slices()])
+        self.current.weights.add(name)
         return name
 
     def layer(self, layer: Layer, live: set[str]) -> None:
@@ -315,7 +318,7 @@ def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
             if step.op == "run":
                 seg = step.segment
                 seg.model = _segment_model(graph, seg, b.meta, f"{graph.name}_node{n}_seg{k}")
-                weight_bytes += sum(np.asarray(v).nbytes for v in seg.initializers.values())
+                weight_bytes += sum(np.asarray(v).nbytes for k, v in seg.initializers.items() if k in seg.weights)
                 k += 1
         programs.append(NodeProgram(n, steps, outputs, weight_bytes))
     return programs, messages

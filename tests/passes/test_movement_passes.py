@@ -115,3 +115,11 @@ def test_tensor_with_two_consumers_is_gathered_once(tmp_path) -> None:
     assert sorted((t.src, t.dst, t.region.shape[2]) for t in c0) == [(0, 1, 2), (1, 0, 2), (1, 2, 2), (2, 1, 2)]
     compile_plan(save(model, str(tmp_path)), str(tmp_path / "plan"), nodes=3)
     assert_exact(str(tmp_path / "plan"))
+
+
+def test_weight_bytes_count_the_models_weights_only(tmp_path) -> None:
+    # a height cut keeps every weight on every node, and nothing else counts (not the crops' indices)
+    model = conv_chain([3, 3, 1], channels=3, height=12)
+    total = sum(np.prod(w.dims) * 4 for w in model.graph.initializer)
+    manifest = compile_plan(save(model, str(tmp_path)), str(tmp_path / "plan"), nodes=3)
+    assert [n["weight_bytes"] for n in manifest["stats"]["per_node"]] == [total] * 3
