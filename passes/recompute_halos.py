@@ -62,7 +62,7 @@ class RecomputeHalos(Pass):
                     continue
                 grown = walk.grow(layer, n, need, self.depth)
                 if grown is not None and grown[0] < 0:
-                    walk.partitions[layer.name] = _with_node(part, n, grown[1])
+                    walk.update(layer, _with_node(part, n, grown[1]))
                     changed = True
         if not changed:
             return PassResult(graph, False)
@@ -81,6 +81,12 @@ class _Walk:
         position = {layer.name: i for i, layer in enumerate(graph.layers)}
         self.first_use = {t: min(position[c.name] for c in cs) for t, cs in self.consumers.items()}
         self.live = self._live_bytes(position)
+        # provide() answers, valid until the next update(): dense graphs reach a tensor by many paths
+        self.memo: dict[tuple[str, int, ShapeMap, int], float] = {}
+
+    def update(self, layer: Layer, part: LayerPartition) -> None:
+        self.partitions[layer.name] = part
+        self.memo.clear()
 
     def _live_bytes(self, position: dict[str, int]) -> list[float]:
         """Bytes of activations a node holds across each layer position (produced before, read at or after it)."""
@@ -147,6 +153,12 @@ class _Walk:
         (looking `depth` layers up) having its producer compute it there."""
         if tensor in self.graph.inputs:
             return 0.0
+        key = (tensor, node, region, depth)
+        if key not in self.memo:
+            self.memo[key] = self._provide(tensor, node, region, depth)
+        return self.memo[key]
+
+    def _provide(self, tensor: str, node: int, region: ShapeMap, depth: int) -> float:
         producer = self.graph.producers()[tensor]
         part = self.partitions[producer.name]
         if tensor == producer.outputs[0]:
