@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -39,6 +40,7 @@ from bbgrap.config import Config
 from bbgrap.plan import read_sample
 
 BIN = os.path.dirname(sys.executable)
+MIN_SIDE_SECONDS = 0.25
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:
@@ -59,8 +61,9 @@ def time_session(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repea
 
 
 def run_bbgrap(plan: str, nodes: int, repeat: int) -> dict[str, Any]:
+    # fresh processes every round: warm them up as long as they are then timed
     cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap-run"), plan,
-           "--json", "--repeat", str(repeat), "--warmup", "2", "--threads", "1", "--provider", "cpu"]
+           "--json", "--repeat", str(repeat), "--warmup", str(max(2, repeat)), "--threads", "1", "--provider", "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
@@ -81,6 +84,8 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     bigger = session(path, cores)
     for s in (one_node, bigger):
         time_session(s, feeds, 1)  # warm-up
+    # small models: enough inferences per side and round for about MIN_SIDE_SECONDS of the fastest side
+    repeat = max(repeat, math.ceil(MIN_SIDE_SECONDS / max(min(time_session(bigger, feeds, 3)), 1e-6)))
     a, b, p, errors, profiles = [], [], [], [], []
     for _ in range(rounds):
         a += time_session(one_node, feeds, repeat)
@@ -100,6 +105,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
         "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": max(1, cores // nodes), "threads_B": cores,
+        "repeat": repeat,
     }
 
 
@@ -111,7 +117,8 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--direction", default="auto", help="cut direction n/c/h/w, or auto: n when batch >= nodes, else h (default)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--repeat", type=int, default=3, help="inferences per side per round (default 3)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="inferences per side per round, at least (default 3; small models get enough for 0.25 s)")
     p.add_argument("--no-search", action="store_true", help="benchmark the naive split instead of the searched plan")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
