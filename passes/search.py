@@ -29,11 +29,13 @@ from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
-from bbgrap.passes.naive_partition import partition_layer
+from bbgrap.passes.naive_partition import partition_layer, split_sizes
 from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
 from bbgrap.search.strategies import search
+
+CHANNELS = 1  # the channel axis of an NCHW tensor
 
 
 @dataclass
@@ -109,14 +111,16 @@ class SearchPartitions(Pass):
 
     def _follow(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> LayerPartition | None:
         """The producer's cut for a pass-through layer of the same output shape, else None."""
-        if not isinstance(self.registry.get(layer), (BroadcastRule, BatchNormRule)):
+        rule = self.registry.get(layer)
+        if not isinstance(rule, (BroadcastRule, BatchNormRule)):
             return None
         producers = graph.producers()
         shape = graph.tensors[layer.outputs[0]].shape
         for t in layer.inputs:
             if t in producers and graph.tensors[t].shape == shape:
                 source = partitions[producers[t].name]
-                if source.axis is not None and source.axis == partitions[layer.name].axis:
+                if source.axis is not None and source.axis in (partitions[layer.name].axis, CHANNELS) \
+                        and source.axis in rule.axes(layer, graph):
                     sizes = [r.shape[source.axis] if not r.empty else 0 for r in source.out]
                     return partition_layer(graph, layer, source.axis, sizes, self.registry)
         return None
@@ -132,6 +136,18 @@ class SearchPartitions(Pass):
                 sizes = [r.shape[axis] if not r.empty else 0 for r in source.out]
                 out.append(partition_layer(graph, layer, axis, sizes, self.registry))
         return out
+
+    def _channel_cut(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> tuple[LayerPartition, float] | None:
+        """The speed-proportional channel cut of the layer and its objective, where channels can be cut.
+
+        It wins where the cut direction is too short to split evenly (a 7x7 map on 2 nodes
+        leaves one node 4 rows and the other 3) and what it must receive is worth less."""
+        rule = self.registry.get(layer)
+        shape = graph.tensors[layer.outputs[0]].shape
+        if rule is None or len(shape) < 3 or CHANNELS not in rule.axes(layer, graph) or shape[CHANNELS] < graph.nodes:
+            return None
+        part = partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], self.config.node_speeds()), self.registry)
+        return part, self._cost(graph, layer, CHANNELS, partitions).cost_of(part)
 
     def _searchable(self, graph: Graph, layer: Layer) -> bool:
         axis = graph.partitions[layer.name].axis
@@ -165,6 +181,9 @@ class SearchPartitions(Pass):
                 if alt.axis == axis and alt.out != chosen.out and cost.cost_of(alt) <= result.objective:
                     chosen = alt
                     break
+            channels = self._channel_cut(graph, layer, partitions)
+            if channels is not None and channels[1] < cost.cost_of(chosen):
+                chosen = channels[0]
             partitions[layer.name] = chosen
             evaluated += result.evaluated
             cost_calls += result.cost_calls

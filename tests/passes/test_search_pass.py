@@ -45,3 +45,18 @@ def test_fast_node_gets_three_times_the_rows(resnet: str) -> None:
             for n, region in enumerate(part.out):
                 rows[n] += region.shape[2] if not region.empty else 0
     assert 2.5 < rows[1] / ((rows[0] + rows[2]) / 2) < 3.5, rows
+
+
+def test_short_maps_are_cut_along_channels_and_tall_ones_along_rows(tmp_path) -> None:
+    # wide 1x1 convs over 3 rows cannot be split evenly in two (2 rows and 1): the channel
+    # cut balances the work and receives half the input, worth less than the excess work
+    # (256 channels: 0.5 MFLOP against 0.3 M by the objective), so the search takes it;
+    # over 32 rows the even row cut moves nothing and stays.
+    from graphs import conv_chain
+
+    for height, axis in ((3, 1), (32, 2)):
+        path = save(conv_chain([1, 1, 1], channels=256, height=height, width=8), str(tmp_path), f"chain{height}")
+        graph = PassManager(pipeline(Config(nodes=2))).run(import_model(path).graph)
+        assert [graph.partitions[f"conv{i}"].axis for i in (1, 2)] == [axis, axis], height
+        compile_plan(path, str(tmp_path / f"plan{height}"), nodes=2, search=True)
+        assert_exact(str(tmp_path / f"plan{height}"))
