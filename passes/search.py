@@ -12,7 +12,10 @@ searched layers, a node's cost for an interval is its operations over its
 speed, the values it must receive to read its input regions (what its producers'
 cuts left on other nodes), and the operations it computes only to crop them away
 (eq. 3.7–3.11, weights from the config). The strategy (`exact`, `pruned-tree`,
-`exhaustive`) finds the best partition inside the threshold band. The search is
+`exhaustive`) finds the best partition inside the threshold band. Beside it, each
+searched layer also prices the speed-proportional channel cut and takes that where it
+scores better: where the map is too short to split evenly (7 rows on 2 nodes) and the
+input it must gather is worth less than the imbalance. The search is
 greedy across layers, so its total could in principle exceed the naive plan's: the
 pass compares both totals with the same objective and keeps the better plan.
 """
