@@ -215,6 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bbgrap: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `bbgrap inspect | head`: the reader is gone, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -116,3 +116,11 @@ def test_plan_from_another_version(tmp_path, small_model: str) -> None:
 
 def test_run_without_plan(tmp_path) -> None:
     one_error_line(run(cwd=str(tmp_path)), "not a bbgrap plan", "bbgrap compile")
+
+
+def test_inspect_into_a_closed_pipe_is_quiet(tmp_path, small_model: str) -> None:
+    assert bbgrap("compile", small_model, "--nodes", "2", "-o", str(tmp_path / "plan"), "--quiet").returncode == 0
+    # the reader is gone before bbgrap writes a byte
+    cmd = f"(sleep 1; '{os.path.join(BIN, 'bbgrap')}' inspect '{tmp_path / 'plan'}') | true"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
