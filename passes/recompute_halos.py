@@ -14,11 +14,13 @@ grown their regions before it decides. A node recomputes a halo when
 
     extra operations + change in its inputs' receive costs  <  receive cost of the halo
 
-with operations weighted by the node's slowness, and where a receive costs `sync_ops` (one receive point: a segment boundary, waiting)
-plus `byte_ops` per byte of the gathered region (the concat copies all of it) and of
-the other activations alive across that point (each segment boundary hands them from
-one onnxruntime session to the next, converting their memory layout twice). Owned regions stay disjoint and tile every tensor; only what nodes
-compute grows, so every result is still exact.
+with operations weighted by the node's slowness, and where a receive costs `sync_ops`
+(one receive point: a segment boundary, waiting) plus `byte_ops` per byte of the
+gathered region (the concat copies all of it) and of the other activations alive
+across that point (each segment boundary hands them from one onnxruntime session to
+the next, converting their memory layout twice). A layer looks `depth` layers up for
+the cheapest place to receive. Owned regions stay disjoint and tile every tensor;
+only what nodes compute grows, so every result is still exact.
 """
 
 from __future__ import annotations
