@@ -18,6 +18,7 @@ import onnx
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
+from table import Table  # benchmarks/table.py, beside this script
 
 
 def main() -> int:
@@ -31,6 +32,8 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
+    table = Table([("model", "<13"), ("nodes", ">6"), ("compile s", ">11.2f"), ("search s", ">10.2f"), ("evaluated", ">11"),
+                   ("log10 total", ">13.1f"), ("objective/naive", ">17.3f")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-compile-") as work:
         for model in args.models:
             path = os.path.join(work, f"{model}.onnx")
@@ -47,12 +50,8 @@ def main() -> int:
                        "bytes_transferred": m["stats"]["bytes_transferred"]}
                 rows.append(row)
                 if not args.json:
-                    if len(rows) == 1:
-                        print(f"{'model':<13}{'nodes':>6}{'compile s':>11}{'search s':>10}{'evaluated':>11}"
-                              f"{'log10 total':>13}{'objective/naive':>17}")
                     ratio = (row["objective"] / row["naive_objective"]) if row["naive_objective"] else float("nan")
-                    print(f"{model:<13}{nodes:>6}{total:>11.2f}{row['search_s']:>10.2f}{row['evaluated']:>11}"
-                          f"{row['log10_total']:>13.1f}{ratio:>17.3f}", flush=True)
+                    table.row(model, nodes, total, row["search_s"], row["evaluated"], row["log10_total"], ratio)
     if args.json:
         print(json.dumps({"threshold": args.threshold, "rows": rows}, indent=1))
     return 0

@@ -41,6 +41,7 @@ from bbgrap.plan import read_sample
 
 BIN = os.path.dirname(sys.executable)
 MIN_SIDE_SECONDS = 0.25
+from table import Table  # benchmarks/table.py, beside this script
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:
@@ -123,6 +124,9 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
+    table = Table([("model", "<13"), ("res", ">5"), ("batch", ">6"), ("cut", ">4"), ("A ms", ">10.1f"), ("B ms", ">10.1f"),
+                   ("BBGraP ms", ">11.1f"), ("A/BBGraP", ">10.2f"), ("B/BBGraP", ">10.2f"), ("compute", ">9.1f"), ("wait", ">7.1f"),
+                   ("syncs", ">6"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-bench-") as work:
         for model in args.models:
             for res in args.resolutions:
@@ -131,14 +135,10 @@ def main() -> int:
                                      not args.no_search, work)
                     rows.append(row)
                     if not args.json:
-                        if len(rows) == 1:
-                            print(f"{'model':<13}{'res':>5}{'batch':>6}{'cut':>4}{'A ms':>10}{'B ms':>10}{'BBGraP ms':>11}"
-                                  f"{'A/BBGraP':>10}{'B/BBGraP':>10}{'compute':>9}{'wait':>7}{'syncs':>6}{'rel err':>9}")
                         slowest = max(row["profile_ms"], key=lambda r: r["compute"] + r["wait"])
-                        print(f"{model:<13}{res:>5}{batch:>6}{row['direction']:>4}{row['A_ms']:>10.1f}{row['B_ms']:>10.1f}"
-                              f"{row['bbgrap_ms']:>11.1f}{row['A_over_bbgrap']:>10.2f}{row['B_over_bbgrap']:>10.2f}"
-                              f"{slowest['compute']:>9.1f}{slowest['wait']:>7.1f}{row['sync_points']:>6}{row['max_rel_error']:>9.1e}",
-                              flush=True)
+                        table.row(model, res, batch, row["direction"], row["A_ms"], row["B_ms"], row["bbgrap_ms"],
+                                  row["A_over_bbgrap"], row["B_over_bbgrap"], slowest["compute"], slowest["wait"],
+                                  row["sync_points"], row["max_rel_error"])
     if args.json:
         print(json.dumps({"nodes": args.nodes, "cores": len(os.sched_getaffinity(0)), "rows": rows}, indent=1))
     return 0 if all(r["exact"] for r in rows) else 1

@@ -27,6 +27,7 @@ THESIS = {  # (nodes, threshold): (log10 total, pruned evaluated), thesis table 
     (8, 5): (9.8, 966), (8, 10): (13.3, 3417), (8, 15): (15.5, 7344), (8, 20): (17.2, 12747),
     (16, 5): (17.1, 2501), (16, 10): (21.1, 5174), (16, 15): (26.6, 16528), (16, 20): (28.7, 43121),
 }
+from table import Table  # benchmarks/table.py, beside this script
 
 
 def row(nodes: int, threshold: int) -> dict:
@@ -61,18 +62,18 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
+    table = Table([("nodes", ">5"), ("thr%", ">5"), ("log10 total thesis", ">19.1f"), ("overlapped", ">11.1f"),
+                   ("contiguous", ">11.1f"), ("thesis eval", ">12"), ("pruned eval", ">12"), ("exact eval", ">11"),
+                   ("exact calls", ">12"), ("exact s", ">9.2f"), ("pruned opt", ">11"), ("=exhaustive", ">12")])
     for nodes in args.nodes:
         for t in args.thresholds:
             r = row(nodes, t)
             rows.append(r)
             if not args.json:
-                if len(rows) == 1:
-                    print(f"{'nodes':>5}{'thr%':>5}{'log10 total thesis/ovl/contig':>31}{'thesis eval':>12}{'pruned eval':>12}"
-                          f"{'exact eval':>11}{'exact calls':>12}{'exact s':>9}{'pruned opt':>11}{'=exhaustive':>12}")
                 eq = "-" if r["exact_equals_exhaustive"] is None else str(r["exact_equals_exhaustive"])
-                print(f"{nodes:>5}{t:>5}{r['thesis_log10_total']:>12.1f}{r['log10_total_overlapped']:>9.1f}{r['log10_total']:>10.1f}"
-                      f"{r['thesis_pruned_evaluated']:>12}{r['pruned_evaluated']:>12}{r['exact_evaluated']:>11}"
-                      f"{r['exact_cost_calls']:>12}{r['exact_seconds']:>9.2f}{str(r['pruned_found_optimum']):>11}{eq:>12}", flush=True)
+                table.row(nodes, t, r["thesis_log10_total"], r["log10_total_overlapped"], r["log10_total"],
+                          r["thesis_pruned_evaluated"], r["pruned_evaluated"], r["exact_evaluated"], r["exact_cost_calls"],
+                          r["exact_seconds"], str(r["pruned_found_optimum"]), eq)
     if args.json:
         print(json.dumps({"rows": rows}, indent=1))
     return 0 if all(r["beats_thesis"] and r["exact_equals_exhaustive"] is not False for r in rows) else 1
