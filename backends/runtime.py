@@ -6,7 +6,9 @@ one node and moves halos with mpi4py's buffer methods: every receive is posted
 into a preallocated numpy buffer before the inference starts, every send is an
 `Isend` of a segment's output as soon as it exists, and a rank waits on a receive
 only right before the segment that reads it. One onnxruntime session per segment,
-created once.
+created once. With the CUDA provider (or `--iobinding on`) segments exchange
+onnxruntime values bound to the device (IOBinding): activations stay in device
+memory between segments and only what crosses ranks is copied to the host.
 """
 
 from __future__ import annotations
@@ -39,6 +41,45 @@ class MessageSpec:
     value: str
 
 
+class HostValues:
+    """Segment inputs and outputs as numpy arrays in host memory (the CPU default)."""
+
+    def to_device(self, array: np.ndarray) -> Any:
+        return array
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return value
+
+    def run(self, session: Any, inputs: list[str], outputs: list[str], values: dict[str, Any]) -> list[Any]:
+        return session.run(outputs, {name: values[name] for name in inputs})
+
+
+class DeviceValues:
+    """Segment inputs and outputs as onnxruntime values on one device, bound with IOBinding,
+    so activations stay there between segments; only messages and the model's inputs and
+    outputs pass through host memory."""
+
+    def __init__(self, device: str, device_id: int) -> None:
+        self.device, self.device_id = device, device_id
+
+    def to_device(self, array: np.ndarray) -> Any:
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, self.device_id)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return value.numpy()
+
+    def run(self, session: Any, inputs: list[str], outputs: list[str], values: dict[str, Any]) -> list[Any]:
+        binding = session.io_binding()
+        for name in inputs:
+            binding.bind_ortvalue_input(name, values[name])
+        for name in outputs:
+            binding.bind_output(name, self.device, self.device_id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+
 @dataclass
 class NodeRunner:
     """One node's program with its onnxruntime sessions (created once)."""
@@ -52,6 +93,7 @@ class NodeRunner:
     input_values: dict[str, str]
     messages: dict[int, MessageSpec]
     providers: list[str] = field(default_factory=list)
+    values: HostValues | DeviceValues = field(default_factory=HostValues)
 
 
 class Transport(Protocol):
@@ -94,7 +136,8 @@ def providers_for(provider: str, device_id: int) -> list[Any]:
 
 
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
-                device_id: int = 0, spin: bool = True) -> NodeRunner:
+                device_id: int = 0, spin: bool = True, iobinding: str = "auto") -> NodeRunner:
+    """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA."""
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
@@ -117,6 +160,10 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
         for m in manifest["messages"]
         if node in (m["src"], m["dst"])
     }
+    on_gpu = bool(sessions) and sessions[0].get_providers()[0] == "CUDAExecutionProvider"
+    values: HostValues | DeviceValues = HostValues()
+    if iobinding == "on" or (iobinding == "auto" and on_gpu):
+        values = DeviceValues("cuda" if on_gpu else "cpu", device_id if on_gpu else 0)
     return NodeRunner(
         node=node,
         steps=[(step[0], step[1], step[2] if len(step) > 2 else "") for step in prog["steps"]],
@@ -127,6 +174,7 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
         input_values={i["name"]: i["value"] for i in manifest["inputs"]},
         messages=messages,
         providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
+        values=values,
     )
 
 
@@ -145,24 +193,23 @@ class Profile:
 def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport,
             profile: Profile | None = None) -> Iterator[None]:
     """Run one node's program; yields whenever it waits for a message not yet there."""
-    values: dict[str, np.ndarray] = {runner.input_values[k]: v for k, v in inputs.items()}
+    store = runner.values
+    values: dict[str, Any] = {runner.input_values[k]: store.to_device(v) for k, v in inputs.items()}
     clock = time.perf_counter
     for op, k, sent in runner.steps:
         t0 = clock()
         if op == "run":
-            sess = runner.sessions[k]
-            feeds = {name: values[name] for name in runner.seg_inputs[k]}
-            outs = sess.run(runner.seg_outputs[k], feeds)
+            outs = store.run(runner.sessions[k], runner.seg_inputs[k], runner.seg_outputs[k], values)
             values.update(zip(runner.seg_outputs[k], outs))
         elif op == "send":
-            transport.send(runner.messages[k], values[sent])
+            transport.send(runner.messages[k], store.to_host(values[sent]))
         else:
             msg = runner.messages[k]
             data = transport.receive(msg)
             while data is None:
                 yield
                 data = transport.receive(msg)
-            values[msg.value] = data
+            values[msg.value] = store.to_device(data)
         if profile is not None:
             spent = clock() - t0
             if op == "run":
@@ -171,7 +218,7 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
                 profile.send += spent
             else:
                 profile.wait += spent
-    runner_outputs = {name: values[v] for name, v in runner.outputs.items()}
+    runner_outputs = {name: store.to_host(values[v]) for name, v in runner.outputs.items()}
     inputs.clear()
     inputs.update(runner_outputs)
 
@@ -289,6 +336,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed inferences first (default 2)")
     p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads per rank (default: cores / ranks on the host)")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="execution provider (default auto: CUDA when usable)")
+    p.add_argument("--iobinding", choices=("auto", "on", "off"), default="auto",
+                   help="keep activations as device-bound onnxruntime values between segments (default auto: with CUDA)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max error relative to the output's largest magnitude (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
@@ -358,7 +407,8 @@ def main_embedded(args: argparse.Namespace) -> int:
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
     spin = manifest["nodes"] == 1
-    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin) for n in range(manifest["nodes"])]
+    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin, iobinding=args.iobinding)
+               for n in range(manifest["nodes"])]
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     for k in range(args.warmup + args.repeat):
@@ -385,7 +435,8 @@ def main_mpi(args: argparse.Namespace) -> int:
         inputs, reference = load_inputs(args, manifest)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         threads = args.threads or max(1, len(os.sched_getaffinity(0)) // local.Get_size())
-        runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank())
+        runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
+                             iobinding=args.iobinding)
     except BBGrapError as exc:
         error = str(exc)
     errors = comm.allgather(error)

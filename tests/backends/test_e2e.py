@@ -25,6 +25,13 @@ def test_zoo_model_is_exact(zoo_models: dict[str, str], tmp_path, name: str, dir
     assert_exact(str(tmp_path / "plan"))
 
 
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_device_values_path_is_exact(zoo_models: dict[str, str], tmp_path, name: str) -> None:
+    # the IOBinding path CUDA takes, bound to the CPU here: activations as onnxruntime values
+    compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=3, direction="h")
+    assert_exact(str(tmp_path / "plan"), iobinding="on")
+
+
 @pytest.mark.parametrize("name", ["resnet18", "inception"])
 def test_naive_plan_is_exact(zoo_models: dict[str, str], tmp_path, name: str) -> None:
     manifest = compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=3, direction="w", optimize=False)
@@ -46,3 +53,15 @@ def test_heterogeneous_speeds_are_exact(zoo_models: dict[str, str], tmp_path) ->
     assert_exact(str(tmp_path / "plan"))
     compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "recomputed"), nodes=3, speeds=(1.0, 3.0, 1.0))
     assert_exact(str(tmp_path / "recomputed"))
+
+
+def test_value_store_follows_the_iobinding_choice(zoo_models: dict[str, str], tmp_path) -> None:
+    from bbgrap.backends.runtime import DeviceValues, HostValues, load_runner
+    from bbgrap.plan import read_manifest
+
+    plan = str(tmp_path / "plan")
+    compile_plan(zoo_models["resnet18"], plan, nodes=2)
+    manifest = read_manifest(plan)
+    stores = {choice: load_runner(plan, manifest, 0, 1, "cpu", iobinding=choice).values for choice in ("auto", "on", "off")}
+    assert isinstance(stores["on"], DeviceValues) and stores["on"].device == "cpu"
+    assert isinstance(stores["auto"], HostValues) and isinstance(stores["off"], HostValues)  # no GPU: host arrays

@@ -24,15 +24,17 @@ def mpirun(n: int, *args: str, timeout: int = 180) -> subprocess.CompletedProces
     return subprocess.run([MPIRUN, "-n", str(n), RUN, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize(("name", "nodes", "direction"), [
-    ("resnet18", 2, "h"), ("inception", 2, "w"), ("mobilenet_v2", 4, "h"), ("vgg16", 4, "w"), ("densenet", 4, "c"),
+@pytest.mark.parametrize(("name", "nodes", "direction", "iobinding"), [
+    ("resnet18", 2, "h", "off"), ("inception", 2, "w", "off"), ("mobilenet_v2", 4, "h", "off"), ("vgg16", 4, "w", "off"),
+    ("densenet", 4, "c", "off"), ("resnet18", 2, "h", "on"), ("mobilenet_v2", 4, "h", "on"),
 ])
-def test_mpirun_is_exact(tmp_path, name: str, nodes: int, direction: str) -> None:
+def test_mpirun_is_exact(tmp_path, name: str, nodes: int, direction: str, iobinding: str) -> None:
+    # iobinding on: the device-value path (IOBinding) that CUDA uses, here bound to the CPU
     model = save(zoo.build(name, resolution=48, width=0.125), str(tmp_path))
     plan = str(tmp_path / "plan")
     compile_plan(model, plan, nodes=nodes, direction=direction)
     out = tmp_path / "out.npz"
-    proc = mpirun(nodes, plan, "--json", "--repeat", "2", "--warmup", "1", "--output", str(out))
+    proc = mpirun(nodes, plan, "--json", "--repeat", "2", "--warmup", "1", "--output", str(out), "--iobinding", iobinding)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["mode"] == "mpi" and result["ranks"] == nodes and result["nodes"] == nodes
