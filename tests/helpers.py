@@ -14,6 +14,8 @@ from bbgrap.config import Config
 from bbgrap.plan import read_manifest, read_sample
 
 TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2)
+# where the in-process runs execute: cpu (the default), or cuda on a machine with a GPU
+PROVIDER = os.environ.get("BBGRAP_TEST_PROVIDER", "cpu")
 
 
 def save(model: onnx.ModelProto, directory: str, name: str = "model") -> str:
@@ -38,7 +40,7 @@ def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobindi
     against the plan's reference (or against `inputs`' reference run by the caller)."""
     manifest = read_manifest(plan_dir)
     sample, reference = read_sample(plan_dir)
-    runners = [load_runner(plan_dir, manifest, n, 1, "cpu", spin=False, iobinding=iobinding) for n in range(manifest["nodes"])]
+    runners = [load_runner(plan_dir, manifest, n, 1, PROVIDER, spin=False, iobinding=iobinding) for n in range(manifest["nodes"])]
     outputs = run_embedded(runners, inputs or sample)
     _, rel = compare(outputs, reference) if inputs is None else (None, None)
     return outputs, (rel if rel is not None else float("nan"))
