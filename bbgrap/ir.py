@@ -292,7 +292,9 @@ class LayerPartition:
     `axis` is the cut axis (None: the layer is computed whole on `out`'s only
     non-empty node). `needs[n][i]` is the region of input i node n reads (None for
     an absent optional input or one the local op drops), `computes[n]` the region its
-    local op produces (a superset of `out[n]`, e.g. whole groups of a group conv), and
+    local op produces (a superset of `out[n]`, e.g. whole groups of a group conv, or a
+    neighbour's halo rows recomputed rather than received), which the node holds; the
+    owned regions `out` tile the output and are what other nodes receive from; and
     `attrs[n]` the attribute overrides of its local op (pads, ceil_mode, group).
     """
 
