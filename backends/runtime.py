@@ -114,6 +114,10 @@ def session_options(threads: int, spin: bool = True) -> Any:
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # A node's segments run one after another: without a per-session arena, each takes the
+    # memory the previous one just freed, still in cache (mobilenet_v2 rank 0 run alone:
+    # 4.9 -> 4.5 ms; resnet50 unchanged).
+    opts.enable_cpu_mem_arena = False
     opts.log_severity_level = 3
     return opts
 
