@@ -114,10 +114,10 @@ def session_options(threads: int, spin: bool = True) -> Any:
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # A node's segments run one after another: without a per-session arena, each takes the
-    # memory the previous one just freed, still in cache (mobilenet_v2 rank 0 run alone:
-    # 4.9 -> 4.5 ms; resnet50 unchanged).
-    opts.enable_cpu_mem_arena = False
+    # The per-session CPU arena stays on. Without it a small model's segments reuse memory
+    # still in cache (mobilenet_v2 224 batch 1, one rank run alone: 4.9 -> 4.5 ms), but large
+    # activations go through mmap and page faults every inference (batch 8: A/BBGraP of
+    # mobilenet_v2 at 512 fell from 1.79-1.89 to 1.34, vgg16's from 1.96-2.01 to 1.86-1.88).
     opts.log_severity_level = 3
     return opts
 
