@@ -20,6 +20,7 @@ def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message
         sent[m.src] += m.nbytes
         received[m.dst] += m.nbytes
     flops = plan_flops(graph)
+    owned = plan_flops(graph, owned=True)
     producers = graph.producers()
     # a synchronisation point: a layer whose output crosses from one node to another
     sync_points = len({producers[m.tensor].name for m in messages})
@@ -29,7 +30,8 @@ def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message
         "sync_points": sync_points,
         "segments": sum(1 for p in programs for s in p.steps if s.op == "run"),
         "per_node": [
-            {"flops": flops[n], "bytes_sent": sent[n], "bytes_received": received[n], "weight_bytes": programs[n].weight_bytes}
+            {"flops": flops[n], "redundant_flops": flops[n] - owned[n], "bytes_sent": sent[n], "bytes_received": received[n],
+             "weight_bytes": programs[n].weight_bytes}
             for n in range(graph.nodes)
         ],
     }

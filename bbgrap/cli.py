@@ -156,7 +156,8 @@ def summary(manifest: dict[str, Any], where: str) -> str:
     ]
     for n, node in enumerate(info["per_node"]):
         lines.append(
-            f"  node {n}: {node['flops'] / 1e9:.3f} GFLOP, sends {node['bytes_sent'] / 1e6:.3f} MB, "
+            f"  node {n}: {node['flops'] / 1e9:.3f} GFLOP ({node.get('redundant_flops', 0.0) / 1e9:.3f} beyond its own outputs), "
+            f"sends {node['bytes_sent'] / 1e6:.3f} MB, "
             f"receives {node['bytes_received'] / 1e6:.3f} MB, weights {node['weight_bytes'] / 1e6:.2f} MB"
         )
     if info["opaque"]:

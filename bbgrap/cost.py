@@ -36,11 +36,12 @@ def layer_ops(layer: Layer, graph: Graph, region: ShapeMap) -> float:
     return ops_per_element(layer, graph) * region.volume
 
 
-def plan_flops(graph: Graph) -> list[float]:
-    """Operations each node performs per inference."""
+def plan_flops(graph: Graph, owned: bool = False) -> list[float]:
+    """Operations each node performs per inference (with `owned`: only for the outputs it owns,
+    leaving out what it computes beyond them, such as recomputed halos)."""
     flops = [0.0] * graph.nodes
     for layer in graph.layers:
         part = graph.partitions[layer.name]
         for n in part.active_nodes():
-            flops[n] += layer_ops(layer, graph, part.computes[n])
+            flops[n] += layer_ops(layer, graph, part.out[n] if owned else part.computes[n])
     return flops

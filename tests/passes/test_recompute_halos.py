@@ -113,3 +113,6 @@ def test_default_pipeline_recomputes_and_stays_exact(tmp_path, nodes: int) -> No
     off = compile_plan(path, str(tmp_path / "off"), nodes=nodes, search=True, recompute=False)
     assert "recompute-halos" not in off["passes"]
     assert manifest["stats"]["sync_points"] <= off["stats"]["sync_points"]
+    # what the nodes recompute shows in the accounting; without the pass nothing is redundant
+    assert sum(n["redundant_flops"] for n in manifest["stats"]["per_node"]) > 0
+    assert all(n["redundant_flops"] == 0 for n in off["stats"]["per_node"])
