@@ -124,3 +124,12 @@ def test_inspect_into_a_closed_pipe_is_quiet(tmp_path, small_model: str) -> None
     cmd = f"(sleep 1; '{os.path.join(BIN, 'bbgrap')}' inspect '{tmp_path / 'plan'}') | true"
     proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_no_recompute_flag_drops_the_pass(tmp_path, small_model: str) -> None:
+    for flags, expected in (((), True), (("--no-recompute",), False)):
+        plan = str(tmp_path / f"plan{len(flags)}")
+        assert bbgrap("compile", small_model, "--nodes", "2", "-o", plan, "--quiet", *flags).returncode == 0
+        info = json.loads(bbgrap("inspect", plan, "--json").stdout)
+        assert ("recompute-halos" in info["passes"]) is expected
+        assert run(plan, "--json", "--repeat", "1").returncode == 0
