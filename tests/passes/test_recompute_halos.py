@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.backends.emit import emit
@@ -116,3 +120,52 @@ def test_default_pipeline_recomputes_and_stays_exact(tmp_path, nodes: int) -> No
     # what the nodes recompute shows in the accounting; without the pass nothing is redundant
     assert sum(n["redundant_flops"] for n in manifest["stats"]["per_node"]) > 0
     assert all(n["redundant_flops"] == 0 for n in off["stats"]["per_node"])
+
+
+def window_chain(layers: list[tuple[str, int, int, int]], channels: int, height: int, width: int) -> onnx.ModelProto:
+    """x → a chain of (op, kernel, stride, pad) windows: Conv, MaxPool or AveragePool, each then a Relu."""
+    rng = np.random.default_rng(3)
+    nodes, inits, prev, h, w = [], [], "x", height, width
+    for i, (op, k, s, p) in enumerate(layers):
+        attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[p, p, p, p])
+        if op == "Conv":
+            inits.append(numpy_helper.from_array(rng.standard_normal((channels, channels, k, k)).astype(np.float32) * 0.3, f"w{i}"))
+            nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"t{i}"], name=f"l{i}", **attrs))
+        else:
+            nodes.append(helper.make_node(op, [prev], [f"t{i}"], name=f"l{i}", **attrs))
+        nodes.append(helper.make_node("Relu", [f"t{i}"], [f"r{i}"], name=f"relu{i}"))
+        prev, h, w = f"r{i}", (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, height, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, h, w])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> tuple[list[tuple[str, int, int, int]], int]:
+    layers, height = [], draw(st.integers(24, 48))
+    size = height
+    for _ in range(draw(st.integers(2, 6))):
+        op = draw(st.sampled_from(["Conv", "Conv", "MaxPool", "AveragePool"]))
+        k = draw(st.sampled_from([1, 3, 5]))
+        s = draw(st.sampled_from([1, 1, 2]))
+        p = draw(st.integers(0, k // 2))
+        if (size + 2 * p - k) // s + 1 < 4:
+            break
+        layers.append((op, k, s, p))
+        size = (size + 2 * p - k) // s + 1
+    return layers, height
+
+
+@settings(max_examples=int(40 * float(os.environ.get("BBGRAP_RULES_SCALE", "1"))), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(chain=chains(), nodes=st.integers(2, 4), sync=st.sampled_from([0.0, 2e4, 5e6, 1e12]))
+def test_recomputed_plans_of_random_window_chains_are_exact(tmp_path_factory, chain, nodes: int, sync: float) -> None:
+    # strides, pads and kernels of every size: whatever recompute-halos grows, the plan stays exact
+    layers, height = chain
+    assert layers
+    plan = str(tmp_path_factory.mktemp("chain") / "plan")
+    run_pipeline(window_chain(layers, 3, height, height), nodes, RecomputeHalos(sync_ops=sync), plan)
+    assert_exact(plan)
