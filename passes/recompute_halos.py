@@ -10,9 +10,11 @@ block rather than its 6x expansion) or tensors that are received anyway, so that
 several layers share one receive point, as in fused-layer tiling (DeepThings).
 
 Layers are visited in reverse topological order, so a layer's consumers have
-grown their regions before it decides. A node recomputes a halo when
+grown their regions before it decides. The nodes that read a halo of a layer
+recompute it together or not at all (one that recomputes while its neighbour still
+receives keeps its segment boundary: it sends there), when, summed over them,
 
-    extra operations + change in its inputs' receive costs  <  receive cost of the halo
+    extra operations + change in their inputs' receive costs  <  receive costs of the halos
 
 with operations weighted by the node's slowness, and where a receive costs `sync_ops`
 (one receive point: a segment boundary, waiting) plus `byte_ops` per byte of the
@@ -57,15 +59,25 @@ class RecomputeHalos(Pass):
         for layer in reversed(graph.layers):
             if not walk.growable(layer):
                 continue
-            for n in walk.partitions[layer.name].active_nodes():
-                part = walk.partitions[layer.name]
+            part = walk.partitions[layer.name]
+            # All nodes that read a halo of this layer recompute it, or none does: a node that
+            # recomputes while its neighbour still receives keeps its segment boundary (it
+            # sends there), so it would pay the extra operations for nothing.
+            proposals: list[tuple[int, float, Local]] | None = []
+            for n in part.active_nodes():
                 reads = walk.reads(layer.outputs[0], n)
                 if not reads or part.computes[n].contains(need := hull_of(reads)):
                     continue
                 grown = walk.grow(layer, n, need, self.depth)
-                if grown is not None and grown[0] < 0:
-                    walk.update(layer, _with_node(part, n, grown[1]))
-                    changed = True
+                if grown is None:
+                    proposals = None
+                    break
+                proposals.append((n, *grown))
+            if proposals and sum(cost for _, cost, _ in proposals) < 0:
+                for n, _, local in proposals:
+                    part = _with_node(part, n, local)
+                walk.update(layer, part)
+                changed = True
         if not changed:
             return PassResult(graph, False)
         graph = graph.replace(partitions=walk.partitions)
