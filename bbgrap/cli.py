@@ -22,21 +22,20 @@ EPILOG = """examples:
 
 
 class Progress:
-    """A one-line progress bar on stderr, only when stderr is a terminal."""
+    """A one-line progress bar per pass on stderr, only when stderr is a terminal."""
 
-    def __init__(self, label: str) -> None:
-        self.label = label
+    def __init__(self) -> None:
         self.enabled = sys.stderr.isatty()
         self.last = 0.0
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, label: str, done: int, total: int) -> None:
         now = time.monotonic()
         if not self.enabled or (now - self.last < 0.1 and done < total):
             return
         self.last = now
         width = 30
         filled = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        sys.stderr.write(f"\r{label:<16} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -117,7 +116,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         args.model, cfg, args.output, parse_input_shapes(args.input_shape),
         optimize=not args.no_optimize, search=not (args.no_search or args.no_optimize),
         dump_after=args.dump_ir_after, dump_dir=args.dump_dir,
-        progress=None if args.quiet else Progress("search"), log=log, recompute=not args.no_recompute,
+        progress=None if args.quiet else Progress(), log=log, recompute=not args.no_recompute,
     )
     if not args.quiet:
         print(summary(manifest, args.output))

@@ -12,8 +12,8 @@ from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import write_plan
 
 
-def pipeline(cfg: Config, optimize: bool = True, search: bool = True, progress: Callable[[int, int], None] | None = None,
-             recompute: bool = True) -> list[Pass]:
+def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
+             progress: Callable[[str, int, int], None] | None = None, recompute: bool = True) -> list[Pass]:
     """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search
     → recompute-halos`, or part of it (`--no-search`, `--no-recompute`, `--no-optimize`)."""
     from bbgrap.passes.eliminate_transfers import EliminateTransfers
@@ -30,7 +30,7 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True, progress: 
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
 
-            passes.append(RecomputeHalos(speeds=cfg.node_speeds()))
+            passes.append(RecomputeHalos(speeds=cfg.node_speeds(), progress=progress))
     return passes
 
 
@@ -54,7 +54,7 @@ def compile_model(
     search: bool = True,
     dump_after: Sequence[str] = (),
     dump_dir: str = "bbgrap-ir",
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
     log: Callable[[str], None] = lambda s: None,
     recompute: bool = True,
 ) -> dict[str, Any]:

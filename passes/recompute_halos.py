@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
@@ -47,6 +47,7 @@ class RecomputeHalos(Pass):
     byte_ops: float = 10.0
     depth: int = 12  # layers looked up from a halo for a cheaper place to receive it
     speeds: tuple[float, ...] = ()  # relative node speeds: a slow node's extra operations cost it more time
+    progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)  # (pass, done, total)
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
@@ -56,7 +57,9 @@ class RecomputeHalos(Pass):
     def call(self, graph: Graph) -> PassResult:
         walk = _Walk(self, graph)
         changed = False
-        for layer in reversed(graph.layers):
+        for k, layer in enumerate(reversed(graph.layers)):
+            if self.progress is not None:
+                self.progress(self.name, k + 1, len(graph.layers))
             if not walk.growable(layer):
                 continue
             part = walk.partitions[layer.name]

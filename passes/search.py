@@ -94,7 +94,7 @@ class LayerCutCost:
 class SearchPartitions(Pass):
     name: ClassVar[str] = "search"
     config: Config
-    progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)  # (pass, done, total)
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
@@ -170,7 +170,7 @@ class SearchPartitions(Pass):
             if followed is not None:
                 partitions[layer.name] = followed
                 if self.progress is not None:
-                    self.progress(k + 1, len(searched))
+                    self.progress(self.name, k + 1, len(searched))
                 continue
             axis = partitions[layer.name].axis
             assert axis is not None
@@ -193,7 +193,7 @@ class SearchPartitions(Pass):
             log10_total += result.log10_total
             searched_layers += 1
             if self.progress is not None:
-                self.progress(k + 1, len(searched))
+                self.progress(self.name, k + 1, len(searched))
         searched_total = self._plan_objective(graph, partitions)
         naive_total = self._plan_objective(graph, dict(graph.partitions))
         kept = "searched" if searched_total <= naive_total else "naive"
