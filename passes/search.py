@@ -36,7 +36,7 @@ from bbgrap.passes.naive_partition import partition_layer, split_sizes
 from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
-from bbgrap.search.strategies import search
+from bbgrap.search.strategies import SearchResult, search
 
 CHANNELS = 1  # the channel axis of an NCHW tensor
 
@@ -124,9 +124,13 @@ class SearchPartitions(Pass):
                 source = partitions[producers[t].name]
                 if source.axis is not None and source.axis in (partitions[layer.name].axis, CHANNELS) \
                         and source.axis in rule.axes(layer, graph):
-                    sizes = [r.shape[source.axis] if not r.empty else 0 for r in source.out]
-                    return partition_layer(graph, layer, source.axis, sizes, self.registry)
+                    return self._cut_like(graph, layer, source, source.axis)
         return None
+
+    def _cut_like(self, graph: Graph, layer: Layer, source: LayerPartition, axis: int) -> LayerPartition:
+        """The layer cut along `axis` into the same sizes as `source`."""
+        sizes = [r.shape[axis] if not r.empty else 0 for r in source.out]
+        return partition_layer(graph, layer, axis, sizes, self.registry)
 
     def _aligned(self, graph: Graph, layer: Layer, axis: int, partitions: dict[str, LayerPartition]) -> list[LayerPartition]:
         """The layer cut like each producer whose output has the same extent along `axis`."""
@@ -136,8 +140,7 @@ class SearchPartitions(Pass):
         for t in dict.fromkeys(layer.inputs):
             source = partitions.get(producers[t].name) if t in producers else None
             if source is not None and source.axis == axis and graph.tensors[t].shape[axis] == extent:
-                sizes = [r.shape[axis] if not r.empty else 0 for r in source.out]
-                out.append(partition_layer(graph, layer, axis, sizes, self.registry))
+                out.append(self._cut_like(graph, layer, source, axis))
         return out
 
     def _channel_cut(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> tuple[LayerPartition, float] | None:
@@ -151,6 +154,26 @@ class SearchPartitions(Pass):
             return None
         part = partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], self.config.node_speeds()), self.registry)
         return part, self._cost(graph, layer, CHANNELS, partitions).cost_of(part)
+
+    def _search_layer(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> tuple[LayerPartition, SearchResult]:
+        """The layer's best cut given its producers' cuts, and the strategy's result."""
+        cfg = self.config
+        axis = partitions[layer.name].axis
+        assert axis is not None
+        cost = self._cost(graph, layer, axis, partitions)
+        result = search(cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
+        sizes = [b - a for a, b in zip(result.cuts, result.cuts[1:])]
+        chosen = partition_layer(graph, layer, axis, sizes, self.registry)
+        # Among optimal cuts, prefer one aligned with the producer, then the naive one:
+        # equal for this layer, and consumers downstream then need no transfer.
+        for alt in self._aligned(graph, layer, axis, partitions) + [graph.partitions[layer.name]]:
+            if alt.axis == axis and alt.out != chosen.out and cost.cost_of(alt) <= result.objective:
+                chosen = alt
+                break
+        channels = self._channel_cut(graph, layer, partitions)
+        if channels is not None and channels[1] < cost.cost_of(chosen):
+            chosen = channels[0]
+        return chosen, result
 
     def _searchable(self, graph: Graph, layer: Layer) -> bool:
         axis = graph.partitions[layer.name].axis
@@ -169,29 +192,12 @@ class SearchPartitions(Pass):
             followed = self._follow(graph, layer, partitions)
             if followed is not None:
                 partitions[layer.name] = followed
-                if self.progress is not None:
-                    self.progress(self.name, k + 1, len(searched))
-                continue
-            axis = partitions[layer.name].axis
-            assert axis is not None
-            cost = self._cost(graph, layer, axis, partitions)
-            result = search(cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
-            sizes = [b - a for a, b in zip(result.cuts, result.cuts[1:])]
-            chosen = partition_layer(graph, layer, axis, sizes, self.registry)
-            # Among optimal cuts, prefer one aligned with the producer, then the naive one:
-            # equal for this layer, and consumers downstream then need no transfer.
-            for alt in self._aligned(graph, layer, axis, partitions) + [graph.partitions[layer.name]]:
-                if alt.axis == axis and alt.out != chosen.out and cost.cost_of(alt) <= result.objective:
-                    chosen = alt
-                    break
-            channels = self._channel_cut(graph, layer, partitions)
-            if channels is not None and channels[1] < cost.cost_of(chosen):
-                chosen = channels[0]
-            partitions[layer.name] = chosen
-            evaluated += result.evaluated
-            cost_calls += result.cost_calls
-            log10_total += result.log10_total
-            searched_layers += 1
+            else:
+                partitions[layer.name], result = self._search_layer(graph, layer, partitions)
+                evaluated += result.evaluated
+                cost_calls += result.cost_calls
+                log10_total += result.log10_total
+                searched_layers += 1
             if self.progress is not None:
                 self.progress(self.name, k + 1, len(searched))
         searched_total = self._plan_objective(graph, partitions)
