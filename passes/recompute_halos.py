@@ -27,13 +27,14 @@ only what nodes compute grows, so every result is still exact.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+import numpy as np
+
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
-from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of
+from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of, pieces
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import Local, RuleRegistry, default_registry
 
@@ -140,7 +141,7 @@ class _Walk:
         if region is None or held.contains(region):
             return 0.0
         spec = self.graph.tensors[tensor]
-        itemsize = spec.nbytes // max(1, math.prod(spec.shape))
+        itemsize = np.dtype(spec.dtype).itemsize
         others = self.live[self.first_use[tensor]] - spec.nbytes / self.graph.nodes
         return self.options.sync_ops + self.options.byte_ops * (region.volume * itemsize + max(0.0, others))
 
@@ -177,11 +178,8 @@ class _Walk:
 
     def _provide(self, tensor: str, node: int, region: ShapeMap, depth: int) -> float:
         producer = self.graph.producers()[tensor]
-        part = self.partitions[producer.name]
-        if tensor == producer.outputs[0]:
-            held = part.computes[node]
-        else:  # extra outputs exist only for layers computed whole
-            held = ShapeMap.full(self.graph.tensors[tensor].shape) if not part.out[node].empty else ShapeMap.empty_like(region.rank)
+        # upstream of every layer decided so far: what the producer holds is still the graph's
+        held = dict(pieces(self.graph, tensor) or []).get(node, ShapeMap.empty_like(region.rank))
         reads = self.reads(tensor, node)
         old = hull_of(reads) if reads else None
         new = old.hull(region) if old is not None else region
