@@ -65,3 +65,11 @@ def test_value_store_follows_the_iobinding_choice(zoo_models: dict[str, str], tm
     stores = {choice: load_runner(plan, manifest, 0, 1, "cpu", iobinding=choice).values for choice in ("auto", "on", "off")}
     assert isinstance(stores["on"], DeviceValues) and stores["on"].device == "cpu"
     assert isinstance(stores["auto"], HostValues) and isinstance(stores["off"], HostValues)  # no GPU: host arrays
+
+
+def test_cpu_sessions_share_one_arena_and_gpu_sessions_keep_theirs() -> None:
+    from bbgrap.backends.runtime import session_options
+
+    assert session_options(1).get_session_config_entry("session.use_env_allocators") == "1"
+    with pytest.raises(RuntimeError, match="use_env_allocators"):  # not set at all
+        session_options(1, shared_arena=False).get_session_config_entry("session.use_env_allocators")
