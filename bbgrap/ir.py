@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -55,6 +56,8 @@ class Interval:
 
 def _normalise(intervals: Iterable[Interval]) -> tuple[Interval, ...]:
     """Sort, drop empties and merge touching intervals."""
+    if type(intervals) is tuple and len(intervals) == 1 and not intervals[0].empty:
+        return intervals  # one box axis, the common case: already normal
     out: list[Interval] = []
     for iv in sorted(i for i in intervals if not i.empty):
         if out and iv.start <= out[-1].stop:
@@ -75,7 +78,9 @@ class ShapeMap:
     axes: tuple[tuple[Interval, ...], ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "axes", tuple(_normalise(a) for a in self.axes))
+        axes = self.axes
+        if type(axes) is not tuple or not all(type(a) is tuple and len(a) == 1 and a[0].stop > a[0].start for a in axes):
+            object.__setattr__(self, "axes", tuple(_normalise(a) for a in axes))  # a box is already normal
 
     # construction -----------------------------------------------------------
     @staticmethod
@@ -95,7 +100,9 @@ class ShapeMap:
     def rank(self) -> int:
         return len(self.axes)
 
-    @property
+    # The queries below are cached on the instance (it is immutable; fields, equality and
+    # hashing are unaffected): the passes ask them millions of times on dense graphs.
+    @functools.cached_property
     def empty(self) -> bool:
         return any(len(a) == 0 for a in self.axes)
 
@@ -103,16 +110,20 @@ class ShapeMap:
     def volume(self) -> int:
         if self.empty:
             return 0
-        return int(np.prod([_axis_len(a) for a in self.axes], dtype=np.int64))
+        return math.prod(_axis_len(a) for a in self.axes)
 
-    @property
+    @functools.cached_property
     def is_box(self) -> bool:
         return all(len(a) == 1 for a in self.axes)
 
+    @functools.cached_property
+    def _box(self) -> tuple[Interval, ...] | None:
+        return tuple(a[0] for a in self.axes) if self.is_box else None
+
     def _box_axes(self) -> tuple[Interval, ...]:
-        if not self.is_box:
+        if self._box is None:
             raise ValueError(f"region {self} is not a box")
-        return tuple(a[0] for a in self.axes)
+        return self._box
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -138,6 +149,12 @@ class ShapeMap:
 
     # algebra ----------------------------------------------------------------
     def intersect(self, other: ShapeMap) -> ShapeMap:
+        if self._box is not None and other._box is not None:
+            boxes = []
+            for a, b in zip(self._box, other._box):
+                lo, hi = max(a.start, b.start), min(a.stop, b.stop)
+                boxes.append((Interval(lo, hi),) if hi > lo else ())
+            return ShapeMap(tuple(boxes))
         axes = []
         for a, b in zip(self.axes, other.axes):
             axes.append(tuple(x.intersect(y) for x in a for y in b))
