@@ -22,6 +22,31 @@ def boxes(draw, rank: int = 2, size: int = 7) -> ShapeMap:
     return ShapeMap.box(starts, stops)
 
 
+@st.composite
+def regions(draw, rank: int = 2, size: int = 7) -> ShapeMap:
+    """Unions of up to three intervals per axis, unsorted, touching or empty ones included."""
+    axes = []
+    for _ in range(rank):
+        ivs = []
+        for _ in range(draw(st.integers(0, 3))):
+            lo = draw(st.integers(0, size))
+            ivs.append(Interval(lo, draw(st.integers(lo, size))))
+        axes.append(tuple(ivs))
+    return ShapeMap(tuple(axes))
+
+
+@settings(max_examples=300, deadline=None)
+@given(regions(), st.one_of(regions(), boxes()))
+def test_general_regions_match_point_sets(a: ShapeMap, b: ShapeMap) -> None:
+    # the general path, and boxes meeting non-boxes (boxes alone take a faster path)
+    assert points(a.intersect(b)) == points(a) & points(b) == points(b.intersect(a))
+    assert a.volume == len(points(a)) and a.empty == (not points(a))
+    assert a.contains(b) == (points(b) <= points(a))
+    assert all(len(ax) == 1 for ax in a.axes) == a.is_box
+    same = ShapeMap(tuple(tuple(iv for iv in ax) for ax in a.axes))
+    assert same == a and hash(same) == hash(a)
+
+
 @settings(max_examples=200, deadline=None)
 @given(boxes(), boxes())
 def test_set_operations_match_point_sets(a: ShapeMap, b: ShapeMap) -> None:
