@@ -283,6 +283,31 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any) -> list[Step]:
     return kept
 
 
+COPY_OPS = {"Slice", "Concat", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+def _merge_copy_segments(steps: list[Step]) -> list[Step]:
+    """Fold a segment that only moves data (crops, concats, reshapes) into the segment before it
+    when only sends stand between them: one onnxruntime run less, and the sends wait only for
+    copies. (Folding it into the next segment instead would delay that segment's sends.)"""
+    merged: list[Step] = []
+    last_run: Step | None = None
+    for step in steps:
+        if step.op == "wait":
+            last_run = None
+        elif step.op == "run":
+            seg = step.segment
+            if last_run is not None and all(node.op_type in COPY_OPS for node in seg.nodes):
+                into = last_run.segment
+                into.nodes += seg.nodes
+                into.initializers.update(seg.initializers)
+                into.weights |= seg.weights
+                continue
+            last_run = step
+        merged.append(step)
+    return merged
+
+
 def _segment_model(graph: Graph, seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]], name: str) -> onnx.ModelProto:
     def vi(v: str) -> onnx.ValueInfoProto:
         dtype, shape = meta[v]
@@ -312,6 +337,7 @@ def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
             b.layer(layer, live)
         outputs = {t: b.resolve(v) for t, v in b.finish().items()}
         steps = _liveness(b.steps, set(outputs.values()), b.resolve)
+        steps = _liveness(_merge_copy_segments(steps), set(outputs.values()), b.resolve)
         weight_bytes = 0
         k = 0
         for step in steps:
