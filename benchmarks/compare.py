@@ -1,7 +1,8 @@
 """Compare plans of one model side by side in one mpirun, inference by inference.
 
-Every rank loads every plan once; the plans then take turns, one inference each, so
-the machine's noise (other jobs, frequency, cache state) hits them alike. Prints
+Every rank loads every plan once; the plans then take turns, one inference each and in
+a fresh random order every round, so the machine's noise (other jobs, frequency, cache
+state, which plan ran just before) hits them alike. Prints
 each plan's median latency and the median of the paired differences to the first
 plan: on a shared machine that difference is stable to a few percent of a
 millisecond where separate runs of the same plan scatter by 5-10 %. Every plan's
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -41,8 +43,12 @@ def worker(plans: list[str], repeat: int, warmup: int, tolerance: float) -> int:
         sides.append((runner, MPITransport(comm, runner), inputs, reference))
     times: list[list[float]] = [[] for _ in plans]
     errors: list[float | None] = [None for _ in plans]
+    shuffle = random.Random(0)  # the same order on every rank
     for k in range(warmup + repeat):
-        for i, (runner, transport, inputs, reference) in enumerate(sides):
+        order = list(range(len(sides)))
+        shuffle.shuffle(order)  # a fresh order each turn: no plan always runs first or after the same one
+        for i in order:
+            runner, transport, inputs, reference = sides[i]
             comm.Barrier()
             t0 = time.perf_counter()
             outputs = run_mpi_node(runner, transport, inputs)

@@ -3,6 +3,8 @@ the whole-tensor ones (Reshape, MatMul) that are computed whole on one node."""
 
 from __future__ import annotations
 
+import math
+
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
 
@@ -45,18 +47,27 @@ class TransposeRule(RegionRule):
 
 
 class FlattenRule(RegionRule):
-    """Flatten with axis 1 keeps the batch axis; everything else is read whole."""
+    """Flatten with axis 1 keeps the batch axis and lays the rest out channel by channel: a cut
+    of the flattened axis reads the channels it covers (a classifier's Flatten after a channel-cut
+    global pool stays cut, with no gather). Other axes read the input whole."""
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         rank = len(shape(graph, layer.inputs[0]))
-        return frozenset({0}) if _axis(layer, rank, 1) == 1 else frozenset()
+        return frozenset({0, 1}) if _axis(layer, rank, 1) == 1 else frozenset()
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         need = full(graph, layer.inputs[0])
         rank = need.rank
-        if _axis(layer, rank, 1) == 1:  # output axis 0 is the input's batch axis
-            need = need.with_axis(0, out.interval(0))
-        return Local((need,), out)
+        if _axis(layer, rank, 1) != 1:
+            return Local((need,), out)
+        # output axis 0 is the input's batch axis; output axis 1 walks channel-major, `inner` per channel
+        need = need.with_axis(0, out.interval(0))
+        inner = math.prod(need.shape[2:])
+        flat = out.interval(1)
+        first, last = flat.start // inner, -(-flat.stop // inner)
+        if rank > 1:
+            need = need.with_axis(1, Interval(first, last))
+        return Local((need,), out.with_axis(1, Interval(first * inner, last * inner)))
 
 
 class GemmRule(RegionRule):
