@@ -62,7 +62,7 @@ class FlattenRule(RegionRule):
             return Local((need,), out)
         # output axis 0 is the input's batch axis; output axis 1 walks channel-major, `inner` per channel
         need = need.with_axis(0, out.interval(0))
-        inner = math.prod(need.shape[2:])
+        inner = max(1, math.prod(need.shape[2:]))  # 1 for an empty map: the flattened axis is empty too
         flat = out.interval(1)
         first, last = flat.start // inner, -(-flat.stop // inner)
         if rank > 1:
