@@ -73,3 +73,16 @@ def test_cpu_sessions_share_one_arena_and_gpu_sessions_keep_theirs() -> None:
     assert session_options(1).get_session_config_entry("session.use_env_allocators") == "1"
     with pytest.raises(RuntimeError, match="use_env_allocators"):  # not set at all
         session_options(1, shared_arena=False).get_session_config_entry("session.use_env_allocators")
+
+
+def test_cuda_sessions_ask_for_full_fp32() -> None:
+    import onnxruntime as ort
+
+    from bbgrap.backends.runtime import _version, providers_for
+
+    assert _version("1.18.0") == (1, 18, 0) and _version("1.20.1.dev5") == (1, 20, 1) and _version("2.0rc1") == (2,)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no CUDA provider (the option is only built for it)")
+    (name, options), cpu = providers_for("cuda", 1)
+    assert name == "CUDAExecutionProvider" and options["device_id"] == 1 and cpu == "CPUExecutionProvider"
+    assert options.get("use_tf32") == ("0" if _version(ort.__version__) >= (1, 18) else None)
