@@ -424,7 +424,8 @@ def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dic
 
 def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str],
-           profiles: list[dict[str, float]] | None = None) -> int:
+           profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None) -> int:
+    """Print (or --json) the result; `crowded` = (ranks, cores) where more ranks than cores share a host."""
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     if args.output:
@@ -445,6 +446,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
     }
     if profiles:
         result["profile_ms"] = profiles  # per rank, per inference: compute, wait, send
+    result["oversubscribed"] = crowded is not None
     if args.json:
         print(json.dumps(result))
     else:
@@ -453,6 +455,9 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         for r, prof in enumerate(profiles or []):
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms")
+        if crowded is not None:
+            print(f"note: {crowded[0]} ranks share {crowded[1]} cores on this host, so they take turns on them (their waiting "
+                  f"is mostly that): the latency of {manifest['nodes']} separate nodes would be lower")
     if not ok:
         print(f"bbgrap-run: error: result differs from the reference by {rel_err:.3g} > --tolerance {args.tolerance:g}", file=sys.stderr)
     return 0 if ok else 1
@@ -490,7 +495,8 @@ def main_mpi(args: argparse.Namespace) -> int:
             )
         inputs, reference = load_inputs(args, manifest)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        threads = args.threads or max(1, len(os.sched_getaffinity(0)) // local.Get_size())
+        cores = len(os.sched_getaffinity(0))
+        threads = args.threads or max(1, cores // local.Get_size())
         runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
                              iobinding=args.iobinding)
     except BBGrapError as exc:
@@ -514,7 +520,8 @@ def main_mpi(args: argparse.Namespace) -> int:
     profiles = comm.gather(profile.as_ms(args.repeat), root=0)
     if rank != 0:
         return 0
-    return report(args, manifest, outputs, reference, latencies, size, runner.providers, profiles)
+    crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
+    return report(args, manifest, outputs, reference, latencies, size, runner.providers, profiles, crowded)
 
 
 def under_mpi() -> bool:
