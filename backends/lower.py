@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from bbgrap.ir import Gather, Graph, Layer, ShapeMap
-from bbgrap.movement import OUTPUT_NODE
+from bbgrap.movement import OUTPUT_NODE, pieces
 
 ALIAS_OPS = {"Identity", "Dropout"}
 
@@ -157,8 +157,7 @@ class _Builder:
         part_names = []
         for part in gather.parts:
             if part.src == self.node:
-                own = self._own_region(t)
-                part_names.append(self.crop(t, own, part.region))
+                part_names.append(self.crop(t, self._held_region(t), part.region))
             else:
                 msg = self.incoming[(t, part.region, part.src)]
                 if msg.id not in self.waited:
@@ -176,14 +175,10 @@ class _Builder:
         self.available.add(name)
         return name
 
-    def _own_region(self, tensor: str) -> ShapeMap:
-        if tensor in self.graph.inputs:
-            return ShapeMap.full(self.graph.tensors[tensor].shape)
-        layer = self.graph.producers()[tensor]
-        part = self.graph.partitions[layer.name]
-        if list(layer.outputs).index(tensor) > 0:
-            return ShapeMap.full(self.graph.tensors[tensor].shape)
-        return part.computes[self.node]
+    def _held_region(self, tensor: str) -> ShapeMap:
+        """What this node holds of `tensor` (movement.pieces), which it crops its own parts and sends from."""
+        held = pieces(self.graph, tensor)
+        return ShapeMap.full(self.graph.tensors[tensor].shape) if held is None else dict(held)[self.node]
 
     def constant(self, tensor: str, need: ShapeMap) -> str:
         value = self.graph.constants[tensor]
@@ -236,7 +231,7 @@ class _Builder:
         sends = [m for t in layer.outputs if t for m in self.outgoing.get(t, [])]
         if sends:
             for m in sends:
-                self.crop(m.tensor, self._own_region(m.tensor), m.region)
+                self.crop(m.tensor, self._held_region(m.tensor), m.region)
             self.close()
             self.steps.extend(Step("send", message=m) for m in sends)
 
@@ -344,7 +339,7 @@ def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
             if step.op == "run":
                 seg = step.segment
                 seg.model = _segment_model(graph, seg, b.meta, f"{graph.name}_node{n}_seg{k}")
-                weight_bytes += sum(np.asarray(v).nbytes for k, v in seg.initializers.items() if k in seg.weights)
+                weight_bytes += sum(np.asarray(v).nbytes for name, v in seg.initializers.items() if name in seg.weights)
                 k += 1
         programs.append(NodeProgram(n, steps, outputs, weight_bytes))
     return programs, messages
