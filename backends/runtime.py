@@ -144,6 +144,11 @@ def shared_cpu_arena() -> None:
     ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
 
 
+def threads_per_rank(ranks_on_host: int) -> int:
+    """The host's cores shared out among the ranks on it (at least one thread each)."""
+    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
+
+
 def gpu_present() -> bool:
     """An NVIDIA device node exists (onnxruntime-gpu lists CUDA even where there is none)."""
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
@@ -495,8 +500,7 @@ def main_mpi(args: argparse.Namespace) -> int:
             )
         inputs, reference = load_inputs(args, manifest)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        cores = len(os.sched_getaffinity(0))
-        threads = args.threads or max(1, cores // local.Get_size())
+        threads = args.threads or threads_per_rank(local.Get_size())
         runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
                              iobinding=args.iobinding)
     except BBGrapError as exc:
@@ -520,6 +524,7 @@ def main_mpi(args: argparse.Namespace) -> int:
     profiles = comm.gather(profile.as_ms(args.repeat), root=0)
     if rank != 0:
         return 0
+    cores = len(os.sched_getaffinity(0))
     crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
     return report(args, manifest, outputs, reference, latencies, size, runner.providers, profiles, crowded)
 

@@ -29,12 +29,12 @@ BIN = os.path.dirname(sys.executable)
 def worker(plans: list[str], repeat: int, warmup: int, tolerance: float) -> int:
     from mpi4py import MPI
 
-    from bbgrap.backends.runtime import MPITransport, compare, load_runner, run_mpi_node
+    from bbgrap.backends.runtime import MPITransport, compare, load_runner, run_mpi_node, threads_per_rank
     from bbgrap.plan import read_manifest, read_sample
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    threads = max(1, len(os.sched_getaffinity(0)) // comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size())
+    threads = threads_per_rank(comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size())
     sides = []
     for plan in plans:
         manifest = read_manifest(plan)
