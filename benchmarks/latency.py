@@ -35,6 +35,7 @@ import onnx
 import onnxruntime as ort
 
 from bbgrap import zoo
+from bbgrap.backends.runtime import threads_per_rank
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.plan import read_sample
@@ -81,7 +82,8 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     manifest = compile_model(path, Config(nodes=nodes, direction=direction), plan, search=search)
     feeds, _ = read_sample(plan)
     cores = len(os.sched_getaffinity(0))
-    one_node = session(path, max(1, cores // nodes))
+    node_threads = threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host
+    one_node = session(path, node_threads)
     bigger = session(path, cores)
     for s in (one_node, bigger):
         time_session(s, feeds, 1)  # warm-up
@@ -105,7 +107,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         "searched": search, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
-        "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": max(1, cores // nodes), "threads_B": cores,
+        "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": node_threads, "threads_B": cores,
         "repeat": repeat,
     }
 
