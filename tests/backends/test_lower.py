@@ -1,11 +1,21 @@
-"""Lowering's segment layout: copy-only segments fold into the segment before them."""
+"""Lowering's segment layout: copy-only segments fold into the segment before them, and crops
+between convolutions become one-tap convolutions."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import helper
 
 from bbgrap import zoo
-from bbgrap.backends.lower import COPY_OPS, Message, Segment, Step, _merge_copy_segments, lower
+from bbgrap.backends.lower import (COPY_OPS, SELECT_MAX_TAPS, Message, Segment, Step, _crops_as_convolutions,
+                                   _merge_copy_segments, _segment_model, lower)
 from bbgrap.compiler import compile_model, pipeline
 from bbgrap.config import Config
 from bbgrap.frontends.onnx import import_model
@@ -46,3 +56,80 @@ def test_plans_keep_no_copy_segment_after_sends_and_stay_exact(tmp_path) -> None
                 assert before != "run", f"node {prog.node}: a copy-only segment follows a segment with only sends between"
             if step.op != "send":
                 before = step.op
+
+
+# crops as one-tap convolutions ---------------------------------------------------------------
+
+OPSETS = SimpleNamespace(opsets={"": 13})
+
+
+def crop_segment(shape: tuple[int, ...], starts: list[int], stops: list[int], producer: str = "Relu",
+                 consumer: str = "MaxPool", output: bool = False) -> tuple[Segment, dict[str, tuple[str, tuple[int, ...]]]]:
+    """x -> producer -> a -> Slice(rows/columns of a) -> b -> consumer -> y."""
+    out = (shape[0], shape[1], stops[0] - starts[0], stops[1] - starts[1])
+    meta = {"x": ("float32", shape), "a": ("float32", shape), "b": ("float32", out), "y": ("float32", out)}
+    seg = Segment(inputs=["x"], outputs=["y", "b"] if output else ["y"])
+    seg.initializers = {"s": np.asarray(starts, np.int64), "e": np.asarray(stops, np.int64), "ax": np.asarray([2, 3], np.int64)}
+    seg.nodes = [helper.make_node(producer, ["x"], ["a"]), helper.make_node("Slice", ["a", "s", "e", "ax"], ["b"], name="crop")]
+    attrs = {"kernel_shape": [1, 1]} if consumer == "MaxPool" else {"axis": 1} if consumer == "Concat" else {}
+    seg.nodes.append(helper.make_node(consumer, ["b", "b"] if consumer == "Concat" else ["b"], ["y"], **attrs))
+    return seg, meta
+
+
+def run_segment(seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]], x: np.ndarray, optimize: bool) -> np.ndarray:
+    opts = ort.SessionOptions()
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = _segment_model(OPSETS, seg, meta, "crop")  # type: ignore[arg-type]
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(["y"], {"x": x})[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(channels=st.sampled_from([1, 3, 8, 16, 24]), height=st.integers(2, 9), width=st.integers(2, 9), data=st.data())
+def test_a_crop_between_nchwc_ops_becomes_an_exact_one_tap_convolution(channels: int, height: int, width: int, data) -> None:
+    # onnxruntime runs the select kernel in its blocked layout where channels allow: both paths
+    drop_h = data.draw(st.integers(0, min(height - 1, SELECT_MAX_TAPS - 1)))
+    drop_w = data.draw(st.integers(0, min(width - 1, SELECT_MAX_TAPS // (drop_h + 1) - 1)))
+    top, left = data.draw(st.integers(0, drop_h)), data.draw(st.integers(0, drop_w))
+    starts, stops = [top, left], [height - drop_h + top, width - drop_w + left]
+    seg, meta = crop_segment((1, channels, height, width), starts, stops)
+    _crops_as_convolutions(seg, meta)
+    assert [n.op_type for n in seg.nodes] == ["Relu", "Conv", "MaxPool"]
+    assert set(seg.initializers) == {"b/select"}, "the Slice's index tensors must go with it"
+    x = np.random.default_rng(channels * 100 + height * 10 + width).standard_normal((1, channels, height, width)).astype(np.float32)
+    want = np.maximum(x, 0)[:, :, starts[0]:stops[0], starts[1]:stops[1]]
+    for optimize in (False, True):
+        np.testing.assert_array_equal(run_segment(seg, meta, x, optimize), want)
+
+
+@pytest.mark.parametrize("case", [
+    dict(output=True),  # the crop leaves the segment (it is sent): a Slice of NCHW data is what goes out
+    dict(consumer="Concat"),  # a consumer that works in NCHW: the conversion would only move
+    dict(producer="Sigmoid"),  # nor after an op that is not converted to NCHWc
+    dict(starts=[0, 0], stops=[3, 4]),  # 3 x 2 = 6 taps: a big crop costs more as a convolution
+])
+def test_crops_that_would_not_gain_stay_slices(case: dict) -> None:
+    args = {"starts": [1, 0], "stops": [5, 5], **case}
+    seg, meta = crop_segment((1, 8, 6, 5), args.pop("starts"), args.pop("stops"), **args)
+    _crops_as_convolutions(seg, meta)
+    assert [n.op_type for n in seg.nodes][1] == "Slice"
+
+
+def test_a_crop_of_a_segment_input_stays_a_slice() -> None:
+    seg, meta = crop_segment((1, 8, 6, 5), [1, 0], [5, 5])
+    seg.nodes = seg.nodes[1:]
+    seg.nodes[0].input[0] = "x"
+    meta["x"] = meta["a"]
+    _crops_as_convolutions(seg, meta)
+    assert [n.op_type for n in seg.nodes] == ["Slice", "MaxPool"]
+
+
+def test_compiled_resnet_uses_select_kernels_and_stays_exact(tmp_path) -> None:
+    # recomputed halos leave a residual one row longer than the branch it is added to
+    model = save(zoo.build("resnet50", resolution=64, width=0.25, seed=3), str(tmp_path))
+    compile_model(model, Config(nodes=2), str(tmp_path / "plan"))
+    selects = [n for f in sorted((tmp_path / "plan").glob("node*/*.onnx")) for n in onnx.load(str(f)).graph.node
+               if n.op_type == "Conv" and n.input[1].endswith("/select")]
+    assert selects
+    assert_exact(str(tmp_path / "plan"))
