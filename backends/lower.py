@@ -12,15 +12,16 @@ layer earlier in that order: the plan cannot deadlock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from bbgrap.ir import Gather, Graph, Layer, ShapeMap
+from bbgrap.ir import Gather, Graph, Interval, Layer, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, pieces
+from bbgrap.rules.window import Window
 
 ALIAS_OPS = {"Identity", "Dropout"}
 
@@ -206,6 +207,8 @@ class _Builder:
                 else:
                     g = graph.gathers[(t, n)]
                     self.gather(g)
+                    if t == layer.inputs[0]:
+                        need = _window_slack(graph, layer, part.attrs[n], g.region, need)
                     inputs.append(self.crop(t, g.region, need))
             computes = part.computes[n]
             outputs = []
@@ -242,6 +245,30 @@ class _Builder:
                 outputs[t] = self.gather(self.graph.gathers[(t, self.node)])
         self.close()
         return outputs
+
+
+WINDOW_OPS = {"Conv", "MaxPool", "AveragePool"}
+
+
+def _window_slack(graph: Graph, layer: Layer, local_attrs: dict[str, Any], have: ShapeMap, need: ShapeMap) -> ShapeMap:
+    """What a windowed op can read of `have` (⊇ `need`) and still compute exactly what it
+    computes from `need`: `need` grown to the end of `have` along a spatial axis where the
+    extra rows start no further window (fewer than the stride) and replace no padding (the
+    local op pads nothing at that end). A stride-2 layer's input then needs no crop of the
+    row that only its neighbour's windows read (resnet50's downsampling convolutions)."""
+    if layer.op_type not in WINDOW_OPS or layer.domain not in ("", "ai.onnx") or not (have.is_box and need.is_box):
+        return need
+    kernel = graph.tensors[layer.inputs[1]].shape[2:] if layer.op_type == "Conv" else layer.attrs["kernel_shape"]
+    window = Window.of(layer, need.shape, kernel)
+    window = replace(window, pads=tuple(int(v) for v in local_attrs.get("pads", window.pads)))
+    k = len(kernel)
+    for a in range(k):
+        axis = 2 + a
+        grown = replace(window, in_sizes=window.in_sizes[:a] + (have.interval(axis).stop - need.interval(axis).start,) + window.in_sizes[a + 1:])
+        if window.pads[k + a] == 0 and grown.out_size(a) == window.out_size(a):
+            need = need.with_axis(axis, Interval(need.interval(axis).start, have.interval(axis).stop))
+            window = grown
+    return need
 
 
 def _liveness(steps: list[Step], final: set[str], resolve: Any) -> list[Step]:

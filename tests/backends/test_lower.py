@@ -15,11 +15,11 @@ from onnx import helper
 
 from bbgrap import zoo
 from bbgrap.backends.lower import (COPY_OPS, SELECT_MAX_TAPS, Message, Segment, Step, _crops_as_convolutions,
-                                   _merge_copy_segments, _segment_model, lower)
+                                   _merge_copy_segments, _segment_model, _window_slack, lower)
 from bbgrap.compiler import compile_model, pipeline
 from bbgrap.config import Config
 from bbgrap.frontends.onnx import import_model
-from bbgrap.ir import ShapeMap
+from bbgrap.ir import Layer, ShapeMap
 from bbgrap.pass_manager import PassManager
 from helpers import assert_exact, save
 
@@ -133,3 +133,55 @@ def test_compiled_resnet_uses_select_kernels_and_stays_exact(tmp_path) -> None:
                if n.op_type == "Conv" and n.input[1].endswith("/select")]
     assert selects
     assert_exact(str(tmp_path / "plan"))
+
+
+# windowed ops read past a crop they do not need -------------------------------------------------
+
+def slack(op: str, kernel: tuple[int, int], strides: tuple[int, int], pads: list[int], have: tuple[int, int],
+          need: tuple[int, int]) -> tuple[int, int]:
+    """Rows x columns `_window_slack` lets the op read of a `have`-sized input where it needs `need`."""
+    attrs = {"strides": list(strides), "pads": pads, **({"kernel_shape": list(kernel)} if op != "Conv" else {})}
+    layer = Layer("op", op, "", attrs, ("x", "w"), ("y",))
+    graph = SimpleNamespace(tensors={"w": SimpleNamespace(shape=(4, 4, *kernel))})
+    region = _window_slack(graph, layer, {"pads": pads}, ShapeMap.full((1, 4, *have)), ShapeMap.full((1, 4, *need)))  # type: ignore[arg-type]
+    return region.shape[2], region.shape[3]
+
+
+def test_a_strided_window_reads_the_trailing_row_it_does_not_need() -> None:
+    # resnet50's 1x1 stride-2 downsampling: 14 rows give the same 7 outputs as 13
+    assert slack("Conv", (1, 1), (2, 2), [0, 0, 0, 0], (14, 28), (13, 27)) == (14, 28)
+    assert slack("MaxPool", (3, 3), (2, 2), [1, 1, 0, 0], (15, 15), (14, 14)) == (15, 15)
+
+
+@pytest.mark.parametrize("op, kernel, strides, pads, have, need", [
+    ("Conv", (1, 1), (1, 1), [0, 0, 0, 0], (14, 14), (13, 13)),  # stride 1: one more row is one more output
+    ("Conv", (3, 3), (2, 2), [1, 1, 0, 0], (15, 15), (13, 13)),  # two more rows at stride 2: one more window
+    ("Conv", (3, 3), (2, 2), [1, 1, 1, 1], (14, 14), (13, 13)),  # the local op pads that end: a row would replace zeros
+])
+def test_a_window_that_would_change_keeps_its_crop(op: str, kernel: tuple[int, int], strides: tuple[int, int],
+                                                   pads: list[int], have: tuple[int, int], need: tuple[int, int]) -> None:
+    assert slack(op, kernel, strides, pads, have, need) == need
+
+
+@settings(max_examples=40, deadline=None)
+@given(op=st.sampled_from(["Conv", "MaxPool", "AveragePool"]), k=st.integers(1, 3), s=st.integers(1, 3),
+       begin=st.integers(0, 1), end=st.integers(0, 1), rows=st.integers(3, 9), extra=st.integers(1, 3))
+def test_reading_the_slack_computes_the_same_output(op: str, k: int, s: int, begin: int, end: int, rows: int, extra: int) -> None:
+    pads = [min(begin, k - 1)] * 2 + [min(end, k - 1)] * 2  # onnxruntime's pools want pads < kernel
+    need, have = (rows, rows), (rows + extra, rows + extra)
+    if rows + 2 * begin < k:
+        return
+    got = slack(op, (k, k), (s, s), pads, have, need)
+    x = np.random.default_rng(rows * 10 + extra).standard_normal((1, 4, *have)).astype(np.float32)
+    attrs = {"strides": [s, s], "pads": pads, "kernel_shape": [k, k]}
+    inputs = ["x", "w"] if op == "Conv" else ["x"]
+    inits = [onnx.numpy_helper.from_array(np.random.default_rng(k).standard_normal((4, 4, k, k)).astype(np.float32), "w")] if op == "Conv" else []
+
+    def run(shape: tuple[int, int]) -> np.ndarray:
+        g = helper.make_graph([helper.make_node(op, inputs, ["y"], **attrs)], "w", [helper.make_tensor_value_info("x", 1, [1, 4, *shape])],
+                              [helper.make_tensor_value_info("y", 1, None)], initializer=inits)
+        sess = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        return sess.run(["y"], {"x": np.ascontiguousarray(x[:, :, :shape[0], :shape[1]])})[0]
+
+    np.testing.assert_allclose(run(got), run(need), rtol=1e-6, atol=1e-6)
