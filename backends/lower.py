@@ -355,7 +355,7 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
         for i in node.input:
             consumers.setdefault(i, []).append(node)
     for k, node in enumerate(seg.nodes):
-        if node.op_type != "Slice" or len(node.input) < 4 or node.output[0] in seg.outputs:
+        if node.op_type != "Slice" or len(node.input) != 4 or node.output[0] in seg.outputs:  # no `steps`
             continue
         source, out = node.input[0], node.output[0]
         producer = producers.get(source)
