@@ -8,6 +8,11 @@ the node must wait for a message, and right after a layer whose output it sends
 (so the send starts as early as the data exists). Every node follows the same
 order and sends without blocking, so a node waiting for data only waits for a
 layer earlier in that order: the plan cannot deadlock.
+
+Crops are where onnxruntime's CPU provider leaves its blocked NCHWc layout, so lowering
+avoids them where it can: a windowed op reads trailing rows it does not need when they
+change nothing (`_window_slack`), and a small crop between two NCHWc ops inside a segment
+becomes a one-tap depthwise convolution (`_crops_as_convolutions`).
 """
 
 from __future__ import annotations
