@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 
 from bbgrap.ir import Gather, Graph, Interval, Layer, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, pieces
-from bbgrap.rules.window import Window
+from bbgrap.rules.window import Window, kernel_of
 
 ALIAS_OPS = {"Identity", "Dropout"}
 
@@ -263,7 +263,7 @@ def _window_slack(graph: Graph, layer: Layer, local_attrs: dict[str, Any], have:
     row that only its neighbour's windows read (resnet50's downsampling convolutions)."""
     if layer.op_type not in WINDOW_OPS or layer.domain not in ("", "ai.onnx") or not (have.is_box and need.is_box):
         return need
-    kernel = graph.tensors[layer.inputs[1]].shape[2:] if layer.op_type == "Conv" else layer.attrs["kernel_shape"]
+    kernel = kernel_of(graph, layer)
     window = Window.of(layer, need.shape, kernel)
     window = replace(window, pads=tuple(int(v) for v in local_attrs.get("pads", window.pads)))
     k = len(kernel)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, shape
-from bbgrap.rules.window import Window, window_attrs
+from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
 class ConvRule(RegionRule):
@@ -32,7 +32,7 @@ class ConvRule(RegionRule):
             computed_ch = Interval(g0 * per_out, g1 * per_out)
             in_ch = Interval(g0 * per_in, g1 * per_in)
             local_groups = g1 - g0
-        window = Window.of(layer, x_shape, w_shape[2:])
+        window = Window.of(layer, x_shape, kernel_of(graph, layer))
         spatial, attrs = window_attrs(window, out)
         if local_groups != groups:
             attrs["group"] = local_groups

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, full, shape
-from bbgrap.rules.window import Window, window_attrs
+from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
 class WindowPoolRule(RegionRule):
@@ -22,7 +22,7 @@ class WindowPoolRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         x_shape = shape(graph, layer.inputs[0])
-        window = Window.of(layer, x_shape, layer.attrs["kernel_shape"])
+        window = Window.of(layer, x_shape, kernel_of(graph, layer))
         spatial, attrs = window_attrs(window, out)
         need = ShapeMap(((out.interval(0),), (out.interval(1),)) + tuple((s,) for s in spatial))
         return Local((need,), out, attrs)

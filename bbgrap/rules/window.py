@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bbgrap.ir import Interval, Layer, ShapeMap
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,13 @@ class Window:
         if self.ceil_mode and (size - 1) * s >= self.in_sizes[axis] + self.pads[axis]:
             size -= 1
         return size
+
+
+def kernel_of(graph: Graph, layer: Layer) -> tuple[int, ...]:
+    """The spatial kernel of a windowed layer: a Conv's from its weights, a pool's `kernel_shape`."""
+    if layer.op_type == "Conv":
+        return tuple(graph.tensors[layer.inputs[1]].shape[2:])
+    return tuple(int(v) for v in layer.attrs["kernel_shape"])
 
 
 def window_attrs(window: Window, out: ShapeMap) -> tuple[list[Interval], dict[str, Any]]:
