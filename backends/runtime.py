@@ -26,6 +26,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from bbgrap.backends import nchwc
 from bbgrap.ir import BBGrapError
 from bbgrap.plan import read_manifest, read_sample
 
@@ -99,6 +100,7 @@ class NodeRunner:
     messages: dict[int, MessageSpec]
     providers: list[str] = field(default_factory=list)
     values: HostValues | DeviceValues = field(default_factory=HostValues)
+    block: int = 0  # NCHWc block of the activations between segments; 0: NCHW
 
 
 class Transport(Protocol):
@@ -181,19 +183,38 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def boundary_block(layout: str, provider: str, device_id: int) -> int:
+    """The NCHWc block this rank would keep activations in across segment boundaries
+    (see backends/nchwc.py): onnxruntime's on this CPU where `layout` is auto and the
+    segments run on the CPU, else 0 (NCHW). Ranks must agree (nchwc.agreed_block)."""
+    try:
+        on_cpu = providers_for(provider, device_id) == ["CPUExecutionProvider"]
+    except BBGrapError:
+        return 0  # load_runner reports it
+    return nchwc.block_size() if layout == "auto" and on_cpu else 0
+
+
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
-                device_id: int = 0, spin: bool = True, iobinding: str = "auto") -> NodeRunner:
-    """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA."""
+                device_id: int = 0, spin: bool = True, iobinding: str = "auto", block: int = 0) -> NodeRunner:
+    """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
+    `block` > 0 keeps activations that cross segment boundaries in onnxruntime's NCHWc
+    layout with that block (CPU only; every node of the plan must use the same)."""
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
     providers = providers_for(provider, device_id)
-    opts = session_options(threads, spin, shared_arena=providers == ["CPUExecutionProvider"])
+    on_cpu = providers == ["CPUExecutionProvider"]
+    opts = session_options(threads, spin, shared_arena=on_cpu)
+    # The model's inputs and outputs stay NCHW: users hand them in and read them.
+    keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
     sessions = []
     for seg in prog["segments"]:
         path = os.path.join(plan_dir, seg["file"])
         try:
-            sess = ort.InferenceSession(path, opts, providers=providers)
+            if block and on_cpu:
+                sess = nchwc.blocked_session(path, lambda: session_options(threads, spin), providers, keep, block)
+            else:
+                sess = ort.InferenceSession(path, opts, providers=providers)
         except Exception as exc:
             raise BBGrapError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}; compile the plan again") from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
@@ -221,6 +242,7 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
         messages=messages,
         providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
         values=values,
+        block=block if on_cpu else 0,
     )
 
 
@@ -402,6 +424,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="execution provider (default auto: CUDA when usable)")
     p.add_argument("--iobinding", choices=("auto", "on", "off"), default="auto",
                    help="keep activations as device-bound onnxruntime values between segments (default auto: with CUDA)")
+    p.add_argument("--layout", choices=("auto", "nchw"), default="auto",
+                   help="activations between segments: auto keeps them in onnxruntime's blocked CPU layout (NCHWc) where "
+                   "every rank has the same one, saving two reorders per boundary; nchw converts at every boundary")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max error relative to the output's largest magnitude (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
@@ -431,7 +456,7 @@ def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dic
 
 
 def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
-           reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str],
+           reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
            profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None) -> int:
     """Print (or --json) the result; `crowded` = (ranks, cores) where more ranks than cores share a host."""
     abs_err, rel_err = compare(outputs, reference)
@@ -445,6 +470,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         "ranks": ranks,
         "mode": "mpi" if ranks > 1 else "embedded",
         "provider": providers[0] if providers else "CPUExecutionProvider",
+        "layout": f"nchwc{block}" if block else "nchw",
         "latency_ms": statistics.median(latencies) * 1e3,
         "latency_min_ms": min(latencies) * 1e3,
         "repeat": len(latencies),
@@ -459,7 +485,8 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         print(json.dumps(result))
     else:
         check = "no reference" if rel_err is None else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} ({'ok' if ok else 'MISMATCH'})"
-        print(f"{manifest['model']}: {manifest['nodes']} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}")
+        print(f"{manifest['model']}: {manifest['nodes']} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
+              f"{result['layout']} between segments")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         for r, prof in enumerate(profiles or []):
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms")
@@ -476,7 +503,8 @@ def main_embedded(args: argparse.Namespace) -> int:
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
     spin = manifest["nodes"] == 1
-    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin, iobinding=args.iobinding)
+    block = boundary_block(args.layout, args.provider, 0)
+    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin, iobinding=args.iobinding, block=block)
                for n in range(manifest["nodes"])]
     latencies = []
     outputs: dict[str, np.ndarray] = {}
@@ -485,7 +513,7 @@ def main_embedded(args: argparse.Namespace) -> int:
         outputs = run_embedded(runners, inputs)
         if k >= args.warmup:
             latencies.append(time.perf_counter() - t0)
-    return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers)
+    return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
 
 
 def main_mpi(args: argparse.Namespace) -> int:
@@ -493,6 +521,7 @@ def main_mpi(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
     error: str | None = None
     try:
         manifest = read_manifest(args.plan)
@@ -502,12 +531,17 @@ def main_mpi(args: argparse.Namespace) -> int:
                 f"run 'mpirun -n {manifest['nodes']} bbgrap-run' (or bbgrap-run alone, all nodes in one process)"
             )
         inputs, reference = load_inputs(args, manifest)
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         threads = args.threads or threads_per_rank(local.Get_size())
-        runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
-                             iobinding=args.iobinding)
     except BBGrapError as exc:
         error = str(exc)
+    mine = boundary_block(args.layout, args.provider, local.Get_rank()) if error is None else 0
+    block = nchwc.agreed_block(comm.allgather(mine))  # collective too
+    if error is None:
+        try:
+            runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
+                                 iobinding=args.iobinding, block=block)
+        except BBGrapError as exc:
+            error = str(exc)
     errors = comm.allgather(error)
     if any(errors):
         if rank == 0:
@@ -529,7 +563,7 @@ def main_mpi(args: argparse.Namespace) -> int:
         return 0
     cores = len(os.sched_getaffinity(0))
     crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
-    return report(args, manifest, outputs, reference, latencies, size, runner.providers, profiles, crowded)
+    return report(args, manifest, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded)
 
 
 def under_mpi() -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from bbgrap.backends.runtime import compare, load_runner, run_embedded
+from bbgrap.backends.runtime import boundary_block, compare, load_runner, run_embedded
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.plan import read_manifest, read_sample
@@ -35,19 +35,23 @@ def compile_plan(model_path: str, plan_dir: str, **options: Any) -> dict[str, An
                          recompute=flags.get("recompute", True))
 
 
-def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobinding: str = "off") -> tuple[dict[str, np.ndarray], float]:
-    """Run every node in this process; returns the outputs and the max relative error
-    against the plan's reference (or against `inputs`' reference run by the caller)."""
+def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobinding: str = "off",
+             layout: str = "auto") -> tuple[dict[str, np.ndarray], float]:
+    """Run every node in this process (activations between segments in `layout`, as
+    bbgrap-run --layout); returns the outputs and the max relative error against the
+    plan's reference (or against `inputs`' reference run by the caller)."""
     manifest = read_manifest(plan_dir)
     sample, reference = read_sample(plan_dir)
-    runners = [load_runner(plan_dir, manifest, n, 1, PROVIDER, spin=False, iobinding=iobinding) for n in range(manifest["nodes"])]
+    block = boundary_block(layout, PROVIDER, 0)
+    runners = [load_runner(plan_dir, manifest, n, 1, PROVIDER, spin=False, iobinding=iobinding, block=block)
+               for n in range(manifest["nodes"])]
     outputs = run_embedded(runners, inputs or sample)
     _, rel = compare(outputs, reference) if inputs is None else (None, None)
     return outputs, (rel if rel is not None else float("nan"))
 
 
-def assert_exact(plan_dir: str, iobinding: str = "off") -> float:
-    outputs, rel = run_plan(plan_dir, iobinding=iobinding)
+def assert_exact(plan_dir: str, iobinding: str = "off", layout: str = "auto") -> float:
+    outputs, rel = run_plan(plan_dir, iobinding=iobinding, layout=layout)
     assert outputs, "plan produced no output"
     assert np.isfinite(rel) and rel <= TOLERANCE, f"plan {plan_dir}: max relative error {rel}"
     return rel

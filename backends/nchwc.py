@@ -1,0 +1,358 @@
+"""Segment boundaries in onnxruntime's blocked layout (NCHWc), on the CPU.
+
+onnxruntime's CPU provider runs convolutions and pools on channel-blocked tensors
+(memory order [N, C/b, H, W, b], b = 8 or 16 by the CPU's vector width) and converts
+at the edges of a session: each activation leaving a segment is reordered to NCHW
+and reordered back by the segment that reads it, and an Add of a residual that
+comes from outside the session no longer fuses into the convolution before it. At
+about 20 segments per rank (resnet50 on 2 nodes) that cost 1.3 ms of 43.
+
+Here every 4-D float32 value that crosses a segment boundary (or ranks) and whose
+channels are a multiple of b stays blocked, in an array of the same NCHW shape:
+
+1. `with_blocked_edges`: a blocked graph input is reordered to NCHW where the segment
+   begins and a blocked graph output is reordered from NCHW where it ends, with
+   onnxruntime's own ReorderOutput/ReorderInput ops;
+2. onnxruntime optimises that graph (its NCHWc transformer runs) and we read it back;
+3. `fold_reorders` cancels ReorderInput(ReorderOutput(x)) pairs, moves ReorderOutput
+   behind the layout-blind ops lowering puts at boundaries (Relu, Add, and Concat or
+   Slice along rows or columns, run on a 5-D view), and fuses an Add or Relu into the
+   blocked convolution before it, as onnxruntime does inside a session;
+4. the folded graph runs with onnxruntime's graph optimisations off: it has them.
+
+Which values are blocked depends only on the value (its shape and type, and whether
+it is a model input or output) and on b, so the rank that sends a halo and the rank
+that receives it agree; ranks first agree on b (`agreed_block`), and where they
+differ (different CPUs) or one runs on a GPU, all of them keep NCHW.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+DOMAIN = "com.microsoft.nchwc"
+
+
+@functools.cache
+def block_size() -> int:
+    """onnxruntime's NCHWc block on this CPU (8 or 16), or 0 where this build has no NCHWc kernels."""
+    import onnxruntime as ort
+
+    graph = helper.make_graph([helper.make_node("ReorderInput", ["x"], ["y"], domain=DOMAIN)], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)], ir_version=9)
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        padded = session.run(None, {"x": np.zeros((1, 4, 1, 1), np.float32)})[0].shape[1]
+    except Exception:
+        return 0
+    return int(padded)  # ReorderInput pads 4 channels up to one block
+
+
+def agreed_block(blocks: Iterable[int]) -> int:
+    """The block every rank can use: theirs where all have the same one, else 0 (NCHW)."""
+    unique = set(blocks)
+    return unique.pop() if len(unique) == 1 else 0
+
+
+def to_blocked(array: np.ndarray, block: int) -> np.ndarray:
+    """An NCHW array's values in NCHWc memory order, in an array of the same shape."""
+    n, c, h, w = array.shape
+    return np.ascontiguousarray(array.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
+
+
+def from_blocked(array: np.ndarray, block: int) -> np.ndarray:
+    """The inverse of `to_blocked`."""
+    n, c, h, w = array.shape
+    return np.ascontiguousarray(array.reshape(n, c // block, h, w, block).transpose(0, 1, 4, 2, 3)).reshape(n, c, h, w)
+
+
+def is_blockable(shape: list[int], elem_type: int, block: int) -> bool:
+    return block > 0 and len(shape) == 4 and elem_type == TensorProto.FLOAT and shape[1] > 0 and shape[1] % block == 0
+
+
+def boundary_values(model: onnx.ModelProto, keep: set[str], block: int) -> set[str]:
+    """The segment's inputs and outputs that cross boundaries blocked: all blockable ones
+    except `keep` (the model's inputs and outputs, which users see as NCHW)."""
+    chosen = set()
+    for vi in [*model.graph.input, *model.graph.output]:
+        tensor = vi.type.tensor_type
+        shape = [d.dim_value for d in tensor.shape.dim]
+        if vi.name not in keep and is_blockable(shape, tensor.elem_type, block):
+            chosen.add(vi.name)
+    return chosen
+
+
+def with_blocked_edges(model: onnx.ModelProto, blocked: set[str]) -> onnx.ModelProto:
+    """`model` with its inputs and outputs in `blocked` carrying NCHWc data (names kept)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inner = {name: f"{name}/nchw" for name in blocked}  # the NCHW tensor inside the segment
+    head = [helper.make_node("ReorderOutput", [vi.name], [inner[vi.name]], domain=DOMAIN,
+                             channels=vi.type.tensor_type.shape.dim[1].dim_value)
+            for vi in graph.input if vi.name in blocked]
+    outputs = [o.name for o in graph.output if o.name in blocked]
+    tail = [helper.make_node("ReorderInput", [inner[name]], [name], domain=DOMAIN) for name in outputs]
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = inner.get(name, name)
+        for i, name in enumerate(node.output):
+            node.output[i] = inner.get(name, name)
+    nodes = [*head, *graph.node, *tail]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if not any(op.domain == DOMAIN for op in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return out
+
+
+def shapes_of(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Every tensor's static shape, by onnx's shape inference (unknown ones left out)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = [d.dim_value for d in dims]
+    return shapes
+
+
+def optimized(model: onnx.ModelProto, options: Any) -> onnx.ModelProto:
+    """`model` as onnxruntime optimises it for this CPU (read back from its optimized_model_filepath)."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="bbgrap-nchwc-") as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        options.optimized_model_filepath = path
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return onnx.load(path)
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+class _Folder:
+    """One segment's optimised graph, rewritten one local pattern at a time until none applies."""
+
+    def __init__(self, model: onnx.ModelProto, shapes: dict[str, list[int]], block: int) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.nodes = list(model.graph.node)
+        self.shapes = dict(shapes)
+        self.block = block
+        self.outputs = {o.name for o in model.graph.output}
+        self.constants = {i.name: i for i in model.graph.initializer}
+        self.fresh_names = 0
+        self.opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 17)
+
+    def run(self) -> onnx.ModelProto:
+        rules: list[Callable[[onnx.NodeProto], bool]] = [self.cancel_pair, self.fuse_into_conv, self.move_reorder_later]
+        while True:
+            self.producer = {name: n for n in self.nodes for name in n.output}
+            self.consumers: dict[str, list[onnx.NodeProto]] = {}
+            for n in self.nodes:
+                for name in n.input:
+                    self.consumers.setdefault(name, []).append(n)
+            if not any(rule(n) for n in list(self.nodes) for rule in rules) and not self.drop_dead():
+                break
+        del self.graph.node[:]
+        self.graph.node.extend(self.nodes)
+        return self.model
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def fresh(self, base: str) -> str:
+        self.fresh_names += 1
+        return f"{base}/nchwc{self.fresh_names}"
+
+    def constant(self, values: list[int]) -> str:
+        name = self.fresh("shape")
+        self.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    def reorder_output(self, name: str) -> onnx.NodeProto | None:
+        """The ReorderOutput that makes `name` from a blocked tensor without padding, if one does."""
+        node = self.producer.get(name)
+        if (node is None or node.domain != DOMAIN or node.op_type != "ReorderOutput"
+                or _attr(node, "channels_last", 0) != 0 or _attr(node, "channels", 0) % self.block):
+            return None
+        return node
+
+    def rename(self, old: str, new: str) -> None:
+        for n in self.nodes:
+            for i, name in enumerate(n.input):
+                if name == old:
+                    n.input[i] = new
+            for i, name in enumerate(n.output):
+                if name == old:
+                    n.output[i] = new
+        if old in self.shapes:
+            self.shapes[new] = self.shapes[old]
+
+    def replace(self, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
+        i = next(k for k, n in enumerate(self.nodes) if n is node)
+        self.nodes[i:i + 1] = new
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def cancel_pair(self, node: onnx.NodeProto) -> bool:
+        """ReorderInput(ReorderOutput(x)) -> x."""
+        if node.domain != DOMAIN or node.op_type != "ReorderInput" or _attr(node, "channels_last", 0) != 0:
+            return False
+        source = self.reorder_output(node.input[0])
+        if source is None:
+            return False
+        blocked, result = source.input[0], node.output[0]
+        if result not in self.outputs:
+            self.replace(node, [])
+            self.rename(result, blocked)
+        elif blocked in self.producer and blocked not in self.outputs:
+            self.replace(node, [])  # the graph output keeps its name: its producer writes it directly
+            self.rename(blocked, result)
+        else:
+            self.replace(node, [helper.make_node("Identity", [blocked], [result])])
+        return True
+
+    def fuse_into_conv(self, node: onnx.NodeProto) -> bool:
+        """Relu(Conv(x)) -> Conv(x, activation=Relu); Add(Conv(x), r) -> Conv(x, Sum=r), blocked."""
+        if node.domain != "" or node.op_type not in ("Relu", "Add"):
+            return False
+        for i, name in enumerate(node.input):
+            conv = self.producer.get(name)
+            if (conv is None or conv.domain != DOMAIN or conv.op_type != "Conv" or _attr(conv, "activation") is not None
+                    or len(self.consumers.get(name, [])) != 1 or name in self.outputs):
+                continue
+            if node.op_type == "Add":
+                other = node.input[1 - i]
+                if len(conv.input) > 3 or self.shapes.get(name) is None or self.shapes.get(name) != self.shapes.get(other):
+                    continue
+                conv.input.extend([""] * (3 - len(conv.input)) + [other])
+            else:
+                conv.attribute.append(helper.make_attribute("activation", "Relu"))
+            conv.output[0] = node.output[0]
+            self.replace(node, [])
+            return True
+        return False
+
+    def move_reorder_later(self, node: onnx.NodeProto) -> bool:
+        """op(ReorderOutput(x), ...) -> ReorderOutput(op(x, ...)) for ops that do not need NCHW:
+        Relu, Add of equal shapes, and Concat, Slice or Split along rows, columns or whole
+        channel blocks (on a 5-D view [N, C/b, H, W, b] of the blocked data)."""
+        if node.domain != "" or node.op_type not in ("Relu", "Add", "Concat", "Slice", "Split"):
+            return False
+        data = list(node.input) if node.op_type in ("Relu", "Add", "Concat") else [node.input[0]]
+        sources = [self.reorder_output(name) for name in data]
+        if any(s is None for s in sources):
+            return False
+        shapes_in = [self.shapes.get(name) for name in data]
+        shapes_out = [self.shapes.get(name) for name in node.output]
+        if any(s is None or len(s) != 4 or s[1] % self.block for s in [*shapes_in, *shapes_out]):
+            return False
+        blocked_in = [s.input[0] for s in sources]
+        blocked_out = [self.fresh(name) for name in node.output]
+        if node.op_type in ("Relu", "Add"):
+            if len({tuple(s) for s in [*shapes_in, *shapes_out]}) != 1:
+                return False  # no broadcasting across the blocked layout
+            new = [helper.make_node(node.op_type, blocked_in, blocked_out)]
+        else:
+            views = [self.fresh(name) for name in blocked_in]
+            parts = [self.fresh(name) for name in blocked_out]
+            core = self.on_view(node, views, shapes_in[0], shapes_out, parts)
+            if core is None:
+                return False
+            new = [helper.make_node("Reshape", [name, self.constant(self.five_d(shape))], [view])
+                   for name, shape, view in zip(blocked_in, shapes_in, views)]
+            new.append(core)
+            new += [helper.make_node("Reshape", [part, self.constant(shape)], [out])
+                    for part, shape, out in zip(parts, shapes_out, blocked_out)]
+        new += [helper.make_node("ReorderOutput", [out], [result], domain=DOMAIN, channels=shape[1])
+                for out, result, shape in zip(blocked_out, node.output, shapes_out)]
+        self.shapes.update(zip(blocked_in, shapes_in))
+        self.shapes.update(zip(blocked_out, shapes_out))
+        self.replace(node, new)
+        return True
+
+    def five_d(self, shape: list[int]) -> list[int]:
+        n, c, h, w = shape
+        return [n, c // self.block, h, w, self.block]
+
+    def on_view(self, node: onnx.NodeProto, views: list[str], shape: list[int], shapes_out: list[list[int]],
+                parts: list[str]) -> onnx.NodeProto | None:
+        """`node` (Concat, Slice or Split) redone on 5-D views of blocked data, or None where it
+        does not carry over: axes other than channels, rows and columns, constants it cannot
+        read, channel bounds off a block."""
+        if node.op_type in ("Concat", "Split"):
+            axis = _attr(node, "axis", 0)
+            axis = axis + 4 if axis < 0 else axis
+            if axis not in (1, 2, 3):
+                return None
+            if node.op_type == "Concat":
+                return helper.make_node("Concat", views, parts, axis=axis)
+            sizes = [s[axis] // (self.block if axis == 1 else 1) for s in shapes_out]
+            if self.opset < 13:
+                return helper.make_node("Split", views, parts, axis=axis, split=sizes)
+            return helper.make_node("Split", [views[0], self.constant(sizes)], parts, axis=axis)
+        if len(node.input) != 4 or any(name not in self.constants for name in node.input[1:]):
+            return None  # default axes, explicit steps or computed bounds: leave it
+        starts, ends, axes = (numpy_helper.to_array(self.constants[name]).astype(np.int64).ravel() for name in node.input[1:])
+        axes = np.where(axes < 0, axes + 4, axes)
+        if not np.isin(axes, (1, 2, 3)).all():
+            return None
+        for k in np.flatnonzero(axes == 1):
+            lo, hi = (int(np.clip(v + shape[1] if v < 0 else v, 0, shape[1])) for v in (starts[k], ends[k]))
+            if lo % self.block or hi % self.block:
+                return None
+            starts[k], ends[k] = lo // self.block, hi // self.block
+        return helper.make_node("Slice", [views[0], self.constant(list(starts)), self.constant(list(ends)),
+                                          self.constant(list(axes))], parts)
+
+    def drop_dead(self) -> bool:
+        """Remove nodes none of whose outputs are used (ReorderOutputs left behind)."""
+        used = {name for n in self.nodes for name in n.input} | self.outputs
+        alive = [n for n in self.nodes if any(name in used for name in n.output)]
+        changed = len(alive) != len(self.nodes)
+        self.nodes = alive
+        return changed
+
+
+def fold_reorders(model: onnx.ModelProto, shapes: dict[str, list[int]], block: int) -> onnx.ModelProto:
+    """`model` (optimised by onnxruntime) without the reorders its blocked edges made needless."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return _Folder(out, shapes, block).run()
+
+
+def blocked_model(model: onnx.ModelProto, keep: set[str], block: int, make_options: Callable[[], Any]) -> onnx.ModelProto:
+    """The segment `model` with its boundary values blocked, optimised by onnxruntime for
+    this CPU and folded: to run with onnxruntime's graph optimisations off."""
+    blocked = boundary_values(model, keep, block)
+    shapes = shapes_of(model)
+    shapes.update({f"{name}/nchw": shapes[name] for name in blocked if name in shapes})
+    return fold_reorders(optimized(with_blocked_edges(model, blocked), make_options()), shapes, block)
+
+
+def blocked_session(path: str, make_options: Callable[[], Any], providers: list[Any], keep: set[str], block: int) -> Any:
+    """An onnxruntime session for the segment at `path` whose boundary values are blocked."""
+    import onnxruntime as ort
+
+    model = onnx.load(path)
+    if not boundary_values(model, keep, block):
+        return ort.InferenceSession(path, make_options(), providers=providers)
+    options = make_options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(blocked_model(model, keep, block, make_options).SerializeToString(), options, providers=providers)
