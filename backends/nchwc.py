@@ -102,13 +102,14 @@ def with_blocked_edges(model: onnx.ModelProto, blocked: set[str]) -> onnx.ModelP
     head = [helper.make_node("ReorderOutput", [vi.name], [inner[vi.name]], domain=DOMAIN,
                              channels=vi.type.tensor_type.shape.dim[1].dim_value)
             for vi in graph.input if vi.name in blocked]
-    outputs = [o.name for o in graph.output if o.name in blocked]
+    passed_through = {vi.name for vi in graph.input}  # an input that is also an output stays as it came
+    outputs = [o.name for o in graph.output if o.name in blocked and o.name not in passed_through]
     tail = [helper.make_node("ReorderInput", [inner[name]], [name], domain=DOMAIN) for name in outputs]
     for node in graph.node:
         for i, name in enumerate(node.input):
             node.input[i] = inner.get(name, name)
         for i, name in enumerate(node.output):
-            node.output[i] = inner.get(name, name)
+            node.output[i] = inner.get(name, name) if name in outputs else name
     nodes = [*head, *graph.node, *tail]
     del graph.node[:]
     graph.node.extend(nodes)

@@ -11,6 +11,7 @@ result is checked against its reference first.
   bbgrap compile model.onnx --nodes 2 -o with
   bbgrap compile model.onnx --nodes 2 --no-recompute -o without
   python benchmarks/compare.py with without --repeat 200
+  python benchmarks/compare.py with --layout both     # NCHWc against NCHW between segments
 """
 
 from __future__ import annotations
@@ -26,21 +27,28 @@ import time
 BIN = os.path.dirname(sys.executable)
 
 
-def worker(plans: list[str], repeat: int, warmup: int, tolerance: float) -> int:
+def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout: str) -> int:
     from mpi4py import MPI
 
-    from bbgrap.backends.runtime import MPITransport, compare, load_runner, run_mpi_node, threads_per_rank
+    from bbgrap.backends.nchwc import agreed_block
+    from bbgrap.backends.runtime import MPITransport, boundary_block, compare, load_runner, run_mpi_node, threads_per_rank
     from bbgrap.plan import read_manifest, read_sample
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    threads = threads_per_rank(comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size())
-    sides = []
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    threads = threads_per_rank(local.Get_size())
+    block = agreed_block(comm.allgather(boundary_block("auto", "auto", local.Get_rank())))
+    blocks = {"auto": [block], "nchw": [0], "both": [block, 0]}[layout]
+    sides, labels = [], []
     for plan in plans:
         manifest = read_manifest(plan)
-        runner = load_runner(plan, manifest, rank, threads, "auto")
         inputs, reference = read_sample(plan)
-        sides.append((runner, MPITransport(comm, runner), inputs, reference))
+        for b in blocks:
+            runner = load_runner(plan, manifest, rank, threads, "auto", block=b)
+            sides.append((runner, MPITransport(comm, runner), inputs, reference))
+            labels.append(f"{plan} ({f'nchwc{b}' if b else 'nchw'})")
+    plans = labels
     times: list[list[float]] = [[] for _ in plans]
     errors: list[float | None] = [None for _ in plans]
     shuffle = random.Random(0)  # the same order on every rank
@@ -78,12 +86,14 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=100, help="timed turns, at least 1 (default 100)")
     p.add_argument("--warmup", type=int, default=10, help="untimed turns first (default 10)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max relative error against the reference (default 1e-4)")
+    p.add_argument("--layout", choices=("auto", "nchw", "both"), default="auto",
+                   help="activations between segments, as bbgrap-run --layout; both: each plan in each layout (default auto)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.repeat < 1 or args.warmup < 0:
         p.error("--repeat must be at least 1 and --warmup non-negative")
     if args.worker:
-        return worker(args.plans, args.repeat, args.warmup, args.tolerance)
+        return worker(args.plans, args.repeat, args.warmup, args.tolerance, args.layout)
     from bbgrap.ir import BBGrapError
     from bbgrap.plan import read_manifest
 
@@ -94,7 +104,7 @@ def main() -> int:
     if len(set(nodes.values())) != 1:
         p.error(f"the plans have different node counts {nodes}; compile them for the same --nodes")
     cmd = [os.path.join(BIN, "mpirun"), "-n", str(nodes[args.plans[0]]), sys.executable, os.path.abspath(__file__),
-           "--worker", "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--tolerance", str(args.tolerance), *args.plans]
+           "--worker", "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--tolerance", str(args.tolerance), "--layout", args.layout, *args.plans]
     return subprocess.run(cmd).returncode
 
 

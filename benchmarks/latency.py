@@ -89,7 +89,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         time_session(s, feeds, 1)  # warm-up
     # small models: enough inferences per side and round for about MIN_SIDE_SECONDS of the fastest side
     repeat = max(repeat, math.ceil(MIN_SIDE_SECONDS / max(min(time_session(bigger, feeds, 3)), 1e-6)))
-    a, b, p, errors, profiles = [], [], [], [], []
+    a, b, p, errors, profiles, layouts = [], [], [], [], [], set()
     for _ in range(rounds):
         a += time_session(one_node, feeds, repeat)
         b += time_session(bigger, feeds, repeat)
@@ -97,6 +97,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         p.append(r["latency_ms"] / 1e3)
         errors.append(r["max_rel_error"])
         profiles.append(r["profile_ms"])
+        layouts.add(r["layout"])
     a_ms, b_ms, p_ms = (statistics.median(x) * 1e3 for x in (a, b, p))
     # per rank, the median over rounds of its per-inference compute / wait / send
     profile = [{k: statistics.median(round_[rank][k] for round_ in profiles) for k in profiles[0][rank]}
@@ -108,7 +109,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
         "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": node_threads, "threads_B": cores,
-        "repeat": repeat,
+        "repeat": repeat, "layout": ",".join(sorted(layouts)),
     }
 
 

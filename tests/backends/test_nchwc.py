@@ -220,6 +220,15 @@ def test_add_after_an_activation_does_not_fuse_into_the_convolution() -> None:
 
 
 @needs_nchwc
+def test_an_input_passed_through_as_an_output_stays_as_it_came() -> None:
+    m = model([helper.make_node("Relu", ["x"], ["y"])], {"x": [1, BLOCK, 2, 3]}, ["x", "y"], {})
+    x = np.random.default_rng(5).standard_normal((1, BLOCK, 2, 3)).astype(np.float32)
+    got, _ = run_blocked(m, {"x": x})
+    np.testing.assert_array_equal(got["x"], x)
+    np.testing.assert_array_equal(got["y"], np.maximum(x, 0))
+
+
+@needs_nchwc
 def test_channels_off_the_block_stay_nchw() -> None:
     m = model([helper.make_node("Relu", ["x"], ["y"])], {"x": [1, BLOCK + 4, 2, 2]}, ["y"], {})
     assert nchwc.boundary_values(m, set(), BLOCK) == set()
