@@ -102,8 +102,8 @@ def with_blocked_edges(model: onnx.ModelProto, blocked: set[str]) -> onnx.ModelP
     head = [helper.make_node("ReorderOutput", [vi.name], [inner[vi.name]], domain=DOMAIN,
                              channels=vi.type.tensor_type.shape.dim[1].dim_value)
             for vi in graph.input if vi.name in blocked]
-    passed_through = {vi.name for vi in graph.input}  # an input that is also an output stays as it came
-    outputs = [o.name for o in graph.output if o.name in blocked and o.name not in passed_through]
+    inputs = {vi.name for vi in graph.input}  # an output that is also an input passes through as it came
+    outputs = [o.name for o in graph.output if o.name in blocked and o.name not in inputs]
     tail = [helper.make_node("ReorderInput", [inner[name]], [name], domain=DOMAIN) for name in outputs]
     for node in graph.node:
         for i, name in enumerate(node.input):
@@ -246,7 +246,8 @@ class _Folder:
             else:
                 conv.attribute.append(helper.make_attribute("activation", "Relu"))
             conv.output[0] = node.output[0]
-            self.replace(node, [])
+            self.nodes = [n for n in self.nodes if n is not conv]
+            self.replace(node, [conv])  # where the Add was: after the producer of its other input
             return True
         return False
 

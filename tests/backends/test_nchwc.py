@@ -50,12 +50,22 @@ def run_blocked(m: onnx.ModelProto, feeds: dict[str, np.ndarray], keep: set[str]
     """The segment with blocked boundaries, fed and read through numpy's reorder."""
     blocked = nchwc.boundary_values(m, set(keep), BLOCK)
     folded = nchwc.blocked_model(m, set(keep), BLOCK, options)
+    assert_topological(folded)
     opts = options()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(folded.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     got = session.run(None, {k: nchwc.to_blocked(v, BLOCK) if k in blocked else v for k, v in feeds.items()})
     names = [o.name for o in folded.graph.output]
     return {n: nchwc.from_blocked(v, BLOCK) if n in blocked else v for n, v in zip(names, got)}, folded
+
+
+def assert_topological(m: onnx.ModelProto) -> None:
+    """Every node reads only graph inputs, constants and earlier nodes' outputs (as ONNX requires)."""
+    known = {"", *(i.name for i in m.graph.input), *(i.name for i in m.graph.initializer)}
+    for node in m.graph.node:
+        missing = [name for name in node.input if name not in known]
+        assert not missing, f"{node.op_type} reads {missing} before they are made"
+        known.update(node.output)
 
 
 def ops(m: onnx.ModelProto) -> Counter[str]:
