@@ -46,6 +46,21 @@ def test_mpirun_is_exact(tmp_path, name: str, nodes: int, direction: str, iobind
     assert out.exists()
 
 
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (4, "c")])
+def test_mpirun_blocked_layout_between_segments_is_exact(tmp_path, nodes: int, direction: str) -> None:
+    # wide enough that most activations between segments (and the halos) are in NCHWc blocks
+    from bbgrap.backends.nchwc import block_size
+
+    model = save(zoo.build("resnet50", resolution=64, width=0.25, seed=3), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(model, plan, nodes=nodes, direction=direction)
+    for layout, expected in (("auto", f"nchwc{block_size()}" if block_size() else "nchw"), ("nchw", "nchw")):
+        proc = mpirun(nodes, plan, "--json", "--repeat", "2", "--warmup", "1", "--layout", layout)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert result["layout"] == expected and result["ok"] and result["max_rel_error"] <= 1e-4
+
+
 def test_mpirun_without_single_copy_transfers_is_exact(tmp_path) -> None:
     # MPICH without CMA (as under Ubuntu's default ptrace_scope): messages larger than its
     # shared-memory cells move in pieces, driven by the runtime's progress calls
