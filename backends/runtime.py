@@ -194,6 +194,16 @@ def boundary_block(layout: str, provider: str, device_id: int) -> int:
     return nchwc.block_size() if layout == "auto" and on_cpu else 0
 
 
+def agreed_boundary_block(comm: Any, layout: str, provider: str, device_id: int, able: bool = True) -> int:
+    """The block every rank of `comm` keeps activations in between segments (0: NCHW);
+    collective: every rank calls it, `able=False` where this rank failed to start."""
+    return nchwc.agreed_block(comm.allgather(boundary_block(layout, provider, device_id) if able else 0))
+
+
+def layout_name(block: int) -> str:
+    return f"nchwc{block}" if block else "nchw"
+
+
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
                 device_id: int = 0, spin: bool = True, iobinding: str = "auto", block: int = 0) -> NodeRunner:
     """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
@@ -470,7 +480,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         "ranks": ranks,
         "mode": "mpi" if ranks > 1 else "embedded",
         "provider": providers[0] if providers else "CPUExecutionProvider",
-        "layout": f"nchwc{block}" if block else "nchw",
+        "layout": layout_name(block),
         "latency_ms": statistics.median(latencies) * 1e3,
         "latency_min_ms": min(latencies) * 1e3,
         "repeat": len(latencies),
@@ -534,8 +544,7 @@ def main_mpi(args: argparse.Namespace) -> int:
         threads = args.threads or threads_per_rank(local.Get_size())
     except BBGrapError as exc:
         error = str(exc)
-    mine = boundary_block(args.layout, args.provider, local.Get_rank()) if error is None else 0
-    block = nchwc.agreed_block(comm.allgather(mine))  # collective too
+    block = agreed_boundary_block(comm, args.layout, args.provider, local.Get_rank(), able=error is None)
     if error is None:
         try:
             runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),

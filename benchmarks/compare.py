@@ -30,15 +30,15 @@ BIN = os.path.dirname(sys.executable)
 def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout: str) -> int:
     from mpi4py import MPI
 
-    from bbgrap.backends.nchwc import agreed_block
-    from bbgrap.backends.runtime import MPITransport, boundary_block, compare, load_runner, run_mpi_node, threads_per_rank
+    from bbgrap.backends.runtime import (MPITransport, agreed_boundary_block, compare, layout_name, load_runner, run_mpi_node,
+                                         threads_per_rank)
     from bbgrap.plan import read_manifest, read_sample
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     threads = threads_per_rank(local.Get_size())
-    block = agreed_block(comm.allgather(boundary_block("auto", "auto", local.Get_rank())))
+    block = agreed_boundary_block(comm, "auto", "auto", local.Get_rank())
     blocks = {"auto": [block], "nchw": [0], "both": [block, 0]}[layout]
     sides, labels = [], []
     for plan in plans:
@@ -47,7 +47,7 @@ def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout:
         for b in blocks:
             runner = load_runner(plan, manifest, rank, threads, "auto", block=b)
             sides.append((runner, MPITransport(comm, runner), inputs, reference))
-            labels.append(f"{plan} ({f'nchwc{b}' if b else 'nchw'})")
+            labels.append(f"{plan} ({layout_name(b)})")
     plans = labels
     times: list[list[float]] = [[] for _ in plans]
     errors: list[float | None] = [None for _ in plans]
