@@ -38,6 +38,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 DOMAIN = "com.microsoft.nchwc"
+LAYOUT_BLIND = ("Relu", "Add", "Concat", "Slice", "Split")  # ops that can run on blocked data (rules in _Folder)
 
 
 @functools.cache
@@ -164,6 +165,7 @@ class _Folder:
     def run(self) -> onnx.ModelProto:
         rules: list[Callable[[onnx.NodeProto], bool]] = [self.cancel_pair, self.fuse_into_conv, self.move_reorder_later]
         while True:
+            self.wanted: dict[str, bool] = {}
             self.producer = {name: n for n in self.nodes for name in n.output}
             self.consumers: dict[str, list[onnx.NodeProto]] = {}
             for n in self.nodes:
@@ -255,11 +257,11 @@ class _Folder:
         """op(ReorderOutput(x), ...) -> ReorderOutput(op(x, ...)) for ops that do not need NCHW:
         Relu, Add of equal shapes, and Concat, Slice or Split along rows, columns or whole
         channel blocks (on a 5-D view [N, C/b, H, W, b] of the blocked data)."""
-        if node.domain != "" or node.op_type not in ("Relu", "Add", "Concat", "Slice", "Split"):
+        if node.domain != "" or node.op_type not in LAYOUT_BLIND:
             return False
         data = list(node.input) if node.op_type in ("Relu", "Add", "Concat") else [node.input[0]]
         sources = [self.reorder_output(name) for name in data]
-        if any(s is None for s in sources):
+        if any(s is None for s in sources) or not any(self.wanted_blocked(name) for name in node.output):
             return False
         shapes_in = [self.shapes.get(name) for name in data]
         shapes_out = [self.shapes.get(name) for name in node.output]
@@ -271,6 +273,13 @@ class _Folder:
             if len({tuple(s) for s in [*shapes_in, *shapes_out]}) != 1:
                 return False  # no broadcasting across the blocked layout
             new = [helper.make_node(node.op_type, blocked_in, blocked_out)]
+        elif self.channel_axes_only(node, shapes_in[0]):
+            # whole channel blocks: the same bytes as in NCHW, so the op runs on the blocked arrays as is
+            moved = onnx.NodeProto()
+            moved.CopyFrom(node)
+            moved.input[:len(data)] = blocked_in
+            moved.output[:] = blocked_out
+            new = [moved]
         else:
             views = [self.fresh(name) for name in blocked_in]
             parts = [self.fresh(name) for name in blocked_out]
@@ -288,6 +297,32 @@ class _Folder:
         self.shapes.update(zip(blocked_out, shapes_out))
         self.replace(node, new)
         return True
+
+    def wanted_blocked(self, name: str) -> bool:
+        """Some reader of `name` takes it blocked: a ReorderInput, or a layout-blind op whose
+        results are wanted blocked in turn. Moving a reorder past an op pays only then (a
+        reorder goes downstream); else it only adds work (densenet's concats feed
+        BatchNormalization, which runs in NCHW)."""
+        if name not in self.wanted:
+            self.wanted[name] = any(
+                (r.domain == DOMAIN and r.op_type == "ReorderInput")
+                or (r.domain == "" and r.op_type in LAYOUT_BLIND and any(self.wanted_blocked(o) for o in r.output))
+                for r in self.consumers.get(name, []))
+        return self.wanted[name]
+
+    def channel_axes_only(self, node: onnx.NodeProto, shape: list[int]) -> bool:
+        """A Concat, Split or Slice along channels only, on whole blocks (checked by the caller
+        for Concat and Split outputs; here for a Slice's bounds)."""
+        if node.op_type in ("Concat", "Split"):
+            axis = _attr(node, "axis", 0)
+            return (axis + 4 if axis < 0 else axis) == 1
+        if len(node.input) != 4 or any(name not in self.constants for name in node.input[1:]):
+            return False
+        starts, ends, axes = (numpy_helper.to_array(self.constants[name]).astype(np.int64).ravel() for name in node.input[1:])
+        if not np.all(np.where(axes < 0, axes + 4, axes) == 1):
+            return False
+        bounds = [int(np.clip(v + shape[1] if v < 0 else v, 0, shape[1])) for v in [*starts, *ends]]
+        return all(b % self.block == 0 for b in bounds)
 
     def five_d(self, shape: list[int]) -> list[int]:
         n, c, h, w = shape

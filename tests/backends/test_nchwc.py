@@ -259,8 +259,9 @@ def test_compiled_resnet_with_blocked_boundaries_is_exact(tmp_path, direction: s
     assert runner.block == BLOCK
     if direction == "h":
         # every boundary is blocked and folded (rows cut up to the 4x4 stage, channels after it):
-        # the one reorder left in node 0's program is the one before the classifier's Flatten
+        # the only reorders left in node 0's program are those of the last block's output, which
+        # the classifier's pool reads in NCHW
         reorders = [n.input[0] for s in manifest["programs"][0]["segments"]
                     for n in nchwc.blocked_model(onnx.load(str(tmp_path / "plan" / s["file"])), set(), BLOCK, options).graph.node
                     if n.op_type in ("ReorderInput", "ReorderOutput")]
-        assert len(reorders) == 1, reorders
+        assert reorders and all(name.startswith("layer4.2.relu@") for name in reorders), reorders
