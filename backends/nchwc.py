@@ -261,7 +261,7 @@ class _Folder:
             return False
         data = list(node.input) if node.op_type in ("Relu", "Add", "Concat") else [node.input[0]]
         sources = [self.reorder_output(name) for name in data]
-        if any(s is None for s in sources) or not any(self.wanted_blocked(name) for name in node.output):
+        if any(s is None for s in sources):
             return False
         shapes_in = [self.shapes.get(name) for name in data]
         shapes_out = [self.shapes.get(name) for name in node.output]
@@ -281,6 +281,8 @@ class _Folder:
             moved.output[:] = blocked_out
             new = [moved]
         else:
+            if node.op_type != "Slice" and not any(self.wanted_blocked(name) for name in node.output):
+                return False  # a Concat or Split on 5-D views that a NCHW reader would undo
             views = [self.fresh(name) for name in blocked_in]
             parts = [self.fresh(name) for name in blocked_out]
             core = self.on_view(node, views, shapes_in[0], shapes_out, parts)
@@ -300,9 +302,12 @@ class _Folder:
 
     def wanted_blocked(self, name: str) -> bool:
         """Some reader of `name` takes it blocked: a ReorderInput, or a layout-blind op whose
-        results are wanted blocked in turn. Moving a reorder past an op pays only then (a
-        reorder goes downstream); else it only adds work (densenet's concats feed
-        BatchNormalization, which runs in NCHW)."""
+        results are wanted blocked in turn. Moving the reorders of a row or column Concat
+        (or Split) past it pays only then: where all its readers want NCHW, the same data is
+        reordered after it instead of before, plus the 5-D views (densenet's concats feed
+        BatchNormalization, which runs in NCHW). Relu and Add always pay (onnxruntime fuses
+        them into the convolution before), a Slice reorders less after it, and ops along
+        channels need no views."""
         if name not in self.wanted:
             self.wanted[name] = any(
                 (r.domain == DOMAIN and r.op_type == "ReorderInput")
@@ -374,22 +379,56 @@ def fold_reorders(model: onnx.ModelProto, shapes: dict[str, list[int]], block: i
     return _Folder(out, shapes, block).run()
 
 
-def blocked_model(model: onnx.ModelProto, keep: set[str], block: int, make_options: Callable[[], Any]) -> onnx.ModelProto:
-    """The segment `model` with its boundary values blocked, optimised by onnxruntime for
-    this CPU and folded: to run with onnxruntime's graph optimisations off."""
-    blocked = boundary_values(model, keep, block)
+def blocked_model(model: onnx.ModelProto, blocked: set[str], block: int, make_options: Callable[[], Any]) -> onnx.ModelProto:
+    """The segment `model` with the inputs and outputs in `blocked` in NCHWc, optimised by
+    onnxruntime for this CPU and folded: to run with onnxruntime's graph optimisations off."""
     shapes = shapes_of(model)
     shapes.update({f"{name}/nchw": shapes[name] for name in blocked if name in shapes})
     return fold_reorders(optimized(with_blocked_edges(model, blocked), make_options()), shapes, block)
 
 
-def blocked_session(path: str, make_options: Callable[[], Any], providers: list[Any], keep: set[str], block: int) -> Any:
-    """An onnxruntime session for the segment at `path` whose boundary values are blocked."""
-    import onnxruntime as ort
+def edge_votes(folded: onnx.ModelProto, blocked: set[str]) -> dict[str, bool]:
+    """For each blocked edge of a folded segment, whether the layout saved its reorder: an
+    input that no ReorderOutput reads any more, an output that no ReorderInput makes."""
+    read = {n.input[0] for n in folded.graph.node if n.domain == DOMAIN and n.op_type == "ReorderOutput"}
+    made = {n.output[0] for n in folded.graph.node if n.domain == DOMAIN and n.op_type == "ReorderInput"}
+    votes = {vi.name: vi.name not in read for vi in folded.graph.input if vi.name in blocked}
+    votes.update({vo.name: vo.name not in made for vo in folded.graph.output if vo.name in blocked})
+    return votes
 
-    model = onnx.load(path)
-    if not boundary_values(model, keep, block):
-        return ort.InferenceSession(path, make_options(), providers=providers)
-    options = make_options()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(blocked_model(model, keep, block, make_options).SerializeToString(), options, providers=providers)
+
+def merged_votes(votes: Iterable[dict[str, bool]]) -> dict[str, bool]:
+    """A value stays blocked only where every segment that makes or reads it, on any node, gains."""
+    merged: dict[str, bool] = {}
+    for part in votes:
+        for name, ok in part.items():
+            merged[name] = merged.get(name, True) and ok
+    return merged
+
+
+class NodeLayout:
+    """One node's segments with blocked edges. Every blockable edge is tried first; a value
+    then stays blocked only where all segments that make or read it, on every node, lose a
+    reorder by it (`agree`, with the votes of all nodes), because a value that onnxruntime
+    makes and reads in NCHW anyway would only gain two reorders (densenet's concatenations).
+    Votes depend on the segments only, so the ranks that send and receive a halo agree."""
+
+    def __init__(self, paths: list[str], keep: set[str], block: int, make_options: Callable[[], Any]) -> None:
+        self.block, self.make_options = block, make_options
+        self.models = [onnx.load(path) for path in paths]
+        self.edges = [boundary_values(model, keep, block) for model in self.models]
+        self.folded = [blocked_model(m, e, block, make_options) if e else None for m, e in zip(self.models, self.edges)]
+        self.votes = merged_votes(edge_votes(f, e) for f, e in zip(self.folded, self.edges) if f is not None)
+        self.agreed: set[str] = set()
+
+    def agree(self, votes: Iterable[dict[str, bool]]) -> None:
+        self.agreed = {name for name, ok in merged_votes(votes).items() if ok}
+
+    def model(self, k: int) -> onnx.ModelProto | None:
+        """Segment k as it runs, or None where none of its edges stays blocked (the plain segment)."""
+        edges = self.edges[k] & self.agreed
+        if not edges:
+            return None
+        if edges == self.edges[k]:
+            return self.folded[k]
+        return blocked_model(self.models[k], edges, self.block, self.make_options)

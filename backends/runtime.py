@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -204,25 +204,53 @@ def layout_name(block: int) -> str:
     return f"nchwc{block}" if block else "nchw"
 
 
+def node_layouts(plan_dir: str, manifest: dict[str, Any], nodes: Sequence[int], threads: int, spin: bool, block: int,
+                 gather: Callable[[dict[str, bool]], list[dict[str, bool]]] = lambda votes: [votes]
+                 ) -> dict[int, nchwc.NodeLayout | None]:
+    """The blocked layout of these nodes' segment edges (None for all where `block` is 0), agreed
+    with the other nodes' votes through `gather` (under MPI: comm.allgather, which every rank
+    must reach, with `nodes` empty where the rank failed to start)."""
+    error: Exception | None = None
+    layouts: dict[int, nchwc.NodeLayout | None] = {n: None for n in nodes}
+    try:
+        # The model's inputs and outputs stay NCHW: users hand them in and read them.
+        keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
+        for n in nodes if block else []:
+            paths = [os.path.join(plan_dir, seg["file"]) for seg in manifest["programs"][n]["segments"]]
+            layouts[n] = nchwc.NodeLayout(paths, keep, block, lambda: session_options(threads, spin))
+    except Exception as exc:  # reported after the collective below
+        error = exc
+    votes = gather(nchwc.merged_votes(layout.votes for layout in layouts.values() if layout is not None))
+    if error is not None:
+        raise BBGrapError(f"cannot load the plan '{plan_dir}': {str(error).strip().splitlines()[0]}; compile the plan again")
+    for layout in layouts.values():
+        if layout is not None:
+            layout.agree(votes)
+    return layouts
+
+
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
-                device_id: int = 0, spin: bool = True, iobinding: str = "auto", block: int = 0) -> NodeRunner:
+                device_id: int = 0, spin: bool = True, iobinding: str = "auto",
+                layout: nchwc.NodeLayout | None = None) -> NodeRunner:
     """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
-    `block` > 0 keeps activations that cross segment boundaries in onnxruntime's NCHWc
-    layout with that block (CPU only; every node of the plan must use the same)."""
+    `layout` (from node_layouts, CPU only) keeps the activations it agreed on in onnxruntime's
+    NCHWc layout across segment boundaries."""
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
     providers = providers_for(provider, device_id)
     on_cpu = providers == ["CPUExecutionProvider"]
+    layout = layout if on_cpu else None
     opts = session_options(threads, spin, shared_arena=on_cpu)
-    # The model's inputs and outputs stay NCHW: users hand them in and read them.
-    keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
+    plain = session_options(threads, spin)
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
     sessions = []
-    for seg in prog["segments"]:
+    for k, seg in enumerate(prog["segments"]):
         path = os.path.join(plan_dir, seg["file"])
         try:
-            if block and on_cpu:
-                sess = nchwc.blocked_session(path, lambda: session_options(threads, spin), providers, keep, block)
+            blocked = layout.model(k) if layout is not None else None
+            if blocked is not None:
+                sess = ort.InferenceSession(blocked.SerializeToString(), plain, providers=providers)
             else:
                 sess = ort.InferenceSession(path, opts, providers=providers)
         except Exception as exc:
@@ -252,7 +280,7 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
         messages=messages,
         providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
         values=values,
-        block=block if on_cpu else 0,
+        block=layout.block if layout is not None and layout.agreed else 0,
     )
 
 
@@ -513,9 +541,10 @@ def main_embedded(args: argparse.Namespace) -> int:
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
     spin = manifest["nodes"] == 1
-    block = boundary_block(args.layout, args.provider, 0)
-    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin, iobinding=args.iobinding, block=block)
-               for n in range(manifest["nodes"])]
+    nodes = range(manifest["nodes"])
+    layouts = node_layouts(args.plan, manifest, nodes, threads, spin, boundary_block(args.layout, args.provider, 0))
+    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin, iobinding=args.iobinding, layout=layouts[n])
+               for n in nodes]
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     for k in range(args.warmup + args.repeat):
@@ -533,6 +562,8 @@ def main_mpi(args: argparse.Namespace) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
     error: str | None = None
+    manifest: dict[str, Any] = {}
+    threads = 1
     try:
         manifest = read_manifest(args.plan)
         if manifest["nodes"] != size:
@@ -545,12 +576,13 @@ def main_mpi(args: argparse.Namespace) -> int:
     except BBGrapError as exc:
         error = str(exc)
     block = agreed_boundary_block(comm, args.layout, args.provider, local.Get_rank(), able=error is None)
-    if error is None:
-        try:
+    try:
+        layouts = node_layouts(args.plan, manifest, [rank] if error is None else [], threads, True, block, comm.allgather)
+        if error is None:
             runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
-                                 iobinding=args.iobinding, block=block)
-        except BBGrapError as exc:
-            error = str(exc)
+                                 iobinding=args.iobinding, layout=layouts[rank])
+    except BBGrapError as exc:
+        error = error or str(exc)
     errors = comm.allgather(error)
     if any(errors):
         if rank == 0:

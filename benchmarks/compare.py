@@ -30,8 +30,8 @@ BIN = os.path.dirname(sys.executable)
 def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout: str) -> int:
     from mpi4py import MPI
 
-    from bbgrap.backends.runtime import (MPITransport, agreed_boundary_block, compare, layout_name, load_runner, run_mpi_node,
-                                         threads_per_rank)
+    from bbgrap.backends.runtime import (MPITransport, agreed_boundary_block, compare, layout_name, load_runner, node_layouts,
+                                         run_mpi_node, threads_per_rank)
     from bbgrap.plan import read_manifest, read_sample
 
     comm = MPI.COMM_WORLD
@@ -45,7 +45,8 @@ def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout:
         manifest = read_manifest(plan)
         inputs, reference = read_sample(plan)
         for b in blocks:
-            runner = load_runner(plan, manifest, rank, threads, "auto", block=b)
+            layouts = node_layouts(plan, manifest, [rank], threads, True, b, comm.allgather)
+            runner = load_runner(plan, manifest, rank, threads, "auto", layout=layouts[rank])
             sides.append((runner, MPITransport(comm, runner), inputs, reference))
             labels.append(f"{plan} ({layout_name(b)})")
     plans = labels
