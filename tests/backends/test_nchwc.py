@@ -238,6 +238,37 @@ def test_an_input_passed_through_as_an_output_stays_as_it_came() -> None:
     np.testing.assert_array_equal(got["y"], np.maximum(x, 0))
 
 
+def test_merged_votes_need_every_segment_on_every_node() -> None:
+    merged = nchwc.merged_votes([{"a": True, "b": True}, {"b": False, "c": True}, {"a": True}])
+    assert merged == {"a": True, "b": False, "c": True}
+
+
+@needs_nchwc
+def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw(tmp_path) -> None:
+    # segment 0 makes y with a convolution (blocked for free); segment 1 reads it in a
+    # BatchNormalization, which onnxruntime runs in NCHW here: y crosses in NCHW, x stays blocked
+    rng = np.random.default_rng(6)
+    c = BLOCK
+    first = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": [1, c, 4, 4]}, ["y"],
+                  {"w": conv_weights(rng, c, 3)})
+    ones, zeros = np.ones(c, np.float32), np.zeros(c, np.float32)
+    second = model([helper.make_node("BatchNormalization", ["y", "s", "b", "m", "v"], ["z"])], {"y": [1, c, 4, 4]}, ["z"],
+                   {"s": ones * 2, "b": zeros + 1, "m": zeros, "v": ones})
+    paths = [save(first, str(tmp_path), "first"), save(second, str(tmp_path), "second")]
+    layout = nchwc.NodeLayout(paths, set(), BLOCK, options)
+    assert layout.votes == {"x": True, "y": False, "z": False}
+    layout.agree([layout.votes])
+    assert layout.agreed == {"x"}
+    assert layout.model(1) is None  # nothing of the second segment stays blocked: it runs as it is
+    kept = layout.model(0)
+    assert ops(kept)["ReorderInput"] == 0 and ops(kept)["ReorderOutput"] == 1  # x read blocked, y handed over in NCHW
+    x = rng.standard_normal((1, c, 4, 4)).astype(np.float32)
+    opts = options()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    y = ort.InferenceSession(kept.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": nchwc.to_blocked(x, BLOCK)})[0]
+    np.testing.assert_allclose(y, run_plain(first, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
 @needs_nchwc
 def test_channels_off_the_block_stay_nchw() -> None:
     m = model([helper.make_node("Relu", ["x"], ["y"])], {"x": [1, BLOCK + 4, 2, 2]}, ["y"], {})
