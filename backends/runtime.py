@@ -464,7 +464,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="keep activations as device-bound onnxruntime values between segments (default auto: with CUDA)")
     p.add_argument("--layout", choices=("auto", "nchw"), default="auto",
                    help="activations between segments: auto keeps them in onnxruntime's blocked CPU layout (NCHWc) where "
-                   "every rank has the same one, saving two reorders per boundary; nchw converts at every boundary")
+                   "every rank has the same one and that saves reorders (two per boundary); nchw converts at every boundary")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max error relative to the output's largest magnitude (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
