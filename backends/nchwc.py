@@ -7,23 +7,26 @@ and reordered back by the segment that reads it, and an Add of a residual that
 comes from outside the session no longer fuses into the convolution before it. At
 about 20 segments per rank (resnet50 on 2 nodes) that cost 1.3 ms of 43.
 
-Here every 4-D float32 value that crosses a segment boundary (or ranks) and whose
-channels are a multiple of b stays blocked, in an array of the same NCHW shape:
+Here a 4-D float32 value that crosses a segment boundary (or ranks), whose channels are a
+multiple of b, can stay blocked, in an array of the same NCHW shape:
 
 1. `with_blocked_edges`: a blocked graph input is reordered to NCHW where the segment
    begins and a blocked graph output is reordered from NCHW where it ends, with
    onnxruntime's own ReorderOutput/ReorderInput ops;
 2. onnxruntime optimises that graph (its NCHWc transformer runs) and we read it back;
 3. `fold_reorders` cancels ReorderInput(ReorderOutput(x)) pairs, moves ReorderOutput
-   behind the layout-blind ops lowering puts at boundaries (Relu, Add, and Concat or
-   Slice along rows or columns, run on a 5-D view), and fuses an Add or Relu into the
-   blocked convolution before it, as onnxruntime does inside a session;
+   behind the layout-blind ops lowering puts at boundaries (Relu, Add, and Concat, Split
+   or Slice along channel blocks, or along rows or columns on a 5-D view), and fuses an
+   Add or Relu into the blocked convolution before it, as onnxruntime does inside a session;
 4. the folded graph runs with onnxruntime's graph optimisations off: it has them.
 
-Which values are blocked depends only on the value (its shape and type, and whether
-it is a model input or output) and on b, so the rank that sends a halo and the rank
-that receives it agree; ranks first agree on b (`agreed_block`), and where they
-differ (different CPUs) or one runs on a GPU, all of them keep NCHW.
+Every blockable edge is tried first (`NodeLayout`); each segment then votes, per edge,
+whether the blocked layout saved that edge's reorder, and a value stays blocked only where
+every segment that makes or reads it, on every node, votes yes (the others are rebuilt with
+the edges agreed). Votes and the block are agreed by all ranks before their sessions are
+built (`agreed_block`, `merged_votes`), so the rank that sends a halo and the rank that
+receives it always agree on its layout; where the blocks differ (different CPUs) or a rank
+runs on a GPU, all of them keep NCHW.
 """
 
 from __future__ import annotations
