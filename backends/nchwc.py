@@ -416,9 +416,9 @@ class NodeLayout:
     makes and reads in NCHW anyway would only gain two reorders (densenet's concatenations).
     Votes depend on the segments only, so the ranks that send and receive a halo agree."""
 
-    def __init__(self, paths: list[str], keep: set[str], block: int, make_options: Callable[[], Any]) -> None:
+    def __init__(self, models: list[onnx.ModelProto], keep: set[str], block: int, make_options: Callable[[], Any]) -> None:
         self.block, self.make_options = block, make_options
-        self.models = [onnx.load(path) for path in paths]
+        self.models = models
         self.edges = [boundary_values(model, keep, block) for model in self.models]
         self.folded = [blocked_model(m, e, block, make_options) if e else None for m, e in zip(self.models, self.edges)]
         self.votes = merged_votes(edge_votes(f, e) for f, e in zip(self.folded, self.edges) if f is not None)

@@ -210,23 +210,45 @@ def node_layouts(plan_dir: str, manifest: dict[str, Any], nodes: Sequence[int], 
     """The blocked layout of these nodes' segment edges (None for all where `block` is 0), agreed
     with the other nodes' votes through `gather` (under MPI: comm.allgather, which every rank
     must reach, with `nodes` empty where the rank failed to start)."""
-    error: Exception | None = None
+    error: str | None = None
     layouts: dict[int, nchwc.NodeLayout | None] = {n: None for n in nodes}
     try:
         # The model's inputs and outputs stay NCHW: users hand them in and read them.
         keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
         for n in nodes if block else []:
-            paths = [os.path.join(plan_dir, seg["file"]) for seg in manifest["programs"][n]["segments"]]
-            layouts[n] = nchwc.NodeLayout(paths, keep, block, lambda: session_options(threads, spin))
-    except Exception as exc:  # reported after the collective below
-        error = exc
+            models = segment_models(plan_dir, manifest["programs"][n])
+            try:
+                layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
+            except Exception as exc:
+                raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
+                                  f"({type(exc).__name__}: {first_line(exc)}); run bbgrap-run with --layout nchw") from None
+    except BBGrapError as exc:  # reported after the collective below
+        error = str(exc)
     votes = gather(nchwc.merged_votes(layout.votes for layout in layouts.values() if layout is not None))
     if error is not None:
-        raise BBGrapError(f"cannot load the plan '{plan_dir}': {str(error).strip().splitlines()[0]}; compile the plan again")
+        raise BBGrapError(error)
     for layout in layouts.values():
         if layout is not None:
             layout.agree(votes)
     return layouts
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def segment_models(plan_dir: str, program: dict[str, Any]) -> list[Any]:
+    """A node's segments as ONNX models."""
+    import onnx
+
+    models = []
+    for seg in program["segments"]:
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            models.append(onnx.load(path))
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+    return models
 
 
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
@@ -254,7 +276,7 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
             else:
                 sess = ort.InferenceSession(path, opts, providers=providers)
         except Exception as exc:
-            raise BBGrapError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}; compile the plan again") from None
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
             raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
         if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":

@@ -244,7 +244,7 @@ def test_merged_votes_need_every_segment_on_every_node() -> None:
 
 
 @needs_nchwc
-def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw(tmp_path) -> None:
+def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw() -> None:
     # segment 0 makes y with a convolution (blocked for free); segment 1 reads it in a
     # BatchNormalization, which onnxruntime runs in NCHW here: y crosses in NCHW, x stays blocked
     rng = np.random.default_rng(6)
@@ -254,8 +254,7 @@ def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw(tmp_path) -> No
     ones, zeros = np.ones(c, np.float32), np.zeros(c, np.float32)
     second = model([helper.make_node("BatchNormalization", ["y", "s", "b", "m", "v"], ["z"])], {"y": [1, c, 4, 4]}, ["z"],
                    {"s": ones * 2, "b": zeros + 1, "m": zeros, "v": ones})
-    paths = [save(first, str(tmp_path), "first"), save(second, str(tmp_path), "second")]
-    layout = nchwc.NodeLayout(paths, set(), BLOCK, options)
+    layout = nchwc.NodeLayout([first, second], set(), BLOCK, options)
     assert layout.votes == {"x": True, "y": False, "z": False}
     layout.agree([layout.votes])
     assert layout.agreed == {"x"}
