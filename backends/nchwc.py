@@ -276,26 +276,28 @@ class _Folder:
             if len({tuple(s) for s in [*shapes_in, *shapes_out]}) != 1:
                 return False  # no broadcasting across the blocked layout
             new = [helper.make_node(node.op_type, blocked_in, blocked_out)]
-        elif self.channel_axes_only(node, shapes_in[0]):
-            # whole channel blocks: the same bytes as in NCHW, so the op runs on the blocked arrays as is
-            moved = onnx.NodeProto()
-            moved.CopyFrom(node)
-            moved.input[:len(data)] = blocked_in
-            moved.output[:] = blocked_out
-            new = [moved]
         else:
-            if node.op_type != "Slice" and not any(self.wanted_blocked(name) for name in node.output):
-                return False  # a Concat or Split on 5-D views that a NCHW reader would undo
-            views = [self.fresh(name) for name in blocked_in]
-            parts = [self.fresh(name) for name in blocked_out]
-            core = self.on_view(node, views, shapes_in[0], shapes_out, parts)
-            if core is None:
+            along = self.axes_of(node, shapes_in[0])
+            if along is None:
                 return False
-            new = [helper.make_node("Reshape", [name, self.constant(self.five_d(shape))], [view])
-                   for name, shape, view in zip(blocked_in, shapes_in, views)]
-            new.append(core)
-            new += [helper.make_node("Reshape", [part, self.constant(shape)], [out])
-                    for part, shape, out in zip(parts, shapes_out, blocked_out)]
+            axes, starts, ends = along
+            if all(a == 1 for a in axes):
+                # whole channel blocks: the same bytes as in NCHW, so the op runs on the blocked arrays as is
+                moved = onnx.NodeProto()
+                moved.CopyFrom(node)
+                moved.input[:len(data)] = blocked_in
+                moved.output[:] = blocked_out
+                new = [moved]
+            else:
+                if node.op_type != "Slice" and not any(self.wanted_blocked(name) for name in node.output):
+                    return False  # a Concat or Split on 5-D views that a NCHW reader would undo
+                views = [self.fresh(name) for name in blocked_in]
+                parts = [self.fresh(name) for name in blocked_out]
+                new = [helper.make_node("Reshape", [name, self.constant(self.five_d(shape))], [view])
+                       for name, shape, view in zip(blocked_in, shapes_in, views)]
+                new.append(self.on_view(node, axes, starts, ends, views, shapes_out, parts))
+                new += [helper.make_node("Reshape", [part, self.constant(shape)], [out])
+                        for part, shape, out in zip(parts, shapes_out, blocked_out)]
         new += [helper.make_node("ReorderOutput", [out], [result], domain=DOMAIN, channels=shape[1])
                 for out, result, shape in zip(blocked_out, node.output, shapes_out)]
         self.shapes.update(zip(blocked_in, shapes_in))
@@ -318,53 +320,44 @@ class _Folder:
                 for r in self.consumers.get(name, []))
         return self.wanted[name]
 
-    def channel_axes_only(self, node: onnx.NodeProto, shape: list[int]) -> bool:
-        """A Concat, Split or Slice along channels only, on whole blocks (checked by the caller
-        for Concat and Split outputs; here for a Slice's bounds)."""
+    def axes_of(self, node: onnx.NodeProto, shape: list[int]) -> tuple[list[int], list[int], list[int]] | None:
+        """The axes a Concat, Split or Slice works along (non-negative), with a Slice's starts and
+        ends (channel bounds clipped to `shape`); None where they do not carry over to blocked
+        data: other axes than channels, rows and columns, a Slice's default axes, explicit
+        steps or computed bounds, or a channel bound off a block."""
         if node.op_type in ("Concat", "Split"):
             axis = _attr(node, "axis", 0)
-            return (axis + 4 if axis < 0 else axis) == 1
-        if len(node.input) != 4 or any(name not in self.constants for name in node.input[1:]):
-            return False
-        starts, ends, axes = (numpy_helper.to_array(self.constants[name]).astype(np.int64).ravel() for name in node.input[1:])
-        if not np.all(np.where(axes < 0, axes + 4, axes) == 1):
-            return False
-        bounds = [int(np.clip(v + shape[1] if v < 0 else v, 0, shape[1])) for v in [*starts, *ends]]
-        return all(b % self.block == 0 for b in bounds)
+            axes, starts, ends = [axis + 4 if axis < 0 else axis], [], []
+        elif len(node.input) != 4 or any(name not in self.constants for name in node.input[1:]):
+            return None
+        else:
+            starts, ends, axes = ([int(v) for v in numpy_helper.to_array(self.constants[name]).ravel()] for name in node.input[1:])
+            axes = [a + 4 if a < 0 else a for a in axes]
+            for k, a in enumerate(axes):
+                if a == 1:
+                    starts[k], ends[k] = (min(max(v + shape[1] if v < 0 else v, 0), shape[1]) for v in (starts[k], ends[k]))
+                    if starts[k] % self.block or ends[k] % self.block:
+                        return None
+        return (axes, starts, ends) if all(a in (1, 2, 3) for a in axes) else None
 
     def five_d(self, shape: list[int]) -> list[int]:
         n, c, h, w = shape
         return [n, c // self.block, h, w, self.block]
 
-    def on_view(self, node: onnx.NodeProto, views: list[str], shape: list[int], shapes_out: list[list[int]],
-                parts: list[str]) -> onnx.NodeProto | None:
-        """`node` (Concat, Slice or Split) redone on 5-D views of blocked data, or None where it
-        does not carry over: axes other than channels, rows and columns, constants it cannot
-        read, channel bounds off a block."""
-        if node.op_type in ("Concat", "Split"):
-            axis = _attr(node, "axis", 0)
-            axis = axis + 4 if axis < 0 else axis
-            if axis not in (1, 2, 3):
-                return None
-            if node.op_type == "Concat":
-                return helper.make_node("Concat", views, parts, axis=axis)
-            sizes = [s[axis] // (self.block if axis == 1 else 1) for s in shapes_out]
+    def on_view(self, node: onnx.NodeProto, axes: list[int], starts: list[int], ends: list[int], views: list[str],
+                shapes_out: list[list[int]], parts: list[str]) -> onnx.NodeProto:
+        """`node` (Concat, Split or Slice along `axes`, from axes_of) redone on 5-D views of
+        blocked data, where a channel index counts blocks."""
+        blocks = [self.block if a == 1 else 1 for a in axes]
+        if node.op_type == "Concat":
+            return helper.make_node("Concat", views, parts, axis=axes[0])
+        if node.op_type == "Split":
+            sizes = [s[axes[0]] // blocks[0] for s in shapes_out]
             if self.opset < 13:
-                return helper.make_node("Split", views, parts, axis=axis, split=sizes)
-            return helper.make_node("Split", [views[0], self.constant(sizes)], parts, axis=axis)
-        if len(node.input) != 4 or any(name not in self.constants for name in node.input[1:]):
-            return None  # default axes, explicit steps or computed bounds: leave it
-        starts, ends, axes = (numpy_helper.to_array(self.constants[name]).astype(np.int64).ravel() for name in node.input[1:])
-        axes = np.where(axes < 0, axes + 4, axes)
-        if not np.isin(axes, (1, 2, 3)).all():
-            return None
-        for k in np.flatnonzero(axes == 1):
-            lo, hi = (int(np.clip(v + shape[1] if v < 0 else v, 0, shape[1])) for v in (starts[k], ends[k]))
-            if lo % self.block or hi % self.block:
-                return None
-            starts[k], ends[k] = lo // self.block, hi // self.block
-        return helper.make_node("Slice", [views[0], self.constant(list(starts)), self.constant(list(ends)),
-                                          self.constant(list(axes))], parts)
+                return helper.make_node("Split", views, parts, axis=axes[0], split=sizes)
+            return helper.make_node("Split", [views[0], self.constant(sizes)], parts, axis=axes[0])
+        return helper.make_node("Slice", [views[0], self.constant([v // b for v, b in zip(starts, blocks)]),
+                                          self.constant([v // b for v, b in zip(ends, blocks)]), self.constant(axes)], parts)
 
     def drop_dead(self) -> bool:
         """Remove nodes none of whose outputs are used (ReorderOutputs left behind)."""

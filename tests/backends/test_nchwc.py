@@ -215,6 +215,25 @@ def test_channel_split_slice_and_concat_fold_on_whole_blocks(lo: int, hi: int) -
 
 
 @needs_nchwc
+@pytest.mark.parametrize("case", ["blocks and rows", "half a block in"])
+def test_channel_slice_bounds_in_blocks(case: str) -> None:
+    # channel blocks and rows at once run on the 5-D view, channels counted in blocks; a whole
+    # block's worth of channels starting half a block in cannot, and stays NCHW
+    moved = case == "blocks and rows"
+    lo, hi, axes = ([BLOCK, 1], [3 * BLOCK, 3], [1, 2]) if moved else ([BLOCK // 2], [BLOCK + BLOCK // 2], [1])
+    rng = np.random.default_rng(7)
+    m = model([helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"]),
+               helper.make_node("Conv", ["y", "w"], ["z"], pads=[1, 1, 1, 1])],
+              {"x": [1, 4 * BLOCK, 4, 3]}, ["z"],
+              {"starts": np.array(lo, np.int64), "ends": np.array(hi, np.int64), "axes": np.array(axes, np.int64),
+               "w": conv_weights(rng, hi[0] - lo[0], 3)})
+    feeds = {"x": rng.standard_normal((1, 4 * BLOCK, 4, 3)).astype(np.float32)}
+    got, folded = run_blocked(m, feeds)
+    np.testing.assert_allclose(got["z"], run_plain(m, feeds)["z"], rtol=1e-5, atol=1e-5)
+    assert (ops(folded)["ReorderOutput"] == 0) == moved, ops(folded)
+
+
+@needs_nchwc
 def test_add_after_an_activation_does_not_fuse_into_the_convolution() -> None:
     # Relu(Conv(x)) + r is not Relu(Conv(x) + r): the Add must stay a blocked Add
     rng = np.random.default_rng(4)
