@@ -558,15 +558,21 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
     return 0 if ok else 1
 
 
+def embedded_runners(plan_dir: str, manifest: dict[str, Any], threads: int, provider: str, spin: bool, iobinding: str,
+                     layout: str) -> list[NodeRunner]:
+    """Every node of the plan, to run in this one process (as `layout` and the other
+    bbgrap-run flags say)."""
+    nodes = range(manifest["nodes"])
+    layouts = node_layouts(plan_dir, manifest, nodes, threads, spin, boundary_block(layout, provider, 0))
+    return [load_runner(plan_dir, manifest, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n]) for n in nodes]
+
+
 def main_embedded(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.plan)
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
     spin = manifest["nodes"] == 1
-    nodes = range(manifest["nodes"])
-    layouts = node_layouts(args.plan, manifest, nodes, threads, spin, boundary_block(args.layout, args.provider, 0))
-    runners = [load_runner(args.plan, manifest, n, threads, args.provider, spin=spin, iobinding=args.iobinding, layout=layouts[n])
-               for n in nodes]
+    runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout)
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     for k in range(args.warmup + args.repeat):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from bbgrap.backends.runtime import boundary_block, compare, load_runner, node_layouts, run_embedded
+from bbgrap.backends.runtime import compare, embedded_runners, run_embedded
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.plan import read_manifest, read_sample
@@ -42,9 +42,7 @@ def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobindi
     plan's reference (or against `inputs`' reference run by the caller)."""
     manifest = read_manifest(plan_dir)
     sample, reference = read_sample(plan_dir)
-    nodes = range(manifest["nodes"])
-    layouts = node_layouts(plan_dir, manifest, nodes, 1, False, boundary_block(layout, PROVIDER, 0))
-    runners = [load_runner(plan_dir, manifest, n, 1, PROVIDER, spin=False, iobinding=iobinding, layout=layouts[n]) for n in nodes]
+    runners = embedded_runners(plan_dir, manifest, 1, PROVIDER, False, iobinding, layout)
     outputs = run_embedded(runners, inputs or sample)
     _, rel = compare(outputs, reference) if inputs is None else (None, None)
     return outputs, (rel if rel is not None else float("nan"))
