@@ -309,14 +309,14 @@ def test_compiled_resnet_with_blocked_boundaries_is_exact(tmp_path, direction: s
     assert runner.block == BLOCK
     if direction == "h":
         # rows cut up to the 4x4 stage, channels after it: the boundaries between convolutions
-        # are blocked and folded; what is left is the last block, whose output the classifier's
-        # pool reads in NCHW (so its residual Add runs in NCHW too, and its input stays NCHW)
+        # are blocked and folded; what is left reorders the last block's output for the
+        # classifier's pool, which reads it in NCHW
         def reorders(model: onnx.ModelProto) -> list[str]:
             return [n.input[0] for n in model.graph.node if n.op_type in ("ReorderInput", "ReorderOutput")]
 
         files = [str(tmp_path / "plan" / s["file"]) for s in manifest["programs"][0]["segments"]]
         as_nchw = [reorders(nchwc.optimized(onnx.load(f), options())) for f in files]
-        as_run = [reorders(layouts[0].model(k)) if layouts[0].model(k) else r for k, r in enumerate(as_nchw)]
+        as_run = [reorders(m) if (m := layouts[0].model(k)) is not None else r for k, r in enumerate(as_nchw)]
         left = [name for r in as_run for name in r]
         assert len(left) * 4 < sum(map(len, as_nchw)), (left, as_nchw)
         assert all(name.startswith(("layer4.1.relu@", "layer4.2.relu@", "reorder_token")) for name in left), left
