@@ -40,6 +40,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.backends.threads import probe_options
+
 DOMAIN = "com.microsoft.nchwc"
 LAYOUT_BLIND = ("Relu", "Add", "Concat", "Slice", "Split")  # ops that can run on blocked data (rules in _Folder)
 
@@ -54,9 +56,7 @@ def block_size() -> int:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)], ir_version=9)
     try:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4
-        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model.SerializeToString(), probe_options(), providers=["CPUExecutionProvider"])
         padded = session.run(None, {"x": np.zeros((1, 4, 1, 1), np.float32)})[0].shape[1]
     except Exception:
         return 0

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from bbgrap.backends import nchwc
+from bbgrap.backends.threads import PROCESS_THREAD_POOL
 from bbgrap.ir import BBGrapError
 from bbgrap.plan import read_manifest, read_sample
 
@@ -112,23 +113,20 @@ class Transport(Protocol):
 
 
 def session_options(threads: int, spin: bool = True, shared_arena: bool = True) -> Any:
-    """Sessions of one node; `spin=False` where several nodes share this process's cores;
-    `shared_arena` for CPU-only sessions (the GPU path keeps onnxruntime's defaults)."""
+    """Sessions of one process: on the process's one intra-op thread pool where bbgrap-run
+    started it (backends/threads.py), else each with a pool of `threads` threads (`spin=False`
+    where several nodes share this process's cores). `shared_arena` for CPU-only sessions
+    (the GPU path keeps onnxruntime's defaults)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    if not spin:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
+    PROCESS_THREAD_POOL.apply(opts, threads, spin)
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # All segments of this process allocate from one CPU arena (see shared_cpu_arena): the
     # next segment reuses memory the last one left in cache, where one arena per segment
-    # would touch a cold buffer each time; measured side by side in one mpirun (2 ranks,
-    # batch 1): mobilenet_v2 224 -0.15 ms of 5.4, resnet50 224 -0.7 to -1.0 ms of 44,
-    # mobilenet_v2 512 -0.4 ms of 24; resnet50 batch 8 unchanged. No arena at all was worse:
-    # large activations went through mmap and page faults every inference.
+    # would touch a cold buffer each time. No arena at all was worse: large activations
+    # went through mmap and page faults every inference.
     if shared_arena:
         shared_cpu_arena()
         opts.add_session_config_entry("session.use_env_allocators", "1")
@@ -149,6 +147,15 @@ def shared_cpu_arena() -> None:
 def threads_per_rank(ranks_on_host: int) -> int:
     """The host's cores shared out among the ranks on it (at least one thread each)."""
     return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
+
+
+def threads_for_rank(affinities: Sequence[Sequence[int]], me: int) -> int:
+    """Threads for local rank `me` given every local rank's CPU affinity: its cores divided
+    among the ranks whose cores overlap its own (all of them where mpirun binds nothing;
+    only itself where each rank is pinned to cores of its own)."""
+    mine = set(affinities[me])
+    sharing = sum(1 for other in affinities if mine & set(other))
+    return max(1, len(mine) // max(sharing, 1))
 
 
 def gpu_present() -> bool:
@@ -571,6 +578,7 @@ def main_embedded(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.plan)
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
+    PROCESS_THREAD_POOL.start(threads)  # one pool for every node's segments
     spin = manifest["nodes"] == 1
     runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout)
     latencies = []
@@ -589,6 +597,7 @@ def main_mpi(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
+    affinities = local.allgather(sorted(os.sched_getaffinity(0)))
     error: str | None = None
     manifest: dict[str, Any] = {}
     threads = 1
@@ -600,7 +609,8 @@ def main_mpi(args: argparse.Namespace) -> int:
                 f"run 'mpirun -n {manifest['nodes']} bbgrap-run' (or bbgrap-run alone, all nodes in one process)"
             )
         inputs, reference = load_inputs(args, manifest)
-        threads = args.threads or threads_per_rank(local.Get_size())
+        threads = args.threads or threads_for_rank(affinities, local.Get_rank())
+        PROCESS_THREAD_POOL.start(threads)
     except BBGrapError as exc:
         error = str(exc)
     block = agreed_boundary_block(comm, args.layout, args.provider, local.Get_rank(), able=error is None)

@@ -309,8 +309,9 @@ def manifest_problem(m: Mapping[str, Any]) -> str | None:
         return "'nodes' is not a positive integer"
     if not isinstance(m.get("plan_id"), str) or not isinstance(m.get("model"), str):
         return "'plan_id' or 'model' is missing"
-    if _record_problem(m.get("source"), "source", {"path": lambda v: isinstance(v, str), "sha256": lambda v: isinstance(v, str)}):
-        return "'source' (the compiled model's path and checksum) is missing or malformed"
+    # the model file compiled (absent where a plan was built from a model in memory)
+    if "source" in m and _record_problem(m["source"], "source", {"path": lambda v: isinstance(v, str), "sha256": lambda v: isinstance(v, str)}):
+        return "'source' (the compiled model's path and checksum) is malformed"
     files = m.get("files")
     if not isinstance(files, dict) or not all(_safe_relative(k) and isinstance(v, str) for k, v in files.items()):
         return "'files' is not a map of plan files to checksums"

@@ -1,18 +1,22 @@
 """Latency: N ranks of BBGraP against one onnxruntime, measured side by side.
 
-For each model / resolution / batch, in one run and interleaved round by round (so
-the machine's noise hits every side alike):
-  A       plain onnxruntime on the original model with the threads one node has
-          (cores / N: 1 on a 2-core machine) — "one node of the cluster";
-  B       plain onnxruntime with all the host's cores — "one bigger machine";
-  BBGraP  `mpirun -n N bbgrap-run` on the compiled plan, one thread per rank.
-Prints median latencies, the ratios A/BBGraP and B/BBGraP, and where the slowest
-rank's time went (computing its segments, waiting for halos); every BBGraP run is
-checked against the plan's reference in the same run. The cut direction is `auto` by
-default: the batch (`n`) when there are at least as many images as nodes — no halos
-at all — else height (`h`).
+For each model / resolution / batch / node count N, in one run and interleaved round by
+round (so the machine's noise hits every side alike):
+  A       plain onnxruntime on the original model with the cores one node has (K threads,
+          pinned to K cores with --node-cores) — "one node of the cluster";
+  B       plain onnxruntime with all N x K cores — "one bigger machine";
+  BBGraP  `mpirun -n N bbgrap-run` on the compiled plan, each rank with bbgrap-run's default
+          threads (its cores divided among the ranks sharing them: K each).
+K is the host's cores / N unless --node-cores K simulates nodes of K cores on a larger host:
+then every rank is pinned to K cores of its own (`mpirun -bind-to core:K`) and an N with
+N x K above the host's cores is skipped. Prints median latencies, the ratios A/BBGraP and
+B/BBGraP, and where the slowest rank's time went (computing its segments, waiting for
+halos); every BBGraP run is checked against the plan's reference in the same run. The cut
+direction is `auto` by default: the batch (`n`) when there are at least as many images as
+nodes — no halos at all — else height (`h`).
 
-  python benchmarks/latency.py                         # vgg16, resnet50, mobilenet_v2; 224 and 512; batch 1 and 8
+  python benchmarks/latency.py                         # vgg16, resnet50, mobilenet_v2; 224 and 512; batch 1 and 8; 2 nodes
+  python benchmarks/latency.py --models resnet50 --resolutions 224 --batches 1 --nodes 2 4 8 --node-cores 2
   python benchmarks/latency.py --models vgg16 --resolutions 224 --batches 1 --rounds 5 --json
 """
 
@@ -62,18 +66,29 @@ def time_session(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repea
     return out
 
 
-def run_bbgrap(plan: str, nodes: int, repeat: int) -> dict[str, Any]:
+def run_bbgrap(plan: str, nodes: int, repeat: int, node_cores: int | None) -> dict[str, Any]:
     # fresh processes every round: warm them up as long as they are then timed
-    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap-run"), plan,
-           "--json", "--repeat", str(repeat), "--warmup", str(max(2, repeat)), "--threads", "1", "--provider", "cpu"]
+    bind = ["-bind-to", f"core:{node_cores}"] if node_cores else []
+    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), *bind, os.path.join(BIN, "bbgrap-run"), plan,
+           "--json", "--repeat", str(repeat), "--warmup", str(max(2, repeat)), "--provider", "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def time_pinned(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat: int, cores: set[int]) -> list[float]:
+    """time_session with this process pinned to `cores` (its own intra-op threads follow)."""
+    everything = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        return time_session(sess, feeds, repeat)
+    finally:
+        os.sched_setaffinity(0, everything)
+
+
 def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: str, rounds: int, repeat: int,
-               search: bool, workdir: str) -> dict[str, Any]:
+               search: bool, workdir: str, node_cores: int | None) -> dict[str, Any]:
     path = os.path.join(workdir, f"{model}-{resolution}-{batch}.onnx")
     onnx.save(zoo.build(model, resolution=resolution, batch=batch), path)
     plan = os.path.join(workdir, f"plan-{model}-{resolution}-{batch}")
@@ -81,19 +96,20 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         direction = "n" if batch >= nodes else "h"
     manifest = compile_model(path, Config(nodes=nodes, direction=direction), plan, search=search)
     feeds, _ = read_sample(plan)
-    cores = len(os.sched_getaffinity(0))
-    node_threads = threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host
+    host = sorted(os.sched_getaffinity(0))
+    node_threads = node_cores or threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host
+    node_set, all_set = set(host[:node_threads]), set(host[:node_threads * nodes] if node_cores else host)
     one_node = session(path, node_threads)
-    bigger = session(path, cores)
-    for s in (one_node, bigger):
-        time_session(s, feeds, 1)  # warm-up
+    bigger = session(path, len(all_set))
+    time_pinned(one_node, feeds, 1, node_set)  # warm-up
+    time_pinned(bigger, feeds, 1, all_set)
     # small models: enough inferences per side and round for about MIN_SIDE_SECONDS of the fastest side
-    repeat = max(repeat, math.ceil(MIN_SIDE_SECONDS / max(min(time_session(bigger, feeds, 3)), 1e-6)))
+    repeat = max(repeat, math.ceil(MIN_SIDE_SECONDS / max(min(time_pinned(bigger, feeds, 3, all_set)), 1e-6)))
     a, b, p, errors, profiles, layouts = [], [], [], [], [], set()
     for _ in range(rounds):
-        a += time_session(one_node, feeds, repeat)
-        b += time_session(bigger, feeds, repeat)
-        r = run_bbgrap(plan, nodes, repeat)
+        a += time_pinned(one_node, feeds, repeat, node_set)
+        b += time_pinned(bigger, feeds, repeat, all_set)
+        r = run_bbgrap(plan, nodes, repeat, node_cores)
         p.append(r["latency_ms"] / 1e3)
         errors.append(r["max_rel_error"])
         profiles.append(r["profile_ms"])
@@ -108,7 +124,8 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
         "searched": search, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
-        "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": node_threads, "threads_B": cores,
+        "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": node_threads, "threads_B": len(all_set),
+        "pinned": bool(node_cores),
         "repeat": repeat, "layout": ",".join(sorted(layouts)),
     }
 
@@ -118,7 +135,9 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=["vgg16", "resnet50", "mobilenet_v2"])
     p.add_argument("--resolutions", nargs="+", type=int, default=[224, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--nodes", type=int, nargs="+", default=[2], help="node counts N (default 2)")
+    p.add_argument("--node-cores", type=int, help="simulate nodes of K cores: each rank pinned to K cores of its own, A on K "
+                   "cores, B on N x K (default: the host's cores / N, unpinned)")
     p.add_argument("--direction", default="auto", help="cut direction n/c/h/w, or auto: n when batch >= nodes, else h (default)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--repeat", type=int, default=3,
@@ -127,23 +146,26 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
-    table = Table([("model", "<13"), ("res", ">5"), ("batch", ">6"), ("cut", ">4"), ("A ms", ">10.1f"), ("B ms", ">10.1f"),
+    table = Table([("model", "<13"), ("res", ">5"), ("batch", ">6"), ("N", ">3"), ("K", ">3"), ("cut", ">4"), ("A ms", ">10.1f"), ("B ms", ">10.1f"),
                    ("BBGraP ms", ">11.1f"), ("A/BBGraP", ">10.2f"), ("B/BBGraP", ">10.2f"), ("compute", ">9.1f"), ("wait", ">7.1f"),
                    ("syncs", ">6"), ("rel err", ">9.1e")])
+    cores = len(os.sched_getaffinity(0))
+    counts = [n for n in args.nodes if not args.node_cores or n * args.node_cores <= cores]
+    for n in sorted(set(args.nodes) - set(counts)):
+        print(f"skipped N={n}: {n} x {args.node_cores} cores is more than this host's {cores}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bbgrap-bench-") as work:
-        for model in args.models:
-            for res in args.resolutions:
-                for batch in args.batches:
-                    row = bench_case(model, res, batch, args.nodes, args.direction, args.rounds, args.repeat,
-                                     not args.no_search, work)
-                    rows.append(row)
-                    if not args.json:
-                        slowest = max(row["profile_ms"], key=lambda r: r["compute"] + r["wait"])
-                        table.row(model, res, batch, row["direction"], row["A_ms"], row["B_ms"], row["bbgrap_ms"],
-                                  row["A_over_bbgrap"], row["B_over_bbgrap"], slowest["compute"], slowest["wait"],
-                                  row["sync_points"], row["max_rel_error"])
+        cases = [(m, r, b, n) for m in args.models for r in args.resolutions for b in args.batches for n in counts]
+        for model, res, batch, nodes in cases:
+            row = bench_case(model, res, batch, nodes, args.direction, args.rounds, args.repeat,
+                             not args.no_search, work, args.node_cores)
+            rows.append(row)
+            if not args.json:
+                slowest = max(row["profile_ms"], key=lambda r: r["compute"] + r["wait"])
+                table.row(model, res, batch, nodes, row["threads_A"], row["direction"], row["A_ms"], row["B_ms"], row["bbgrap_ms"],
+                          row["A_over_bbgrap"], row["B_over_bbgrap"], slowest["compute"], slowest["wait"],
+                          row["sync_points"], row["max_rel_error"])
     if args.json:
-        print(json.dumps({"nodes": args.nodes, "cores": len(os.sched_getaffinity(0)), "rows": rows}, indent=1))
+        print(json.dumps({"nodes": counts, "node_cores": args.node_cores, "cores": cores, "rows": rows}, indent=1))
     return 0 if all(r["exact"] for r in rows) else 1
 
 

@@ -222,7 +222,7 @@ def test_plan_directories_follow_the_umask(tmp_path) -> None:
     (lambda m: {**m, "messages": [{"id": 0, "src": 0, "dst": 5, "shape": [1], "dtype": "float32", "value": "v"}]}, "messages[0].dst"),
     (lambda m: {**m, "programs": [{**m["programs"][0], "steps": [["run", 7]]}, m["programs"][1]]}, "programs[0].steps[0]"),
     (lambda m: {**m, "programs": [{**m["programs"][0], "steps": [["wait", 3]]}, m["programs"][1]]}, "programs[0].steps[0]"),
-    (lambda m: {k: v for k, v in m.items() if k != "source"}, "'source'"),
+    (lambda m: {**m, "source": {"path": 3}}, "'source'"),
 ])
 def test_damaged_manifests_are_one_line(tmp_path, edit, words: str) -> None:
     # defect 10: plan.json not an object, without programs, with the wrong node count, ...

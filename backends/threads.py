@@ -1,0 +1,59 @@
+"""onnxruntime's threads in one process: one intra-op thread pool for every session.
+
+A pool per session was one set of `threads` spinning threads per segment: a rank of 20
+segments with 8 threads owned 160 threads on 8 cores. bbgrap-run starts one pool per
+process (`PROCESS_THREAD_POOL.start`) before its first session, and every session the
+process then makes takes its options from here (`PROCESS_THREAD_POOL.apply`, or
+`probe_options` for a session outside the plan): onnxruntime's environment, which holds
+the pool, is process-wide and refuses a session with a pool of its own beside it. So the
+record of it is process-wide too, and only bbgrap-run's entry points start it, never
+library callers that also make other sessions (the frontend, the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ProcessThreadPool:
+    threads: int = 0  # intra-op threads of the process's pool; 0: none, sessions get pools of their own
+
+    def start(self, threads: int) -> None:
+        """Once per process, before its first session. Where onnxruntime refuses (its
+        environment holds a pool already), sessions keep pools of their own."""
+        from onnxruntime.capi import _pybind_state
+
+        if self.threads:
+            return
+        try:
+            _pybind_state.set_global_thread_pool_sizes(threads, 1)
+        except Exception:
+            return
+        self.threads = threads
+
+    def apply(self, opts: Any, threads: int, spin: bool = True) -> None:
+        """Run the session of `opts` on the process's pool where it has `threads` threads,
+        else on a pool of its own (`spin=False`: its threads sleep when idle)."""
+        if self.threads:
+            opts.use_per_session_threads = False
+            return
+        if not spin:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+
+
+PROCESS_THREAD_POOL = ProcessThreadPool()
+
+
+def probe_options(threads: int = 1) -> Any:
+    """Options for a session outside the plan (a probe, a reference run) that onnxruntime
+    accepts whether or not the process's pool was started."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    PROCESS_THREAD_POOL.apply(opts, threads, spin=False)
+    return opts

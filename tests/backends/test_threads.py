@@ -1,0 +1,22 @@
+"""Threads per rank: every rank's cores, divided among the ranks that share them, and one
+onnxruntime thread pool per bbgrap-run process however many segments it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from bbgrap.backends.runtime import threads_for_rank
+
+
+@pytest.mark.parametrize(("affinities", "me", "threads"), [
+    ([[0, 1, 2, 3]] * 2, 0, 2),                            # mpirun binds nothing: 4 cores shared by 2 ranks
+    ([[0, 1, 2, 3]] * 4, 3, 1),
+    ([list(range(16))] * 3, 1, 5),
+    ([[0, 1], [2, 3]], 1, 2),                              # -bind-to core:2: each rank has cores of its own
+    ([[0, 1, 2, 3, 4, 5, 6, 7], list(range(8, 16))], 0, 8),
+    ([[0, 1, 2], [2, 3], [4, 5]], 0, 1),                   # partly overlapping: ranks 0 and 1 share core 2
+    ([[0, 1, 2], [2, 3], [4, 5]], 2, 2),
+    ([[0]] * 4, 2, 1),                                     # more ranks than cores: still one thread each
+])
+def test_threads_for_rank(affinities: list[list[int]], me: int, threads: int) -> None:
+    assert threads_for_rank(affinities, me) == threads
