@@ -220,7 +220,7 @@ def _stage(staging: str, manifest: Mapping[str, Any], files: Mapping[str, bytes]
             fh.write(data)
         sums[rel] = hashlib.sha256(data).hexdigest()
     arrays = {f"input:{k}": v for k, v in inputs.items()} | {f"output:{k}": v for k, v in outputs.items()}
-    np.savez(os.path.join(staging, SAMPLE), **arrays)
+    np.savez(os.path.join(staging, SAMPLE), **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     sums[SAMPLE] = file_sha256(os.path.join(staging, SAMPLE))
     plan_id = uuid.uuid4().hex
     body = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": plan_id, "files": dict(sorted(sums.items())), **manifest}
@@ -305,7 +305,7 @@ def _record_problem(rec: Any, where: str, fields: Mapping[str, Any]) -> str | No
 def manifest_problem(m: Mapping[str, Any]) -> str | None:
     """What is wrong with a manifest of this version (None: nothing the readers depend on)."""
     nodes = m.get("nodes")
-    if not _is_int(nodes) or nodes < 1:
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         return "'nodes' is not a positive integer"
     if not isinstance(m.get("plan_id"), str) or not isinstance(m.get("model"), str):
         return "'plan_id' or 'model' is missing"
@@ -326,7 +326,9 @@ def manifest_problem(m: Mapping[str, Any]) -> str | None:
                 return problem
     if not isinstance(m.get("messages"), list):
         return "'messages' is not a list"
-    in_range = lambda v: _is_int(v) and 0 <= v < nodes  # noqa: E731
+    def in_range(v: Any) -> bool:
+        return _is_int(v) and 0 <= v < nodes
+
     for k, rec in enumerate(m["messages"]):
         problem = _record_problem(rec, f"messages[{k}]", {"id": _is_int, "src": in_range, "dst": in_range, "shape": _is_shape,
                                                           "dtype": lambda v: isinstance(v, str), "value": lambda v: isinstance(v, str)})
@@ -355,7 +357,10 @@ def manifest_problem(m: Mapping[str, Any]) -> str | None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in prog["outputs"].items()):
             return f"programs[{n}].outputs is malformed"
     stats = m.get("stats")
-    numbers = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+
+    def numbers(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
     if not isinstance(stats, dict) or not all(numbers(stats.get(k)) for k in ("bytes_transferred", "messages", "sync_points", "segments")):
         return "'stats' is missing or malformed"
     per_node = stats.get("per_node")

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from bbgrap.backends.runtime import threads_per_rank
 
 from bbgrap import zoo
-from bbgrap.backends.runtime import threads_per_rank
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.plan import read_sample

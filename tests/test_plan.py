@@ -15,12 +15,21 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import compile_plan, run_plan, save
 
 from bbgrap import zoo
 from bbgrap.ir import BBGrapError
-from bbgrap.plan import (MANIFEST, REPLACING, STAGING_PREFIX, check_output_dir, plan_files, read_manifest, read_sample,
-                         verify_files, write_plan)
-from helpers import compile_plan, run_plan, save
+from bbgrap.plan import (
+    MANIFEST,
+    REPLACING,
+    STAGING_PREFIX,
+    check_output_dir,
+    plan_files,
+    read_manifest,
+    read_sample,
+    verify_files,
+    write_plan,
+)
 
 BIN = os.path.dirname(sys.executable)
 
