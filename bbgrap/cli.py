@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="summarise a plan", description="Summarise a plan directory.")
     i.add_argument("plan", nargs="?", default="bbgrap-plan", help="plan directory (default ./bbgrap-plan)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.add_argument("--layers", action="store_true",
+                   help="one row per layer: its cut, each node's range along it, operations (and how many are "
+                   "recomputed), bytes its output sends, and for a layer computed whole on one node, which and why")
 
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
                        description="Write a standard architecture with random weights (no download).")
@@ -169,8 +172,31 @@ def inspect_json(manifest: dict[str, Any]) -> dict[str, Any]:
         "segments": stats["segments"],
         "per_node": stats["per_node"],
         "opaque": manifest.get("opaque", []),
+        "whole": whole_layers(manifest),
         "search": search,
     }
+
+
+def whole_layers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The layers computed whole on one node, with their share of the model's operations and why."""
+    rows = manifest.get("layer_table") or []
+    total = sum(r["flops"] for r in rows) or 1.0
+    return [{"name": r["name"], "op_type": r["op_type"], "node": r["whole_on"], "share": r["flops"] / total, "reason": r["reason"]}
+            for r in rows if r["cut"] == "whole" and manifest["nodes"] > 1]
+
+
+def layers_text(manifest: dict[str, Any]) -> str:
+    """`bbgrap inspect --layers`: one row per layer."""
+    rows = manifest.get("layer_table") or []
+    total = sum(r["flops"] for r in rows) or 1.0
+    lines = [f"{'layer':<28} {'op':<18} {'cut':<6} {'ranges per node':<28} {'MFLOP':>9} {'% model':>7} {'% recomp':>8} {'KB sent':>8}  note"]
+    for r in rows:
+        ranges = " ".join(f"{n}:{p['range'][0]}-{p['range'][1]}" for n, p in enumerate(r["per_node"]) if p["range"])
+        recomputed = sum(p["redundant_flops"] for p in r["per_node"]) / r["flops"] if r["flops"] else 0.0
+        note = f"whole on node {r['whole_on']}: {r['reason']}" if r["cut"] == "whole" else ""
+        lines.append(f"{r['name'][:28]:<28} {r['op_type'][:18]:<18} {r['cut']:<6} {ranges[:28]:<28} {r['flops'] / 1e6:>9.2f} "
+                     f"{100 * r['flops'] / total:>7.2f} {100 * recomputed:>8.1f} {r['bytes_sent'] / 1e3:>8.1f}  {note}".rstrip())
+    return "\n".join(lines)
 
 
 def summary(manifest: dict[str, Any], where: str) -> str:
@@ -190,6 +216,11 @@ def summary(manifest: dict[str, Any], where: str) -> str:
     if info["opaque"]:
         ops = sorted({o["op_type"] for o in info["opaque"]})
         lines.append(f"opaque layers (computed whole on node 0): {len(info['opaque'])} ({', '.join(ops)})")
+    whole = sorted(info["whole"], key=lambda w: -w["share"])
+    if whole:
+        top = "; ".join(f"{w['name']} ({w['op_type']}, {100 * w['share']:.1f} %: {w['reason']})" for w in whole[:3])
+        lines.append(f"layers computed whole on one node: {len(whole)}, {100 * sum(w['share'] for w in whole):.1f} % of the "
+                     f"operations; largest: {top} (bbgrap inspect --layers lists them all)")
     s = info["search"]
     if s:
         lines.append(
@@ -204,7 +235,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     manifest = read_manifest(args.plan)
     if args.json:
-        print(json.dumps(inspect_json(manifest), indent=1))
+        info = inspect_json(manifest)
+        if args.layers:
+            info["layers_table"] = manifest.get("layer_table") or []
+        print(json.dumps(info, indent=1))
+    elif args.layers:
+        print(layers_text(manifest))
     else:
         print(summary(manifest, args.plan))
     return 0

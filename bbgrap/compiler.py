@@ -10,6 +10,7 @@ from bbgrap.config import Config, direction_axis
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
+from bbgrap.report import layer_table
 
 
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
@@ -93,6 +94,7 @@ def compile_model(
         "speeds": list(cfg.node_speeds()),
         "passes": [p.name for p in manager.passes],
         "search": dict(graph.search_stats) or None,
+        "layer_table": layer_table(graph, cfg.direction),
         "compile_seconds": round(time.perf_counter() - t0, 3),
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         "source": {"path": os.path.abspath(model), "sha256": file_sha256(model)},

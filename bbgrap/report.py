@@ -1,0 +1,81 @@
+"""Where the work is: one row per layer of a partitioned graph, for `bbgrap inspect --layers`.
+
+For every layer: how it is cut (the axis, each node's range along it), the operations each
+node performs for it (and those beyond its own outputs: recomputed halos, whole groups),
+the bytes of its output that cross nodes, and — for a layer computed whole on one node —
+which node and why (no region rule, or no axis its rule can cut along the requested
+direction or channels).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bbgrap.config import direction_axis
+from bbgrap.cost import layer_ops
+from bbgrap.ir import Graph, Layer
+from bbgrap.rules.registry import RuleRegistry, default_registry
+
+AXIS_NAMES_4D = ("n", "c", "h", "w")
+
+
+def axis_name(axis: int | None, rank: int) -> str:
+    """n/c/h/w for a 4-D tensor's axes, else `axis K`; `whole` for a layer that is not cut."""
+    if axis is None:
+        return "whole"
+    return AXIS_NAMES_4D[axis] if rank == 4 else f"axis {axis}"
+
+
+def whole_reason(graph: Graph, layer: Layer, direction: str, registry: RuleRegistry) -> str:
+    """Why a layer is computed whole on one node (see naive_partition.choose_axis)."""
+    if layer.domain not in ("", "ai.onnx"):
+        return f"no region rule: op of the custom domain '{layer.domain}'"
+    rule = registry.get(layer)
+    if rule is None:
+        return f"no region rule for {layer.op_type}"
+    shape = graph.tensors[layer.outputs[0]].shape
+    wanted = [a for d in (direction, "c") if (a := direction_axis(d, len(shape))) is not None]
+    allowed = rule.axes(layer, graph)
+    if not any(a in allowed for a in wanted):
+        names = ", ".join(axis_name(a, len(shape)) for a in sorted(allowed)) or "none"
+        return f"its rule cuts only along {names}, not {direction} or channels"
+    return f"its output ({'x'.join(map(str, shape))}) is too short along {direction} and channels to share"
+
+
+def layer_table(graph: Graph, direction: str, registry: RuleRegistry | None = None) -> list[dict[str, Any]]:
+    """One row per layer, in the graph's order (see the module docstring)."""
+    registry = registry or default_registry()
+    crossing: dict[str, int] = {}  # bytes of each tensor that go from one node to another
+    for t in graph.transfers():
+        crossing[t.tensor] = crossing.get(t.tensor, 0) + t.region.volume * np.dtype(graph.tensors[t.tensor].dtype).itemsize
+    rows = []
+    for layer in graph.layers:
+        part = graph.partitions[layer.name]
+        rank = len(graph.tensors[layer.outputs[0]].shape)
+        nodes = []
+        for n in range(graph.nodes):
+            out, computes = part.out[n], part.computes[n]
+            extent = None
+            if part.axis is not None and not out.empty:
+                iv = out.interval(part.axis)
+                extent = [iv.start, iv.stop]
+            nodes.append({
+                "range": extent,
+                "flops": layer_ops(layer, graph, computes) if not computes.empty else 0.0,
+                "redundant_flops": (layer_ops(layer, graph, computes) - layer_ops(layer, graph, out)) if not computes.empty else 0.0,
+            })
+        row: dict[str, Any] = {
+            "name": layer.name, "op_type": layer.op_type, "cut": axis_name(part.axis, rank),
+            "output_shape": list(graph.tensors[layer.outputs[0]].shape),
+            "flops": sum(n["flops"] for n in nodes), "bytes_sent": sum(crossing.get(t, 0) for t in layer.outputs if t),
+            "per_node": nodes,
+        }
+        if part.axis is None:
+            active = part.active_nodes()
+            row["whole_on"] = active[0] if active else 0
+            row["reason"] = whole_reason(graph, layer, direction, registry) if graph.nodes > 1 else "one node"
+        rows.append(row)
+    return rows
+

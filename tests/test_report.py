@@ -1,0 +1,73 @@
+"""`bbgrap inspect --layers` (bbgrap/report.py): one row per layer, consistent with the plan's
+own accounting, and every layer computed whole on one node named with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from bbgrap import zoo
+from bbgrap.plan import read_manifest
+from helpers import assert_exact, compile_plan, save
+
+BIN = os.path.dirname(sys.executable)
+
+
+def conv_then_hardmax() -> object:
+    """A convolution (cut by rows) feeding Hardmax, an op without a region rule (whole on node 0)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Hardmax", ["c"], ["y"], name="hardmax", axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("name", "nodes", "direction"), [("resnet18", 2, "h"), ("mobilenet_v2", 3, "w"), ("inception", 2, "w"), ("densenet", 4, "c")])
+def test_rows_add_up_to_the_plan(tmp_path, name: str, nodes: int, direction: str) -> None:
+    model = save(zoo.build(name, resolution=48, width=0.125), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(model, plan, nodes=nodes, direction=direction, search=True)
+    manifest = read_manifest(plan)
+    rows = manifest["layer_table"]
+    assert len(rows) == manifest["layers"]
+    for n in range(nodes):
+        per_node = sum(r["per_node"][n]["flops"] for r in rows)
+        assert per_node == pytest.approx(manifest["stats"]["per_node"][n]["flops"], rel=1e-9)
+        redundant = sum(r["per_node"][n]["redundant_flops"] for r in rows)
+        assert redundant == pytest.approx(manifest["stats"]["per_node"][n]["redundant_flops"], rel=1e-9, abs=1e-6)
+    assert sum(r["bytes_sent"] for r in rows) == manifest["stats"]["bytes_transferred"]
+    for r in rows:
+        ranges = [p["range"] for p in r["per_node"] if p["range"]]
+        if r["cut"] != "whole":  # the owned ranges tile the extent along the cut
+            assert sorted(ranges)[0][0] == 0 and all(a[1] == b[0] for a, b in zip(sorted(ranges), sorted(ranges)[1:]))
+    assert_exact(plan)
+
+
+def test_a_layer_without_rule_is_whole_with_its_reason(tmp_path) -> None:
+    model = save(conv_then_hardmax(), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    proc = subprocess.run([os.path.join(BIN, "bbgrap"), "compile", model, "--nodes", "2", "-o", plan, "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in read_manifest(plan)["layer_table"]}
+    assert rows["conv"]["cut"] == "h" and [p["range"] for p in rows["conv"]["per_node"]] == [[0, 8], [8, 16]]
+    assert rows["hardmax"]["cut"] == "whole" and rows["hardmax"]["whole_on"] == 0
+    assert rows["hardmax"]["reason"] == "no region rule for Hardmax"
+    text = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan, "--layers"], capture_output=True, text=True, timeout=60).stdout
+    assert "whole on node 0: no region rule for Hardmax" in text
+    summary = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan], capture_output=True, text=True, timeout=60).stdout
+    assert "layers computed whole on one node: 1" in summary and "hardmax (Hardmax" in summary
+    info = json.loads(subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan, "--json", "--layers"],
+                                     capture_output=True, text=True, timeout=60).stdout)
+    assert info["whole"][0]["name"] == "hardmax" and 0 < info["whole"][0]["share"] < 1
+    assert len(info["layers_table"]) == 2
+    assert_exact(plan)
