@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -85,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="summarise a plan", description="Summarise a plan directory.")
     i.add_argument("plan", nargs="?", default="bbgrap-plan", help="plan directory (default ./bbgrap-plan)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.add_argument("--svg", metavar="FILE", help="write a picture of the plan (SVG): each layer's cut, every node's share "
+                   "as a coloured band, recomputed halos, receive points, layers computed whole on one node")
     i.add_argument("--layers", action="store_true",
                    help="one row per layer: its cut, each node's range along it, operations (and how many are "
                    "recomputed), bytes its output sends, and for a layer computed whole on one node, which and why")
@@ -234,6 +237,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from bbgrap.plan import read_manifest
 
     manifest = read_manifest(args.plan)
+    if args.svg:
+        from bbgrap.picture import plan_svg
+
+        target = os.path.dirname(os.path.abspath(args.svg))
+        if os.path.isdir(args.svg) or not os.path.isdir(target):
+            raise BBGrapError(f"--svg {args.svg}: {'is a directory' if os.path.isdir(args.svg) else 'its directory does not exist'}; "
+                              f"give the path of the .svg file to write")
+        tmp = f"{args.svg}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(plan_svg(manifest))
+            os.replace(tmp, args.svg)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise BBGrapError(f"cannot write {args.svg} ({exc.strerror or type(exc).__name__}); choose another path") from None
+        return 0
     if args.json:
         info = inspect_json(manifest)
         if args.layers:

@@ -57,18 +57,20 @@ def layer_table(graph: Graph, direction: str, registry: RuleRegistry | None = No
         nodes = []
         for n in range(graph.nodes):
             out, computes = part.out[n], part.computes[n]
-            extent = None
+            extent = computed = None
             if part.axis is not None and not out.empty:
-                iv = out.interval(part.axis)
-                extent = [iv.start, iv.stop]
+                iv, cv = out.interval(part.axis), computes.bounding_box().interval(part.axis)
+                extent, computed = [iv.start, iv.stop], [cv.start, cv.stop]
             nodes.append({
-                "range": extent,
+                "range": extent,  # the part it owns (what other nodes receive from)
+                "computes": computed,  # owned, plus recomputed halo rows or whole groups
                 "flops": layer_ops(layer, graph, computes) if not computes.empty else 0.0,
                 "redundant_flops": (layer_ops(layer, graph, computes) - layer_ops(layer, graph, out)) if not computes.empty else 0.0,
             })
         row: dict[str, Any] = {
             "name": layer.name, "op_type": layer.op_type, "cut": axis_name(part.axis, rank),
             "output_shape": list(graph.tensors[layer.outputs[0]].shape),
+            "extent": graph.tensors[layer.outputs[0]].shape[part.axis] if part.axis is not None else None,
             "flops": sum(n["flops"] for n in nodes), "bytes_sent": sum(crossing.get(t, 0) for t in layer.outputs if t),
             "per_node": nodes,
         }
