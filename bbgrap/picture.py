@@ -81,8 +81,8 @@ def plan_svg(manifest: dict[str, Any]) -> str:
         out.append("</g>")
     step = max(1, len(rows) // 40)
     for i in range(0, len(rows), step):
-        x = LEFT + i * COLUMN + COLUMN / 2
-        out.append(f'<text transform="translate({x},{base + 48}) rotate(90)" font-size="8">{escape(rows[i]["name"][:28])}</text>')
+        label_x = LEFT + i * COLUMN + COLUMN / 2
+        out.append(f'<text transform="translate({label_x},{base + 48}) rotate(90)" font-size="8">{escape(rows[i]["name"][:28])}</text>')
     legend_y = height - 14
     lx = LEFT
     for n in range(nodes):
