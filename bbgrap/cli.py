@@ -6,8 +6,10 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Sequence
 
 from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
@@ -41,6 +43,13 @@ class Progress:
         sys.stderr.flush()
 
 
+def package_version() -> str:
+    try:
+        return version("bbgrap")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bbgrap",
@@ -48,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"bbgrap {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("compile", help="compile MODEL into a plan for N nodes",
@@ -93,24 +103,42 @@ def _speeds(text: str | None) -> tuple[float, ...] | None:
     try:
         speeds = tuple(float(s) for s in text.split(","))
     except ValueError:
-        raise BBGrapError(f"--speeds '{text}' is not a comma-separated list of numbers, e.g. 1,3,1") from None
+        speeds = ()
+    if not speeds or not all(math.isfinite(s) and s > 0 for s in speeds):
+        raise BBGrapError(f"--speeds '{text}' is not a comma-separated list of positive numbers, e.g. 1,3,1")
     return speeds
 
 
-def cmd_compile(args: argparse.Namespace) -> int:
-    from bbgrap.compiler import compile_model
-    from bbgrap.frontends.onnx import parse_input_shapes
+def _check_dump_dir(directory: str) -> None:
+    """--dump-dir must be a directory that exists or can be made (checked before compiling)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise BBGrapError(f"--dump-dir {directory} is a file, not a directory; choose another --dump-dir")
+    if os.path.islink(directory) and not os.path.exists(directory):
+        raise BBGrapError(f"--dump-dir {directory} is a symbolic link to a missing directory; choose another --dump-dir")
+    ancestor = os.path.abspath(directory)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise BBGrapError(f"--dump-dir {directory}: '{ancestor}' is not a writable directory; choose another --dump-dir")
 
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    # everything about the arguments is checked before the compiler (onnx, onnxruntime) is imported
     base = load_config(args.config) if args.config else Config()
     speeds = _speeds(args.speeds)
     nodes = args.nodes if args.nodes is not None else (len(speeds) if speeds else None)
-    if nodes is not None and nodes < 1:
-        raise BBGrapError(f"--nodes must be at least 1, not {nodes}")
     if args.direction is not None and args.direction not in DIRECTIONS:
         raise BBGrapError(f"--direction '{args.direction}' is not one of {', '.join(DIRECTIONS)} (n: batch, c: channels, h: height, w: width)")
     if args.search is not None and args.search not in SEARCHES:
         raise BBGrapError(f"--search '{args.search}' is not one of {', '.join(SEARCHES)}")
     cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search)
+    from bbgrap.plan import check_output_dir
+
+    check_output_dir(args.output)
+    if args.dump_ir_after:
+        _check_dump_dir(args.dump_dir)
+    from bbgrap.compiler import compile_model
+    from bbgrap.frontends.onnx import parse_input_shapes
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
     manifest = compile_model(
         args.model, cfg, args.output, parse_input_shapes(args.input_shape),
@@ -183,6 +211,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if os.path.isdir(args.output):
+        raise BBGrapError(f"-o {args.output} is a directory; give the path of the .onnx file to write")
+    if not os.path.isdir(out_dir):
+        raise BBGrapError(f"-o {args.output}: the directory '{out_dir}' does not exist; create it first")
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise BBGrapError(f"-o {args.output}: the directory '{out_dir}' is not writable; choose another path")
     import onnx
 
     from bbgrap import zoo
@@ -195,6 +230,8 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     try:
         onnx.save(model, tmp)
         os.replace(tmp, args.output)
+    except OSError as exc:
+        raise BBGrapError(f"cannot write {args.output} ({exc.strerror or type(exc).__name__}); free space or choose another path") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -204,7 +241,13 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM ends bbgrap like Ctrl-C: through the clean-up of whatever it was writing."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     args = _parser().parse_args(argv)
     handlers = {"compile": cmd_compile, "inspect": cmd_inspect, "zoo": cmd_zoo}
     try:

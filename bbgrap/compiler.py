@@ -6,10 +6,10 @@ import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from bbgrap.config import Config
-from bbgrap.ir import Graph
+from bbgrap.config import Config, direction_axis
+from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
-from bbgrap.plan import write_plan
+from bbgrap.plan import check_output_dir, file_sha256, write_plan
 
 
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
@@ -32,6 +32,20 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
 
             passes.append(RecomputeHalos(speeds=cfg.node_speeds(), progress=progress))
     return passes
+
+
+def check_node_count(graph: Graph, nodes: int, direction: str) -> None:
+    """Refuse a node count that leaves nodes without work: more nodes than the longest
+    extent any tensor has along the cut direction, or along channels (the fallback cut)."""
+    def longest(d: str) -> int:
+        extents = [t.shape[axis] for t in graph.tensors.values()
+                   if (axis := direction_axis(d, len(t.shape))) is not None and axis < len(t.shape)]
+        return max(extents, default=1)
+
+    useful = max(longest(direction), longest("c"))
+    if nodes > useful:
+        raise BBGrapError(f"--nodes {nodes}: no tensor of '{graph.name}' is longer than {useful} along direction {direction} "
+                          f"or channels, so {nodes - useful} nodes would get no work; use at most {useful} nodes")
 
 
 def dump_ir(directory: str) -> Callable[[str, Graph], None]:
@@ -64,7 +78,9 @@ def compile_model(
     from bbgrap.frontends.onnx import import_model
 
     t0 = time.perf_counter()
+    check_output_dir(out_dir)
     front = import_model(model, input_shapes)
+    check_node_count(front.graph, cfg.nodes, cfg.direction)
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
     manager = PassManager(pipeline(cfg, optimize, search, progress, recompute), dump_after=dump_after, dump=dump_ir(dump_dir))
     graph = manager.run(front.graph)
@@ -78,6 +94,8 @@ def compile_model(
         "passes": [p.name for p in manager.passes],
         "search": dict(graph.search_stats) or None,
         "compile_seconds": round(time.perf_counter() - t0, 3),
+        # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
+        "source": {"path": os.path.abspath(model), "sha256": file_sha256(model)},
     }
-    write_plan(out_dir, manifest, files, front.sample_inputs, front.reference_outputs)
+    manifest["plan_id"] = write_plan(out_dir, manifest, files, front.sample_inputs, front.reference_outputs)
     return manifest

@@ -5,6 +5,7 @@ Every invalid value gets one error line naming the key and the file.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +20,8 @@ from bbgrap.search.objective import Weights
 
 DIRECTIONS = ("n", "c", "h", "w")
 SEARCHES = ("exact", "pruned-tree", "exhaustive")
+# More nodes than any model here has rows or channels to share out; compile time and memory grow with the count.
+MAX_NODES = 1024
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,12 @@ class Config:
         """CLI flags (None: not given) over the file's values, then re-validated."""
         given = {k: v for k, v in flags.items() if v is not None}
         cfg = replace(self, **given)
-        if "nodes" in given and len(cfg.speeds) not in (0, cfg.nodes):
+        if "nodes" in given and "speeds" not in given and len(cfg.speeds) not in (0, cfg.nodes):
             raise BBGrapError(
                 f"--nodes {cfg.nodes} disagrees with the {len(cfg.speeds)} speeds in {cfg.source}; "
                 f"drop --nodes or edit cluster.speeds"
             )
-        validate(cfg)
+        validate(cfg, frozenset(given))
         return cfg
 
 
@@ -82,6 +85,12 @@ def load_config(path: str) -> Config:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise BBGrapError(f"config file '{path}' does not exist; see configs/ for examples") from None
+    except IsADirectoryError:
+        raise BBGrapError(f"--config {path} is a directory; give a TOML file (see configs/ for examples)") from None
+    except OSError as exc:
+        raise BBGrapError(f"config file '{path}' is unreadable ({exc.strerror or type(exc).__name__}); check its permissions") from None
+    except UnicodeDecodeError:
+        raise BBGrapError(f"{path}: not UTF-8 text; save the config as UTF-8 TOML (see configs/ for examples)") from None
     except tomllib.TOMLDecodeError as exc:
         raise BBGrapError(f"{path}: not valid TOML ({exc}); see configs/ for examples") from None
     for section, value in data.items():
@@ -103,18 +112,23 @@ def load_config(path: str) -> Config:
             raise _fail(path, f"cluster.{key}", "must be a list of numbers")
     speeds = tuple(float(s) for s in cluster.get("speeds", []))
     nodes = int(cluster.get("nodes", len(speeds) or 1))
+    entries = data.get("custom", [])
+    if not isinstance(entries, list):
+        raise _fail(path, "custom", "must be a list of [[custom]] tables, each with 'layer' and 'direction'")
     custom = []
-    for k, entry in enumerate(data.get("custom", [])):
+    for k, entry in enumerate(entries):
         where = f"custom[{k}]"
         if not isinstance(entry, dict) or "layer" not in entry or "direction" not in entry:
             raise _fail(path, where, "needs 'layer' and 'direction' (and optionally 'sizes'), as [[custom]] tables")
         extra = set(entry) - {"layer", "direction", "sizes"}
         if extra:
             raise _fail(path, f"{where}.{sorted(extra)[0]}", "is not a known key (known: layer, direction, sizes)")
+        if not isinstance(entry["layer"], str) or not isinstance(entry["direction"], str):
+            raise _fail(path, where, "'layer' and 'direction' must be strings")
         sizes = entry.get("sizes")
         if sizes is not None and (not isinstance(sizes, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes)):
             raise _fail(path, f"{where}.sizes", "must be a list of non-negative integers, one per node")
-        custom.append(CustomPartition(str(entry["layer"]), str(entry["direction"]), tuple(sizes) if sizes is not None else None))
+        custom.append(CustomPartition(entry["layer"], entry["direction"], tuple(sizes) if sizes is not None else None))
     cfg = Config(
         nodes=nodes,
         speeds=speeds,
@@ -130,30 +144,50 @@ def load_config(path: str) -> Config:
     return cfg
 
 
-def validate(cfg: Config) -> None:
-    src = cfg.source
+# The flag that sets a Config field on the command line, to name it in errors.
+FLAGS = {"nodes": "--nodes", "speeds": "--speeds", "threshold": "--threshold", "direction": "--direction", "search": "--search"}
+
+
+def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
+    """Every field in range; an error names the flag where the value came from one
+    (`from_flags`), else the file's key."""
+
+    def fail(field: str, key: str, problem: str) -> BBGrapError:
+        if field in from_flags:
+            return BBGrapError(f"{FLAGS[field]} {problem}")
+        return _fail(cfg.source, key, problem)
+
     if cfg.nodes < 1:
-        raise _fail(src, "nodes", f"must be at least 1, not {cfg.nodes} (--nodes N or cluster.nodes)")
+        raise fail("nodes", "cluster.nodes", f"must be at least 1, not {cfg.nodes}")
+    if cfg.nodes > MAX_NODES:
+        raise fail("nodes", "cluster.nodes", f"must be at most {MAX_NODES}, not {cfg.nodes}")
     if cfg.speeds and len(cfg.speeds) != cfg.nodes:
-        raise _fail(src, "cluster.speeds", f"has {len(cfg.speeds)} entries for {cfg.nodes} nodes; give one per node")
-    if any(s <= 0 for s in cfg.speeds):
-        raise _fail(src, "cluster.speeds", "must all be positive")
+        raise fail("speeds", "cluster.speeds", f"has {len(cfg.speeds)} entries for {cfg.nodes} nodes; give one per node")
+    if not all(math.isfinite(s) and s > 0 for s in cfg.speeds):
+        raise fail("speeds", "cluster.speeds", "must all be positive finite numbers, e.g. 1,3,1")
     if cfg.memory_mb and len(cfg.memory_mb) != cfg.nodes:
-        raise _fail(src, "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node")
+        raise _fail(cfg.source, "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node")
+    if not all(math.isfinite(m) and m > 0 for m in cfg.memory_mb):
+        raise _fail(cfg.source, "cluster.memory_mb", "must all be positive finite numbers of megabytes")
     if not 0 <= cfg.threshold <= 100:
-        raise _fail(src, "threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
+        raise fail("threshold", "partition.threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
     if cfg.direction not in DIRECTIONS:
-        raise _fail(src, "direction", f"must be one of {', '.join(DIRECTIONS)}, not '{cfg.direction}'")
+        raise fail("direction", "partition.direction", f"must be one of {', '.join(DIRECTIONS)}, not '{cfg.direction}'")
     if cfg.search not in SEARCHES:
-        raise _fail(src, "search", f"must be one of {', '.join(SEARCHES)}, not '{cfg.search}'")
+        raise fail("search", "partition.search", f"must be one of {', '.join(SEARCHES)}, not '{cfg.search}'")
     for name in ("operations_w", "data_w", "over_w", "harmonic_w"):
-        if getattr(cfg.objective, name) < 0:
-            raise _fail(src, f"objective.{name}", "must be non-negative")
+        weight = getattr(cfg.objective, name)
+        if not (math.isfinite(weight) and weight >= 0):
+            raise _fail(cfg.source, f"objective.{name}", f"must be a non-negative finite number, not {weight:g}")
+    seen: set[str] = set()
     for c in cfg.custom:
+        if c.layer in seen:
+            raise _fail(cfg.source, f"custom '{c.layer}'", "is given twice; keep one [[custom]] table per layer")
+        seen.add(c.layer)
         if c.direction not in DIRECTIONS:
-            raise _fail(src, f"custom '{c.layer}' direction", f"must be one of {', '.join(DIRECTIONS)}")
+            raise _fail(cfg.source, f"custom '{c.layer}' direction", f"must be one of {', '.join(DIRECTIONS)}")
         if c.sizes is not None and len(c.sizes) != cfg.nodes:
-            raise _fail(src, f"custom '{c.layer}' sizes", f"has {len(c.sizes)} entries for {cfg.nodes} nodes")
+            raise _fail(cfg.source, f"custom '{c.layer}' sizes", f"has {len(c.sizes)} entries for {cfg.nodes} nodes")
 
 
 def direction_axis(direction: str, rank: int) -> int | None:

@@ -2,85 +2,412 @@
 sample input with the original model's output on it.
 
 ```
-plan.json            manifest (format, version, nodes, programs, messages, stats)
+plan.json            manifest (format, version, plan_id, files, nodes, programs, messages, stats)
 sample.npz           inputs (`input:NAME`) and reference outputs (`output:NAME`)
 node<N>/seg<K>.onnx  node N's segments, holding only the weights node N uses
 ```
-A plan is written to a temporary directory beside the target and renamed into
-place, so a failed compile never leaves a half-written plan.
+
+Identity: every compile gets a fresh `plan_id`, and the manifest holds the sha256 of
+every other file of the plan (`files`), so a rank refuses a segment that is damaged
+or was copied from another compile (`verify_files`), naming the file.
+
+Writing never loses a user's file and never leaves a half-written plan:
+* the plan is staged in a hidden directory inside the target (`.bbgrap-plan-*`),
+  locked (`flock`) by its writer for as long as it lives;
+* it is committed under a lock on the target directory: the old plan's files (those
+  its manifest lists, nothing else) are replaced, `plan.json` is moved in last, so a
+  reader sees the old plan, no plan, or the whole new one, and every file it then
+  reads is checked against the manifest it read;
+* a commit in progress is recorded in `.bbgrap-replacing` (the files it owns), so
+  a commit killed half-way is finished by the next compile to that directory;
+* staging directories whose writer died (no lock held) are swept by the next write.
+A directory that is neither empty nor a plan is refused, never emptied.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Mapping
+import uuid
+import zipfile
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from bbgrap.ir import BBGrapError
 
 PLAN_FORMAT = "bbgrap-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 MANIFEST = "plan.json"
 SAMPLE = "sample.npz"
+STAGING_PREFIX = ".bbgrap-plan-"
+LEGACY_PREFIXES = (STAGING_PREFIX, ".bbgrap-old-")  # temporary directories earlier versions left beside a plan
+REPLACING = ".bbgrap-replacing"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- writing
+
+
+def check_output_dir(directory: str) -> str:
+    """Where a plan for `-o directory` goes (links followed), checked before compiling so
+    that every problem is one line and nothing is written; raises BBGrapError."""
+    if os.path.islink(directory) and not os.path.exists(directory):
+        raise BBGrapError(f"-o {directory} is a symbolic link to '{os.readlink(directory)}', which does not exist; "
+                          f"create that directory or remove the link")
+    target = os.path.realpath(directory)
+    if os.path.exists(target):
+        if not os.path.isdir(target):
+            raise BBGrapError(f"-o {directory} is a file, not a directory; choose a directory for the plan")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise BBGrapError(f"-o {directory}: permission denied (the directory is not writable); choose another -o DIR")
+        if plan_files(target) is None:
+            raise BBGrapError(f"-o {directory} is not empty and holds no bbgrap plan; bbgrap never deletes files it did not "
+                              f"write: choose a new or empty directory")
+        return target
+    ancestor = os.path.dirname(target)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise BBGrapError(f"-o {directory}: '{ancestor}' is a file, not a directory; choose another -o DIR")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise BBGrapError(f"-o {directory}: cannot create it, '{ancestor}' is not writable; choose another -o DIR")
+    return target
+
+
+def plan_files(target: str) -> set[str] | None:
+    """The paths (relative to `target`) that bbgrap wrote there: an earlier plan's files,
+    or those of a commit that was interrupted; the empty set for an empty directory
+    (staging directories aside); None where `target` holds anything else."""
+    for _ in range(100):  # another writer may be committing: look again if a file went while reading it
+        try:
+            return _scan_plan_files(target)
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _scan_plan_files(target: str) -> set[str] | None:
+    entries = [e for e in os.listdir(target) if not e.startswith(STAGING_PREFIX)]
+    if not entries:
+        return set()
+    owned: set[str] = set()
+    if REPLACING in entries:
+        listed = _read_json(os.path.join(target, REPLACING))
+        if not isinstance(listed, list) or not all(isinstance(p, str) and _safe_relative(p) for p in listed):
+            return None
+        owned |= set(listed) | {REPLACING}
+    if MANIFEST in entries:
+        manifest = _read_json(os.path.join(target, MANIFEST))
+        if not isinstance(manifest, dict) or manifest.get("format") != PLAN_FORMAT:
+            return owned or None
+        owned |= {MANIFEST, SAMPLE} | _manifest_paths(manifest)
+    if not owned:
+        return None
+    return {p for p in owned if os.path.lexists(os.path.join(target, p))}
+
+
+def _read_json(path: str) -> Any:
+    """The JSON value in `path`, or None where it is not JSON (FileNotFoundError passes)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError):
+        return None
+
+
+def _manifest_paths(manifest: Mapping[str, Any]) -> set[str]:
+    """Files a manifest of any version says belong to its plan."""
+    paths = set(manifest["files"]) if isinstance(manifest.get("files"), dict) else set()
+    for prog in manifest.get("programs", []) if isinstance(manifest.get("programs"), list) else []:
+        for seg in prog.get("segments", []) if isinstance(prog, dict) else []:
+            if isinstance(seg, dict) and isinstance(seg.get("file"), str):
+                paths.add(seg["file"])
+    return {p for p in paths if _safe_relative(p)}
+
+
+def _safe_relative(path: str) -> bool:
+    """A plain relative path that stays inside the plan directory."""
+    return bool(path) and not os.path.isabs(path) and ".." not in path.split("/") and "\\" not in path
+
+
+@contextlib.contextmanager
+def _flock(path: str, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive flock on directory `path`; yields False where `blocking` is off
+    and another process holds it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def sweep_stale(directory: str) -> list[str]:
+    """Remove the staging directories in `directory` whose writer is gone (nobody holds
+    their lock; earlier versions' leftovers hold none). Returns what it removed."""
+    removed = []
+    for entry in os.listdir(directory):
+        path = os.path.join(directory, entry)
+        if not entry.startswith(LEGACY_PREFIXES) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            with _flock(path, blocking=False) as free:
+                if free:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+        except OSError:
+            continue  # removed by another sweeper meanwhile
+    return removed
 
 
 def write_plan(directory: str, manifest: Mapping[str, Any], files: Mapping[str, bytes],
-               inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
-    """Write the plan atomically: everything into a temporary sibling, then rename."""
-    target = os.path.abspath(directory)
-    parent = os.path.dirname(target)
-    if os.path.exists(target) and not os.path.isfile(os.path.join(target, MANIFEST)) and os.listdir(target):
-        raise BBGrapError(f"'{directory}' exists and is not a bbgrap plan; choose another -o DIR or remove it")
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".bbgrap-plan-", dir=parent)
+               inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> str:
+    """Write the plan into `directory` (see the module docstring); returns its plan_id."""
+    target = check_output_dir(directory)
+    created = not os.path.exists(target)
     try:
-        for rel, data in files.items():
-            path = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(data)
-        arrays = {f"input:{k}": v for k, v in inputs.items()} | {f"output:{k}": v for k, v in outputs.items()}
-        np.savez(os.path.join(tmp, SAMPLE), **arrays)
-        body = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **manifest}
-        with open(os.path.join(tmp, MANIFEST), "w") as fh:
-            json.dump(body, fh, indent=1)
-        if os.path.exists(target):
-            old = tempfile.mkdtemp(prefix=".bbgrap-old-", dir=parent)
-            os.rename(target, os.path.join(old, "plan"))
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        os.makedirs(target, exist_ok=True)
+        with contextlib.ExitStack() as alive:
+            with _flock(target):
+                sweep_stale(target)
+                sweep_stale(os.path.dirname(target))
+                staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target)
+                alive.enter_context(_flock(staging))  # locked before any other sweeper can look at it
+            try:
+                plan_id = _stage(staging, manifest, files, inputs, outputs)
+                with _flock(target):
+                    _commit(staging, target, directory)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(target)  # only if still empty
+        if not isinstance(exc, OSError):
+            raise
+        what = "no space left on the device" if exc.errno == errno.ENOSPC else (exc.strerror or type(exc).__name__)
+        raise BBGrapError(f"cannot write the plan to '{directory}': {what}; free space or choose another -o DIR") from None
+    return plan_id
+
+
+def _stage(staging: str, manifest: Mapping[str, Any], files: Mapping[str, bytes],
+           inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> str:
+    sums: dict[str, str] = {}
+    for rel, data in files.items():
+        path = os.path.join(staging, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        sums[rel] = hashlib.sha256(data).hexdigest()
+    arrays = {f"input:{k}": v for k, v in inputs.items()} | {f"output:{k}": v for k, v in outputs.items()}
+    np.savez(os.path.join(staging, SAMPLE), **arrays)
+    sums[SAMPLE] = file_sha256(os.path.join(staging, SAMPLE))
+    plan_id = uuid.uuid4().hex
+    body = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": plan_id, "files": dict(sorted(sums.items())), **manifest}
+    with open(os.path.join(staging, MANIFEST), "w") as fh:
+        json.dump(body, fh, indent=1)
+    return plan_id
+
+
+def _commit(staging: str, target: str, directory: str) -> None:
+    """Replace the plan in `target` by the staged one; the caller holds the target's lock."""
+    old = plan_files(target)
+    if old is None:
+        raise BBGrapError(f"-o {directory} is not empty and holds no bbgrap plan (files appeared while compiling); "
+                          f"bbgrap never deletes files it did not write: choose a new or empty directory")
+    new = {os.path.relpath(os.path.join(root, f), staging) for root, _, fs in os.walk(staging) for f in fs}
+    with open(os.path.join(staging, REPLACING), "w") as fh:  # staged, so the target never holds a half-written marker
+        json.dump(sorted((old | new) - {REPLACING}), fh)
+    os.replace(os.path.join(staging, REPLACING), os.path.join(target, REPLACING))
+    for rel in [MANIFEST] + sorted(old - new - {REPLACING}):  # the old plan is gone before any new file arrives
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(target, rel))
+    for rel in sorted(new - {MANIFEST}) + [MANIFEST]:  # the manifest last: it commits the plan
+        os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
+        os.replace(os.path.join(staging, rel), os.path.join(target, rel))
+    for rel in sorted({os.path.dirname(p) for p in old - new} - {""}, reverse=True):
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(target, rel))  # node directories the new plan no longer has, if empty
+    os.remove(os.path.join(target, REPLACING))
+
+
+# ---------------------------------------------------------------- reading
 
 
 def read_manifest(directory: str) -> dict[str, Any]:
+    """The plan's manifest, checked for everything the runtime and `inspect` read."""
     path = os.path.join(directory, MANIFEST)
+    if os.path.isfile(directory):
+        raise BBGrapError(f"'{directory}' is a file, not a bbgrap plan directory; give the directory 'bbgrap compile -o' wrote")
     if not os.path.isfile(path):
         raise BBGrapError(f"'{directory}' is not a bbgrap plan (no {MANIFEST}); run 'bbgrap compile MODEL -o {directory}' first")
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             manifest = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BBGrapError(f"{path} is unreadable ({exc}); compile the plan again") from None
-    if manifest.get("format") != PLAN_FORMAT:
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not valid JSON"
+        raise BBGrapError(f"{path} is unreadable ({reason}); compile the plan again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != PLAN_FORMAT:
         raise BBGrapError(f"{path} is not a bbgrap plan manifest; compile the plan again")
     if manifest.get("version") != PLAN_VERSION:
         raise BBGrapError(
             f"plan '{directory}' has format version {manifest.get('version')}, this bbgrap reads version {PLAN_VERSION}; "
             f"compile it again with this bbgrap"
         )
+    problem = manifest_problem(manifest)
+    if problem:
+        raise BBGrapError(f"{path} is damaged ({problem}); compile the plan again")
     return manifest
 
 
-def read_sample(directory: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    with np.load(os.path.join(directory, SAMPLE)) as data:
-        inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
-        outputs = {k[7:]: data[k] for k in data.files if k.startswith("output:")}
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_shape(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(d) and d >= 0 for d in v)
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(s, str) for s in v)
+
+
+def _record_problem(rec: Any, where: str, fields: Mapping[str, Any]) -> str | None:
+    """`rec` must be an object whose `fields` pass their checks."""
+    if not isinstance(rec, dict):
+        return f"{where} is not an object"
+    for key, ok in fields.items():
+        if key not in rec or not ok(rec[key]):
+            return f"{where}.{key} is missing or malformed"
+    return None
+
+
+def manifest_problem(m: Mapping[str, Any]) -> str | None:
+    """What is wrong with a manifest of this version (None: nothing the readers depend on)."""
+    nodes = m.get("nodes")
+    if not _is_int(nodes) or nodes < 1:
+        return "'nodes' is not a positive integer"
+    if not isinstance(m.get("plan_id"), str) or not isinstance(m.get("model"), str):
+        return "'plan_id' or 'model' is missing"
+    if _record_problem(m.get("source"), "source", {"path": lambda v: isinstance(v, str), "sha256": lambda v: isinstance(v, str)}):
+        return "'source' (the compiled model's path and checksum) is missing or malformed"
+    files = m.get("files")
+    if not isinstance(files, dict) or not all(_safe_relative(k) and isinstance(v, str) for k, v in files.items()):
+        return "'files' is not a map of plan files to checksums"
+    value_fields = {"name": lambda v: isinstance(v, str), "shape": _is_shape, "dtype": lambda v: isinstance(v, str)}
+    for key in ("inputs", "outputs"):
+        if not isinstance(m.get(key), list) or not m[key]:
+            return f"'{key}' is not a non-empty list"
+        fields = {**value_fields, "value": lambda v: isinstance(v, str)} if key == "inputs" else value_fields
+        for k, rec in enumerate(m[key]):
+            problem = _record_problem(rec, f"{key}[{k}]", fields)
+            if problem:
+                return problem
+    if not isinstance(m.get("messages"), list):
+        return "'messages' is not a list"
+    in_range = lambda v: _is_int(v) and 0 <= v < nodes  # noqa: E731
+    for k, rec in enumerate(m["messages"]):
+        problem = _record_problem(rec, f"messages[{k}]", {"id": _is_int, "src": in_range, "dst": in_range, "shape": _is_shape,
+                                                          "dtype": lambda v: isinstance(v, str), "value": lambda v: isinstance(v, str)})
+        if problem:
+            return problem
+    message_ids = {rec["id"] for rec in m["messages"]}
+    programs = m.get("programs")
+    if not isinstance(programs, list) or len(programs) != nodes:
+        return f"'programs' does not hold one program for each of the {nodes} nodes"
+    for n, prog in enumerate(programs):
+        problem = _record_problem(prog, f"programs[{n}]", {"segments": lambda v: isinstance(v, list), "steps": lambda v: isinstance(v, list),
+                                                           "outputs": lambda v: isinstance(v, dict)})
+        if problem:
+            return problem
+        for k, seg in enumerate(prog["segments"]):
+            problem = _record_problem(seg, f"programs[{n}].segments[{k}]", {"file": lambda v: isinstance(v, str) and v in files,
+                                                                              "inputs": _is_str_list, "outputs": _is_str_list})
+            if problem:
+                return problem
+        for k, step in enumerate(prog["steps"]):
+            ok = isinstance(step, list) and len(step) in (2, 3) and _is_int(step[1]) and (
+                (step[0] == "run" and 0 <= step[1] < len(prog["segments"]))
+                or (step[0] in ("send", "wait") and step[1] in message_ids)) and (len(step) == 2 or isinstance(step[2], str))
+            if not ok:
+                return f"programs[{n}].steps[{k}] is malformed"
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in prog["outputs"].items()):
+            return f"programs[{n}].outputs is malformed"
+    stats = m.get("stats")
+    numbers = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if not isinstance(stats, dict) or not all(numbers(stats.get(k)) for k in ("bytes_transferred", "messages", "sync_points", "segments")):
+        return "'stats' is missing or malformed"
+    per_node = stats.get("per_node")
+    if not isinstance(per_node, list) or len(per_node) != nodes:
+        return "'stats.per_node' does not hold one entry per node"
+    for n, rec in enumerate(per_node):
+        problem = _record_problem(rec, f"stats.per_node[{n}]", {k: numbers for k in ("flops", "bytes_sent", "bytes_received", "weight_bytes")})
+        if problem:
+            return problem
+    return None
+
+
+def node_files(manifest: Mapping[str, Any], nodes: Iterable[int]) -> list[str]:
+    """The segment files of these nodes, in the manifest's order."""
+    return [seg["file"] for n in nodes for seg in manifest["programs"][n]["segments"]]
+
+
+def verify_files(directory: str, manifest: Mapping[str, Any], nodes: Iterable[int]) -> None:
+    """Check the segment files of `nodes` against the manifest's checksums: a damaged file,
+    or one copied from another compile, is named in one line."""
+    for rel in node_files(manifest, nodes):
+        _verify(directory, manifest, rel)
+
+
+def _verify(directory: str, manifest: Mapping[str, Any], rel: str) -> None:
+    path = os.path.join(directory, rel)
+    try:
+        digest = file_sha256(path)
+    except OSError as exc:
+        raise BBGrapError(f"cannot read {path} ({exc.strerror or type(exc).__name__}); copy the whole plan directory "
+                          f"or compile the plan again") from None
+    if digest != manifest["files"].get(rel):
+        raise BBGrapError(f"{path} does not match the plan's manifest (damaged, or from another compile); "
+                          f"copy the whole plan directory or compile the plan again")
+
+
+def read_sample(directory: str, manifest: Mapping[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The sample inputs and the original model's outputs on them (checked against the
+    manifest's checksum where it is given)."""
+    path = os.path.join(directory, SAMPLE)
+    if manifest is not None:
+        _verify(directory, manifest, SAMPLE)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
+            outputs = {k[7:]: data[k] for k in data.files if k.startswith("output:")}
+    except FileNotFoundError:
+        raise BBGrapError(f"{path} is missing; copy the whole plan directory or compile the plan again") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise BBGrapError(f"{path} is unreadable ({type(exc).__name__}); compile the plan again") from None
+    if manifest is not None:
+        missing = [s["name"] for s in manifest["inputs"] if s["name"] not in inputs]
+        missing += [s["name"] for s in manifest["outputs"] if s["name"] not in outputs]
+        if missing:
+            raise BBGrapError(f"{path} lacks '{missing[0]}'; compile the plan again")
     return inputs, outputs

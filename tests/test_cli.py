@@ -88,6 +88,27 @@ def test_help_is_complete() -> None:
     (["compile", "{truncated}", "--nodes", "2"], ["ONNX"]),
     (["compile", "{model}", "--nodes", "2", "--input-shape", "nope"], ["--input-shape"]),
     (["zoo", "alexnet", "-o", "x.onnx"], ["alexnet"]),
+    # issue 12, defect 5: node counts that cannot give every node work, refused before compiling
+    (["compile", "{model}", "--nodes", "100000000"], ["--nodes", "at most", "1024"]),
+    (["compile", "{model}", "--nodes", "1024"], ["--nodes 1024", "use at most 1000"]),  # the classifier has 1000 outputs
+    # defect 6: output problems found first
+    (["compile", "{model}", "--nodes", "2", "-o", "{afile}"], ["is a file, not a directory"]),
+    (["compile", "{model}", "--nodes", "2", "-o", "{dangling}"], ["symbolic link", "does not exist"]),
+    (["compile", "{model}", "--nodes", "2", "--dump-ir-after", "search", "--dump-dir", "{afile}"], ["--dump-dir", "is a file"]),
+    # defect 10: config and flag values that ended in tracebacks
+    (["compile", "{model}", "--speeds", "nan,1"], ["--speeds", "positive numbers"]),
+    (["compile", "{model}", "--speeds", "inf,1"], ["--speeds", "positive numbers"]),
+    (["compile", "{model}", "--config", "{customint}"], ["'custom'", "[[custom]] tables"]),
+    (["compile", "{model}", "--config", "{latin1}"], ["not UTF-8"]),
+    (["compile", "{model}", "--config", "{dir}"], ["--config", "is a directory"]),
+    (["compile", "{model}", "--config", "{nanweight}"], ["objective.data_w", "finite"]),
+    (["zoo", "resnet18", "-o", "{missing}/r.onnx"], ["does not exist", "create it first"]),
+    # defect 11: a flag is named as the flag, not blamed on '<defaults>'
+    (["compile", "{model}", "--nodes", "2", "--threshold", "150"], ["--threshold", "0..100"]),
+    (["compile", "{model}", "--nodes", "2", "--threshold", "nan"], ["--threshold"]),
+    # defect 12: values accepted silently
+    (["compile", "{model}", "--config", "{negmem}"], ["cluster.memory_mb", "positive"]),
+    (["compile", "{model}", "--config", "{dupcustom}"], ["is given twice"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
     (tmp_path / "badkey.toml").write_text("[cluster]\ncores = 4\n")
@@ -95,13 +116,28 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str
     (tmp_path / "garbage.onnx").write_bytes(b"this is not a model at all")
     data = open(small_model, "rb").read()
     (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 3])
+    (tmp_path / "customint.toml").write_text("custom = 3\n")
+    (tmp_path / "latin1.toml").write_bytes("# n\xf8des\n[cluster]\nnodes = 2\n".encode("latin-1"))
+    (tmp_path / "nanweight.toml").write_text("[objective]\ndata_w = nan\n")
+    (tmp_path / "negmem.toml").write_text("[cluster]\nnodes = 2\nmemory_mb = [-1, 100]\n")
+    (tmp_path / "dupcustom.toml").write_text("[cluster]\nnodes = 2\n" + "[[custom]]\nlayer = 'conv1'\ndirection = 'c'\n" * 2)
+    (tmp_path / "afile").write_text("mine")
+    (tmp_path / "dir").mkdir()
+    os.symlink(str(tmp_path / "nowhere"), str(tmp_path / "dangling"))
     subs = {"{model}": small_model, "{badkey}": str(tmp_path / "badkey.toml"), "{badtype}": str(tmp_path / "badtype.toml"),
             "{garbage}": str(tmp_path / "garbage.onnx"), "{truncated}": str(tmp_path / "truncated.onnx")}
+    subs |= {f"{{{k}}}": str(tmp_path / v) for k, v in (("customint", "customint.toml"), ("latin1", "latin1.toml"),
+                                                       ("nanweight", "nanweight.toml"), ("negmem", "negmem.toml"),
+                                                       ("dupcustom", "dupcustom.toml"), ("afile", "afile"), ("dir", "dir"),
+                                                       ("dangling", "dangling"))}
     work = tmp_path / "work"
     work.mkdir()
-    proc = bbgrap(*[subs.get(a, a) for a in args], cwd=str(work))
+    proc = bbgrap(*[a.replace("{missing}", str(tmp_path / "missing")) if a.startswith("{missing}") else subs.get(a, a) for a in args],
+                  cwd=str(work))
     one_error_line(proc, *words)
+    assert "<defaults>" not in proc.stderr
     assert os.listdir(work) == [], "a failed command left files behind"
+    assert (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "missing").exists()
 
 
 def test_plan_from_another_version(tmp_path, small_model: str) -> None:
@@ -142,3 +178,57 @@ def test_no_recompute_flag_drops_the_pass(tmp_path, small_model: str) -> None:
         info = json.loads(bbgrap("inspect", plan, "--json").stdout)
         assert ("recompute-halos" in info["passes"]) is expected
         assert run(plan, "--json", "--repeat", "1").returncode == 0
+
+
+def test_recompiling_into_a_plan_with_the_users_files_keeps_them(tmp_path, small_model: str) -> None:
+    # issue 12, defect 2: `bbgrap compile P/m.onnx -o P` deleted the model itself
+    plan = tmp_path / "P"
+    assert bbgrap("compile", small_model, "--nodes", "3", "-o", str(plan), "--quiet").returncode == 0
+    (plan / "m.onnx").write_bytes(open(small_model, "rb").read())
+    (plan / "notes.txt").write_text("mine")
+    proc = bbgrap("compile", str(plan / "m.onnx"), "--nodes", "2", "-o", str(plan), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (plan / "notes.txt").read_text() == "mine" and (plan / "m.onnx").stat().st_size > 0
+    assert not (plan / "node2").exists()
+    assert run(str(plan), "--repeat", "1").returncode == 0
+
+
+def test_compiling_into_a_directory_with_other_files_is_refused(tmp_path, small_model: str) -> None:
+    # defect 2: `-o .` where the user keeps the model
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "m.onnx").write_bytes(open(small_model, "rb").read())
+    one_error_line(bbgrap("compile", "m.onnx", "--nodes", "2", "-o", ".", cwd=str(work)), "-o .", "never deletes")
+    assert os.listdir(work) == ["m.onnx"]
+
+
+def test_a_symlinked_output_directory_is_followed(tmp_path, small_model: str) -> None:
+    # defect 7: the link was replaced by a real directory and its target kept the stale plan
+    (tmp_path / "shared").mkdir()
+    os.symlink(str(tmp_path / "shared"), str(tmp_path / "plan"))
+    assert bbgrap("compile", small_model, "--nodes", "2", "-o", str(tmp_path / "plan"), "--quiet").returncode == 0
+    assert bbgrap("compile", small_model, "--nodes", "3", "-o", str(tmp_path / "plan"), "--quiet").returncode == 0
+    assert os.path.islink(tmp_path / "plan")
+    assert json.loads((tmp_path / "shared" / "plan.json").read_text())["nodes"] == 3
+
+
+def test_concurrent_compiles_to_one_directory(tmp_path, small_model: str) -> None:
+    # defect 8: renames raced (Directory not empty, FileNotFoundError, leftover .bbgrap-old-*)
+    plan = str(tmp_path / "P")
+    procs = [subprocess.Popen([os.path.join(BIN, "bbgrap"), "compile", small_model, "--nodes", str(n), "-o", plan, "--quiet"],
+                              stderr=subprocess.PIPE, text=True) for n in (2, 3, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert not [e for e in os.listdir(tmp_path) if e.startswith(".bbgrap")]
+    assert not [e for e in os.listdir(plan) if e.startswith(".bbgrap")]
+    res = run(plan, "--json", "--repeat", "1")
+    assert res.returncode == 0 and json.loads(res.stdout)["ok"], res.stderr
+
+
+def test_version() -> None:
+    # defect 16
+    from bbgrap.cli import package_version
+
+    proc = bbgrap("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"bbgrap {package_version()}" and package_version() != "unknown"

@@ -36,6 +36,16 @@ def test_heterogeneous_example() -> None:
     ("[[custom]]\nlayer = 'a'\n", "custom[0]"),
     ("[[custom]]\nlayer = 'a'\ndirection = 'h'\nsizes = [1, -2]\n", "custom[0].sizes"),
     ("not toml at all [", "not valid TOML"),
+    ("custom = 3\n", "custom"),
+    ("[cluster]\nspeeds = [nan, 1]\n", "cluster.speeds"),
+    ("[cluster]\nspeeds = [inf, 1]\n", "cluster.speeds"),
+    ("[cluster]\nnodes = 1\nmemory_mb = [-5]\n", "cluster.memory_mb"),
+    ("[cluster]\nnodes = 1\nmemory_mb = [nan]\n", "cluster.memory_mb"),
+    ("[cluster]\nnodes = 5000\n", "cluster.nodes"),
+    ("[partition]\nthreshold = nan\n", "threshold"),
+    ("[objective]\nover_w = inf\n", "objective.over_w"),
+    ("[[custom]]\nlayer = 'a'\ndirection = 'h'\n[[custom]]\nlayer = 'a'\ndirection = 'c'\n", "custom 'a'"),
+    ("[[custom]]\nlayer = 3\ndirection = 'h'\n", "custom[0]"),
 ])
 def test_bad_config_names_key_and_file(tmp_path, text: str, key: str) -> None:
     path = tmp_path / "bad.toml"
@@ -52,3 +62,23 @@ def test_flags_override_file() -> None:
         load_config(os.path.join(ROOT, "configs", "heterogeneous-1-3-1.toml")).with_overrides(nodes=2)
     with pytest.raises(BBGrapError, match="nodes"):
         Config().with_overrides(nodes=0)
+
+
+@pytest.mark.parametrize(("flags", "start"), [
+    ({"threshold": 150.0}, "--threshold must be"), ({"direction": "z"}, "--direction must be"),
+    ({"search": "dfs"}, "--search must be"), ({"nodes": 2, "speeds": (1.0, float("nan"))}, "--speeds must"),
+    ({"nodes": 2000}, "--nodes must be at most"),
+])
+def test_flag_errors_name_the_flag(flags: dict, start: str) -> None:
+    # issue 12, defect 11: a bad flag was blamed on '<defaults>:'
+    with pytest.raises(BBGrapError) as err:
+        Config().with_overrides(**flags)
+    assert str(err.value).startswith(start) and "<defaults>" not in str(err.value)
+
+
+def test_non_utf8_and_directory_configs(tmp_path) -> None:
+    (tmp_path / "latin1.toml").write_bytes("# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(BBGrapError, match="not UTF-8"):
+        load_config(str(tmp_path / "latin1.toml"))
+    with pytest.raises(BBGrapError, match="is a directory"):
+        load_config(str(tmp_path))
