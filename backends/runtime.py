@@ -525,7 +525,8 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:  # argparse's signature says NoReturn; it exits
         if env_rank() == 0:
-            print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
+            fix = "" if ";" in message else f"; see {self.prog} --help"  # bbgrap's own messages name their fix
+            print(f"{self.prog}: error: {message}{fix}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -604,7 +605,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The inputs to run on and the plan's reference outputs for them (none for --input)."""
     if not args.input:
-        return read_sample(args.plan)
+        return read_sample(args.plan, manifest)
     try:
         with np.load(args.input) as data:
             given = {k: data[k] for k in data.files}
@@ -660,7 +661,7 @@ def model_reference(args: argparse.Namespace, manifest: dict[str, Any], inputs: 
         raise BBGrapError(f"--check: onnxruntime cannot run {path} ({type(exc).__name__}: {first_line(exc)}); give the model the plan was "
                           f"compiled from with --model FILE") from None
     reference = dict(zip(names, outputs))
-    planned = {name for prog in manifest["programs"] for name in prog["outputs"]}
+    planned = {spec["name"] for spec in manifest["outputs"]}
     if not planned <= set(reference):
         raise BBGrapError(f"--check: {path} has outputs {sorted(reference)}, the plan {sorted(planned)}; give the model the plan was "
                           f"compiled from")
@@ -674,7 +675,7 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for any new file
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **outputs)
+            np.savez(fh, **outputs)  # type: ignore[arg-type]  # numpy's stub matches ** to allow_pickle
         os.replace(tmp, full)
     except OSError as exc:
         with contextlib.suppress(OSError):
