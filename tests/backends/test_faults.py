@@ -109,7 +109,8 @@ def job(plan: str, startup_s: float, tmp_path) -> Iterator[Job]:
     """`mpirun -n 2 bbgrap-run PLAN` running a (practically) endless loop of inferences, in its own
     session (so its process group can be signalled as a terminal would); everything it started
     is killed afterwards whatever the test found."""
-    err = open(tmp_path / "stderr", "w+b")  # a file, not a pipe nobody reads while the job runs
+    assert MPIRUN, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
+    err = open(tmp_path / "stderr", "w+b")  # noqa: SIM115 (closed in the finally below) a file, not a pipe nobody reads
     proc = subprocess.Popen([MPIRUN, "-n", "2", RUN, plan, *FOREVER], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     started = Job(proc, [], {}, err)
     try:

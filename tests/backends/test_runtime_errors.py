@@ -33,8 +33,10 @@ QUICK = ("--repeat", "1", "--warmup", "0")
 
 def run(*args: str, ranks: int = 0) -> subprocess.CompletedProcess[str]:
     """bbgrap-run alone (ranks 0), or under `mpirun -n ranks`."""
-    assert MPIRUN or not ranks, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
-    cmd = [MPIRUN, "-n", str(ranks), RUN, *args] if ranks else [RUN, *args]
+    cmd = [RUN, *args]
+    if ranks:
+        assert MPIRUN, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
+        cmd = [MPIRUN, "-n", str(ranks), *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
@@ -133,7 +135,7 @@ def test_assert_exact_fails_on_nan_weights(compiled: tuple[str, str], tmp_path) 
 # ---- defects 3, 10, 11, 12: bad plans and bad input, in-process and under mpirun ----------
 
 
-def damage(case: str, plan: Path, model: str, tmp_path: Path) -> list[str]:
+def damage(case: str, plan: Path, tmp_path: Path) -> list[str]:
     """Damage the copied `plan` as `case` says; bbgrap-run's arguments."""
     args = [str(plan)]
     if case == "no plan":
@@ -177,10 +179,8 @@ def damage(case: str, plan: Path, model: str, tmp_path: Path) -> list[str]:
     elif case.startswith("--tolerance "):
         args += [f"--tolerance={case.split()[1]}"]  # "=": argparse reads a lone "-1e-3" as an option
     elif case == "--check, model gone":
-        moved = tmp_path / "moved.onnx"
         rewrite_manifest(plan, lambda m: m["source"].update(path=str(tmp_path / "gone.onnx")))
         args += ["--check"]
-        assert not moved.exists()
     elif case == "--check, model changed":
         changed = save(zoo.build("resnet18", resolution=32, width=0.125, seed=5), str(tmp_path), "changed")
         rewrite_manifest(plan, lambda m: m["source"].update(path=changed))
@@ -224,7 +224,7 @@ CASES = {  # case: words its one line must hold
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_plan_or_input_is_one_line_exit_2_in_process_and_under_mpirun(compiled: tuple[str, str], tmp_path, case: str) -> None:
     plan = copy_plan(compiled[1], tmp_path)
-    args = damage(case, plan, compiled[0], tmp_path)
+    args = damage(case, plan, tmp_path)
     line = one_line(run(*args), *CASES[case])
     assert one_line(run(*args, ranks=2), *CASES[case]) == line  # the same line, once
     assert not (tmp_path / "missing").exists()
@@ -249,7 +249,7 @@ def test_ranks_that_read_different_compiles_refuse() -> None:
 
 @pytest.mark.parametrize("ranks", [0, 2])
 def test_check_runs_the_original_model_on_the_users_input(compiled: tuple[str, str], tmp_path, ranks: int) -> None:
-    model, plan = compiled
+    plan = compiled[1]
     np.savez(tmp_path / "in.npz", input=np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32))
     unchecked = json.loads(run(plan, "--input", str(tmp_path / "in.npz"), "--json", *QUICK, ranks=ranks).stdout.splitlines()[-1])
     assert unchecked["max_rel_error"] is None and unchecked["reference"] is None
