@@ -246,6 +246,7 @@ def node_layouts(plan_dir: str, manifest: dict[str, Any], nodes: Sequence[int], 
                 with quiet_stdout():
                     layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
             except Exception as exc:
+                unloadable_segment(plan_dir, manifest["programs"][n])  # a segment onnxruntime cannot load is no layout problem
                 raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
                                   f"({type(exc).__name__}: {first_line(exc)}); run bbgrap-run with --layout nchw") from None
     except BBGrapError as exc:  # reported after the collective below
@@ -275,6 +276,19 @@ def segment_models(plan_dir: str, program: dict[str, Any]) -> list[Any]:
         except Exception as exc:
             raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
     return models
+
+
+def unloadable_segment(plan_dir: str, program: dict[str, Any]) -> None:
+    """Raise, naming the file, where onnxruntime cannot load one of a node's segments as it is."""
+    import onnxruntime as ort
+
+    for seg in program["segments"]:
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            with quiet_stdout():
+                ort.InferenceSession(path, session_options(1, spin=False, shared_arena=False), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
 
 
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,

@@ -161,6 +161,13 @@ def damage(case: str, plan: Path, tmp_path: Path) -> list[str]:
         data = bytearray(seg.read_bytes())
         data[len(data) // 2] ^= 0xFF
         seg.write_bytes(bytes(data))
+    elif case == "segment onnxruntime cannot load":  # damaged with its checksum updated (e.g. a compiler bug)
+        seg = plan / "node1" / "seg000.onnx"
+        data = bytearray(seg.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        data[100] ^= 0xFF
+        seg.write_bytes(bytes(data))
+        rewrite_manifest(plan, lambda m: m["files"].update({"node1/seg000.onnx": file_sha256(str(seg))}))
     elif case == "node from another compile":
         other = tmp_path / "other"
         compile_plan(save(zoo.build("resnet18", resolution=32, width=0.125, seed=7), str(tmp_path), "other"), str(other), nodes=2)
@@ -206,6 +213,7 @@ CASES = {  # case: words its one line must hold
     "sample.npz missing": ["sample.npz"],
     "sample.npz corrupt": ["sample.npz"],
     "damaged segment": ["node1/seg000.onnx", "compile the plan again"],
+    "segment onnxruntime cannot load": ["cannot load", "node1/seg000.onnx", "compile the plan again"],
     "node from another compile": ["node1/seg", "another compile"],
     "string array in --input": ["--input", "'input'", "numeric"],
     "--input not an npz": ["--input", "not a readable .npz"],
