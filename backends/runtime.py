@@ -9,6 +9,12 @@ only right before the segment that reads it. One onnxruntime session per segment
 created once. With the CUDA provider (or `--iobinding on`) segments exchange
 onnxruntime values bound to the device (IOBinding): activations stay in device
 memory between segments and only what crosses ranks is copied to the host.
+
+Every failure to start is one line on stderr, exit 2 (under mpirun printed by rank 0 once
+every rank has reached the same collectives); a result that differs from the reference,
+non-finite values included, exits 1; SIGINT/SIGTERM end the process at once with 130/143,
+and mpirun then ends the other ranks (MPI waits are polled so that a rank waiting for a
+peer still runs its signal handler).
 """
 
 from __future__ import annotations
@@ -602,7 +608,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="activations between segments: auto keeps them in onnxruntime's blocked CPU layout (NCHWc) where "
                    "every rank has the same one and that saves reorders (two per boundary); nchw converts at every boundary")
     p.add_argument("--tolerance", type=tolerance, default=1e-4,
-                   help="max error relative to the output's largest magnitude, a finite number >= 0 (default 1e-4)")
+                   help="max error relative to the output's largest magnitude, a finite number >= 0 (default 1e-4); a NaN or "
+                   "infinity where the reference has another value is a mismatch at any tolerance")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--version", action="store_true", help="print bbgrap-run's version and exit")
     args = p.parse_args(argv)

@@ -182,6 +182,7 @@ def test_signal_ends_a_run_in_one_process(plan: str, startup_s: float, sig: sign
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    print(f"bbgrap-run alone {sig.name}: gone {took:.3f} s after the signal, status {proc.returncode}")
     assert proc.returncode == 128 + sig
     assert took <= BOUND_S
     assert b"Traceback" not in err and not out, err.decode(errors="replace")
