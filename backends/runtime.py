@@ -174,8 +174,6 @@ def providers_for(provider: str, device_id: int) -> list[Any]:
     cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers()
     if provider == "cuda" and not cuda_ok:
         raise BBGrapError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu or use --provider cpu")
-    if provider == "cuda" and not gpu_present():
-        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
     if provider == "cpu" or not cuda_ok or (provider == "auto" and not gpu_present()):
         return ["CPUExecutionProvider"]
     options: dict[str, Any] = {"device_id": device_id}
@@ -306,6 +304,8 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
+    if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
+        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
     providers = providers_for(provider, device_id)
     on_cpu = providers == ["CPUExecutionProvider"]
     layout = layout if on_cpu else None
