@@ -245,6 +245,18 @@ def test_provider_cuda_without_a_gpu_is_one_line(compiled: tuple[str, str]) -> N
         one_line(run(compiled[1], "--provider", "cuda", *QUICK, ranks=ranks), "--provider cuda", "--provider cpu")
 
 
+def test_ranks_that_read_different_compiles_refuse_under_mpirun(compiled: tuple[str, str], tmp_path) -> None:
+    # a host with a stale copy: mpirun's MPMD form gives rank 1 another directory, an earlier
+    # compile of the same model (each consistent in itself, so only the plan ids differ)
+    model, plan = compiled
+    stale = str(tmp_path / "stale")
+    compile_plan(model, stale, nodes=2)
+    assert MPIRUN, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
+    proc = subprocess.run([MPIRUN, "-n", "1", RUN, plan, *QUICK, ":", "-n", "1", RUN, stale, *QUICK],
+                          capture_output=True, text=True, timeout=180)
+    one_line(proc, "ranks 0 and 1 read different compiles", "copy the same plan directory to every host")
+
+
 def test_ranks_that_read_different_compiles_refuse() -> None:
     assert plan_id_problem("p", ["a", "a", None]) is None  # rank 2 reports its own error
     assert plan_id_problem("p", [None, None]) is None
