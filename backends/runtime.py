@@ -445,17 +445,20 @@ def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray]) -
     return results[0]
 
 
-def poll(request: Any) -> None:
+def poll(request: Any, nap: float = 0.0) -> None:
     """Wait for one MPI request in a Python loop: inside MPI's blocking Wait this rank would not
     run its signal handlers (exit_on_signal), so a Ctrl-C would leave it waiting for a peer
-    that is gone. Test makes the same progress Wait would (MPICH's Wait polls too)."""
+    that is gone. Test makes the same progress Wait would (MPICH's Wait polls too); `nap`
+    seconds of sleep between tests where the wait is not timed and may be long (setup, rank 0
+    reporting), so a waiting rank leaves the cores to the ranks still working."""
     while not request.Test():
-        pass
+        if nap:
+            time.sleep(nap)
 
 
 def allgather(comm: Any, value: Any) -> list[Any]:
     """comm.allgather, entered once every rank has arrived (a polled barrier first, see poll)."""
-    poll(comm.Ibarrier())
+    poll(comm.Ibarrier(), nap=0.001)
     return comm.allgather(value)
 
 
@@ -862,7 +865,7 @@ def main_mpi(args: argparse.Namespace) -> int:
             status = 2
     # The other ranks wait here (polled, so a signal still ends them) rather than in MPI_Finalize
     # while rank 0 reports; mpirun exits with the highest status, rank 0's.
-    poll(comm.Ibarrier())
+    poll(comm.Ibarrier(), nap=0.001)
     return status
 
 
