@@ -9,14 +9,24 @@ only right before the segment that reads it. One onnxruntime session per segment
 created once. With the CUDA provider (or `--iobinding on`) segments exchange
 onnxruntime values bound to the device (IOBinding): activations stay in device
 memory between segments and only what crosses ranks is copied to the host.
+
+Every failure to start is one line on stderr, exit 2 (under mpirun printed by rank 0 once
+every rank has reached the same collectives); a result that differs from the reference,
+non-finite values included, exits 1; SIGINT/SIGTERM end the process at once with 130/143,
+and mpirun then ends the other ranks (MPI waits are polled so that a rank waiting for a
+peer still runs its signal handler).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import io
 import json
+import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -29,9 +39,10 @@ import numpy as np
 from bbgrap.backends import nchwc
 from bbgrap.backends.threads import PROCESS_THREAD_POOL
 from bbgrap.ir import BBGrapError
-from bbgrap.plan import read_manifest, read_sample
+from bbgrap.plan import file_sha256, read_manifest, read_sample, verify_files
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
+RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # this process's rank, before MPI starts
 
 
 @dataclass(frozen=True)
@@ -130,7 +141,7 @@ def session_options(threads: int, spin: bool = True, shared_arena: bool = True) 
     if shared_arena:
         shared_cpu_arena()
         opts.add_session_config_entry("session.use_env_allocators", "1")
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # its errors come back as exceptions; the C++ log would repeat them in raw colour codes
     return opts
 
 
@@ -166,7 +177,7 @@ def gpu_present() -> bool:
 def providers_for(provider: str, device_id: int) -> list[Any]:
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)
+    quiet_onnxruntime()
     cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers()
     if provider == "cuda" and not cuda_ok:
         raise BBGrapError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu or use --provider cpu")
@@ -178,6 +189,24 @@ def providers_for(provider: str, device_id: int) -> list[Any]:
         # rounds inputs to 10 mantissa bits, about 1e-3 off the reference, where plans are exact to 1e-4.
         options["use_tf32"] = "0"
     return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+def quiet_onnxruntime() -> None:
+    """Keep onnxruntime's own C++ log (errors in raw ANSI colour codes, e.g. a CUDA provider library
+    that does not load) off the terminal: what matters comes back as an exception or a fallback
+    that bbgrap-run reports in its own words."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """onnxruntime's Python InferenceSession prints a multi-line '*** EP Error *** ... Falling back'
+    banner to stdout when a provider fails to create a session; keep it from bbgrap-run's output
+    (the exception, or the provider the session ends up with, is reported instead)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -204,7 +233,7 @@ def boundary_block(layout: str, provider: str, device_id: int) -> int:
 def agreed_boundary_block(comm: Any, layout: str, provider: str, device_id: int, able: bool = True) -> int:
     """The block every rank of `comm` keeps activations in between segments (0: NCHW);
     collective: every rank calls it, `able=False` where this rank failed to start."""
-    return nchwc.agreed_block(comm.allgather(boundary_block(layout, provider, device_id) if able else 0))
+    return nchwc.agreed_block(allgather(comm, boundary_block(layout, provider, device_id) if able else 0))
 
 
 def layout_name(block: int) -> str:
@@ -220,13 +249,15 @@ def node_layouts(plan_dir: str, manifest: dict[str, Any], nodes: Sequence[int], 
     error: str | None = None
     layouts: dict[int, nchwc.NodeLayout | None] = {n: None for n in nodes}
     try:
-        # The model's inputs and outputs stay NCHW: users hand them in and read them.
-        keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
         for n in nodes if block else []:
+            # The model's inputs and outputs stay NCHW: users hand them in and read them.
+            keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
             models = segment_models(plan_dir, manifest["programs"][n])
             try:
-                layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
+                with quiet_stdout():
+                    layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
             except Exception as exc:
+                unloadable_segment(plan_dir, manifest["programs"][n])  # a segment onnxruntime cannot load is no layout problem
                 raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
                                   f"({type(exc).__name__}: {first_line(exc)}); run bbgrap-run with --layout nchw") from None
     except BBGrapError as exc:  # reported after the collective below
@@ -258,6 +289,19 @@ def segment_models(plan_dir: str, program: dict[str, Any]) -> list[Any]:
     return models
 
 
+def unloadable_segment(plan_dir: str, program: dict[str, Any]) -> None:
+    """Raise, naming the file, where onnxruntime cannot load one of a node's segments as it is."""
+    import onnxruntime as ort
+
+    for seg in program["segments"]:
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            with quiet_stdout():
+                ort.InferenceSession(path, session_options(1, spin=False, shared_arena=False), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+
+
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
                 device_id: int = 0, spin: bool = True, iobinding: str = "auto",
                 layout: nchwc.NodeLayout | None = None) -> NodeRunner:
@@ -267,6 +311,8 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
+    if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
+        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
     providers = providers_for(provider, device_id)
     on_cpu = providers == ["CPUExecutionProvider"]
     layout = layout if on_cpu else None
@@ -278,10 +324,11 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
         path = os.path.join(plan_dir, seg["file"])
         try:
             blocked = layout.model(k) if layout is not None else None
-            if blocked is not None:
-                sess = ort.InferenceSession(blocked.SerializeToString(), plain, providers=providers)
-            else:
-                sess = ort.InferenceSession(path, opts, providers=providers)
+            with quiet_stdout():
+                if blocked is not None:
+                    sess = ort.InferenceSession(blocked.SerializeToString(), plain, providers=providers)
+                else:
+                    sess = ort.InferenceSession(path, opts, providers=providers)
         except Exception as exc:
             raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
@@ -405,6 +452,23 @@ def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray]) -
     return results[0]
 
 
+def poll(request: Any, nap: float = 0.0) -> None:
+    """Wait for one MPI request in a Python loop: inside MPI's blocking Wait this rank would not
+    run its signal handlers (exit_on_signal), so a Ctrl-C would leave it waiting for a peer
+    that is gone. Test makes the same progress Wait would (MPICH's Wait polls too); `nap`
+    seconds of sleep between tests where the wait is not timed and may be long (setup, rank 0
+    reporting), so a waiting rank leaves the cores to the ranks still working."""
+    while not request.Test():
+        if nap:
+            time.sleep(nap)
+
+
+def allgather(comm: Any, value: Any) -> list[Any]:
+    """comm.allgather, entered once every rank has arrived (a polled barrier first, see poll)."""
+    poll(comm.Ibarrier(), nap=0.001)
+    return comm.allgather(value)
+
+
 class MPITransport:
     """Nonblocking point-to-point transfers into preallocated buffers."""
 
@@ -425,7 +489,7 @@ class MPITransport:
         self.send_requests.append(self.comm.Isend(data, dest=msg.dst, tag=msg.id))
 
     def receive(self, msg: MessageSpec) -> np.ndarray:
-        self.recv_requests.pop(msg.id).Wait()
+        poll(self.recv_requests.pop(msg.id))
         return self.buffers[msg.id]
 
     def progress(self) -> None:
@@ -445,7 +509,8 @@ class MPITransport:
     def finish(self) -> None:
         from mpi4py import MPI
 
-        MPI.Request.Waitall(self.send_requests)
+        while not MPI.Request.Testall(self.send_requests):  # polled, as in poll
+            pass
         self.send_requests.clear()
         self.keep.clear()
 
@@ -461,30 +526,88 @@ def run_mpi_node(runner: NodeRunner, transport: MPITransport, inputs: dict[str, 
 
 
 def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[float | None, float | None]:
-    """Max absolute error, and max error relative to each output's largest magnitude."""
+    """Max absolute error, and max error relative to each output's largest finite magnitude.
+    A missing output, another shape, or a non-finite value that the reference does not have at
+    the same place (NaN where it has a number or another non-finite value, a number or -inf where
+    it has +inf, ...) is an infinite error: a mismatch at any tolerance. The same non-finite value
+    at the same place (NaN for NaN, +inf for +inf) is no error: the plan reproduces the model there."""
     if not reference:
         return None, None
     abs_err, rel_err = 0.0, 0.0
     for name, ref in reference.items():
-        got = outputs[name]
-        if got.shape != ref.shape:
-            return float("inf"), float("inf")
-        diff = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        got = outputs.get(name)
+        if got is None or got.shape != ref.shape:
+            return math.inf, math.inf
+        a, b = got.astype(np.float64), ref.astype(np.float64)
+        finite = np.isfinite(b)
+        if not np.array_equal(np.isfinite(a), finite) or not np.array_equal(a[~finite], b[~finite], equal_nan=True):
+            return math.inf, math.inf
+        diff = float(np.max(np.abs(a[finite] - b[finite]))) if finite.any() else 0.0
+        scale = float(np.max(np.abs(b[finite]))) if finite.any() else 0.0
         abs_err = max(abs_err, diff)
         rel_err = max(rel_err, diff / scale if scale > 0 else diff)
     return abs_err, rel_err
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with bbgrap's error form: one line on stderr, exit 2; under mpirun printed by
+    rank 0 only (every rank parses the same arguments)."""
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn; it exits
+        if env_rank() == 0:
+            fix = "" if ";" in message else f"; see {self.prog} --help"  # bbgrap's own messages name their fix
+            print(f"{self.prog}: error: {message}{fix}", file=sys.stderr)
+        sys.exit(2)
+
+
+def env_rank() -> int:
+    """This process's rank as the MPI launcher's environment says (0 outside mpirun), known
+    before MPI starts."""
+    for name in RANK_ENV:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a finite number >= 0")
+    return value
+
+
+def output_problem(path: str) -> str | None:
+    """Why `path` cannot take --output (None if it can), checked before anything is loaded."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"--output {path} is a directory; give a file name such as {os.path.join(path, 'out.npz')}"
+    if not os.path.isdir(parent):
+        return f"--output {path}: the directory {parent} does not exist; create it first or write elsewhere"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--output {path}: the directory {parent} is not writable; write elsewhere"
+    return None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="bbgrap-run",
         description="Run a BBGraP plan: all nodes in this process, or one node per rank under "
-        "'mpirun -n N bbgrap-run'. Checks the result against the plan's reference and prints latency.",
+        "'mpirun -n N bbgrap-run'. Checks the result against the plan's reference (or with --check against "
+        "the original model) and prints latency. Exit status: 0 ok, 1 the result differs from the reference, "
+        "2 bad input or plan, 130/143 interrupted (SIGINT/SIGTERM).",
     )
     p.add_argument("plan", nargs="?", default="bbgrap-plan", help="plan directory (default: ./bbgrap-plan)")
     p.add_argument("--input", metavar="FILE.npz", help="inputs keyed by the model's input names (default: the plan's sample)")
-    p.add_argument("--output", metavar="FILE.npz", help="write the outputs, keyed by the model's output names")
+    p.add_argument("--output", metavar="FILE.npz", help="write the outputs, keyed by the model's output names, to exactly this file")
+    p.add_argument("--check", action="store_true",
+                   help="run the original model on the same input (on rank 0, onnxruntime on the CPU) and compare; the model is "
+                   "the file the plan was compiled from, refused if it changed since, or --model")
+    p.add_argument("--model", metavar="FILE.onnx",
+                   help="the original model for --check (implies it); taken as given, without comparing it to the compiled one")
     p.add_argument("--repeat", type=int, default=10, help="timed inferences; latency is their median (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed inferences first (default 2)")
     p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads per rank (default: cores / ranks on the host)")
@@ -494,32 +617,101 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("auto", "nchw"), default="auto",
                    help="activations between segments: auto keeps them in onnxruntime's blocked CPU layout (NCHWc) where "
                    "every rank has the same one and that saves reorders (two per boundary); nchw converts at every boundary")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max error relative to the output's largest magnitude (default 1e-4)")
+    p.add_argument("--tolerance", type=tolerance, default=1e-4,
+                   help="max error relative to the output's largest magnitude, a finite number >= 0 (default 1e-4); a NaN or "
+                   "infinity where the reference has another value is a mismatch at any tolerance")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--version", action="store_true", help="print bbgrap-run's version and exit")
     args = p.parse_args(argv)
     for name in ("repeat", "warmup", "threads"):
         if getattr(args, name) < (1 if name == "repeat" else 0):
             p.error(f"--{name} must be {'at least 1' if name == 'repeat' else 'non-negative'}")
+    problem = output_problem(args.output) if args.output and not args.version else None
+    if problem:
+        p.error(problem)
+    args.check = args.check or args.model is not None
     return args
 
 
 def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    inputs, reference = read_sample(args.plan)
-    if args.input:
-        try:
-            with np.load(args.input) as data:
-                given = {k: data[k] for k in data.files}
-        except Exception as exc:
-            raise BBGrapError(f"--input {args.input}: not a readable .npz file ({type(exc).__name__})") from None
-        for spec in manifest["inputs"]:
-            arr = given.get(spec["name"])
-            if arr is None:
-                raise BBGrapError(f"--input {args.input} has no array '{spec['name']}' (it has {sorted(given)})")
-            if list(arr.shape) != spec["shape"]:
-                raise BBGrapError(f"--input {args.input}: '{spec['name']}' has shape {list(arr.shape)}, the plan was compiled for {spec['shape']}")
-            given[spec["name"]] = arr.astype(spec["dtype"], copy=False)
-        inputs, reference = {s["name"]: given[s["name"]] for s in manifest["inputs"]}, {}
-    return inputs, reference
+    """The inputs to run on and the plan's reference outputs for them (none for --input)."""
+    if not args.input:
+        return read_sample(args.plan, manifest)
+    try:
+        with np.load(args.input) as data:
+            given = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise BBGrapError(f"--input {args.input}: not a readable .npz file ({type(exc).__name__}); save the inputs with numpy.savez") from None
+    for spec in manifest["inputs"]:
+        arr = given.get(spec["name"])
+        if arr is None:
+            raise BBGrapError(f"--input {args.input} has no array '{spec['name']}' (it has {sorted(given)}); save it under that name")
+        if arr.dtype.kind not in "biuf":
+            raise BBGrapError(f"--input {args.input}: '{spec['name']}' holds {arr.dtype} values, the model takes {spec['dtype']}; "
+                              f"save it as a numeric array")
+        if list(arr.shape) != spec["shape"]:
+            raise BBGrapError(f"--input {args.input}: '{spec['name']}' has shape {list(arr.shape)}, the plan was compiled for {spec['shape']}; "
+                              f"give that shape or compile again")
+        given[spec["name"]] = arr.astype(spec["dtype"], copy=False)
+    return {s["name"]: given[s["name"]] for s in manifest["inputs"]}, {}
+
+
+def model_reference(args: argparse.Namespace, manifest: dict[str, Any], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """--check: the original model's outputs on `inputs`, from onnxruntime on the CPU. The model is
+    --model as given, or the file the plan was compiled from, refused if its sha256 changed since."""
+    import onnxruntime as ort
+
+    path = args.model
+    if path is None:
+        source = manifest.get("source")
+        if not isinstance(source, dict) or not isinstance(source.get("path"), str):
+            raise BBGrapError(f"--check: plan '{args.plan}' does not record the model it was compiled from; give it with --model FILE")
+        path = source["path"]
+        if not os.path.isfile(path):
+            raise BBGrapError(f"--check: the plan's model {path} is gone; give it with --model FILE")
+        if file_sha256(path) != source.get("sha256"):
+            raise BBGrapError(f"--check: {path} has changed since the plan was compiled (another sha256); compile the plan again, "
+                              f"or give --model {path} to check against it as it is now")
+    elif not os.path.isfile(path):
+        raise BBGrapError(f"--model {path}: {'is a directory' if os.path.isdir(path) else 'no such file'}; give the .onnx file")
+    quiet_onnxruntime()
+    opts = session_options(1, spin=False, shared_arena=False)
+    opts.intra_op_num_threads = 0  # onnxruntime's default: the cores
+    try:
+        with quiet_stdout():
+            session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        wanted = {i.name for i in session.get_inputs()}
+        if not wanted <= set(inputs):
+            raise BBGrapError(f"--check: {path} takes inputs {sorted(wanted)}, the plan {sorted(inputs)}; give the model the plan was compiled from")
+        with quiet_stdout():
+            outputs = session.run(names, {k: inputs[k] for k in wanted})
+    except BBGrapError:
+        raise
+    except Exception as exc:
+        raise BBGrapError(f"--check: onnxruntime cannot run {path} ({type(exc).__name__}: {first_line(exc)}); give the model the plan was "
+                          f"compiled from with --model FILE") from None
+    reference = dict(zip(names, outputs))
+    planned = {spec["name"] for spec in manifest["outputs"]}
+    if not planned <= set(reference):
+        raise BBGrapError(f"--check: {path} has outputs {sorted(reference)}, the plan {sorted(planned)}; give the model the plan was "
+                          f"compiled from")
+    return {name: reference[name] for name in sorted(planned)}
+
+
+def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
+    """--output, written whole or not at all: into a temporary file beside it, then renamed."""
+    full = os.path.abspath(path)
+    tmp = os.path.join(os.path.dirname(full), f".{os.path.basename(full)}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for any new file
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **outputs)  # type: ignore[arg-type]  # numpy's stub matches ** to allow_pickle
+        os.replace(tmp, full)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise BBGrapError(f"cannot write --output {path} ({exc.strerror or exc}); write elsewhere") from None
 
 
 def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
@@ -529,7 +721,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     if args.output:
-        np.savez(args.output, **outputs)
+        write_outputs(args.output, outputs)
     result = {
         "plan": args.plan,
         "model": manifest["model"],
@@ -543,6 +735,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         "repeat": len(latencies),
         "max_abs_error": abs_err,
         "max_rel_error": rel_err,
+        "reference": "model" if args.check else "sample" if reference else None,
         "ok": ok,
     }
     if profiles:
@@ -551,7 +744,9 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
     if args.json:
         print(json.dumps(result))
     else:
-        check = "no reference" if rel_err is None else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} ({'ok' if ok else 'MISMATCH'})"
+        against = "against the model" if args.check else "against the sample's reference"
+        check = ("no reference (--check compares with the model)" if rel_err is None
+                 else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} {against} ({'ok' if ok else 'MISMATCH'})")
         print(f"{manifest['model']}: {manifest['nodes']} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
               f"{result['layout']} between segments")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
@@ -561,7 +756,8 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
             print(f"note: {crowded[0]} ranks share {crowded[1]} cores on this host, so they take turns on them (their waiting "
                   f"is mostly that): the latency of {manifest['nodes']} separate nodes would be lower")
     if not ok:
-        print(f"bbgrap-run: error: result differs from the reference by {rel_err:.3g} > --tolerance {args.tolerance:g}", file=sys.stderr)
+        print(f"bbgrap-run: error: result differs from the {'model' if args.check else 'reference'} by {rel_err:.3g} "
+              f"> --tolerance {args.tolerance:g}", file=sys.stderr)
     return 0 if ok else 1
 
 
@@ -576,9 +772,12 @@ def embedded_runners(plan_dir: str, manifest: dict[str, Any], threads: int, prov
 
 def main_embedded(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.plan)
+    verify_files(args.plan, manifest, range(manifest["nodes"]))
     inputs, reference = load_inputs(args, manifest)
     threads = args.threads or len(os.sched_getaffinity(0))
-    PROCESS_THREAD_POOL.start(threads)  # one pool for every node's segments
+    PROCESS_THREAD_POOL.start(threads)  # one pool for every node's segments, before the first session
+    if args.check:
+        reference = model_reference(args, manifest, inputs)
     spin = manifest["nodes"] == 1
     runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout)
     latencies = []
@@ -591,15 +790,31 @@ def main_embedded(args: argparse.Namespace) -> int:
     return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
 
 
+def plan_id_problem(plan: str, ids: Sequence[Any]) -> str | None:
+    """Why the ranks (which read `plan` each on its host) must not run together: their copies come
+    from different compiles (a stale copy on one host). `ids`: each rank's plan_id, None where it
+    could not read it (that rank reports its own error)."""
+    known = [(r, i) for r, i in enumerate(ids) if i is not None]
+    odd = next(((r, i) for r, i in known if i != known[0][1]), None)
+    if odd is None:
+        return None
+    return (f"ranks {known[0][0]} and {odd[0]} read different compiles of '{plan}' (plan_id {known[0][1]} and {odd[1]}); "
+            f"copy the same plan directory to every host")
+
+
 def main_mpi(args: argparse.Namespace) -> int:
+    """One node per rank. Every rank reaches every collective below whatever fails on it (it
+    passes its error along), so rank 0 can print the first error once and all exit 2."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
-    affinities = local.allgather(sorted(os.sched_getaffinity(0)))
+    affinities = allgather(local, sorted(os.sched_getaffinity(0)))
     error: str | None = None
     manifest: dict[str, Any] = {}
+    inputs: dict[str, np.ndarray] = {}
+    reference: dict[str, np.ndarray] = {}
     threads = 1
     try:
         manifest = read_manifest(args.plan)
@@ -608,21 +823,32 @@ def main_mpi(args: argparse.Namespace) -> int:
                 f"plan '{args.plan}' has {manifest['nodes']} nodes but mpirun started {size} ranks; "
                 f"run 'mpirun -n {manifest['nodes']} bbgrap-run' (or bbgrap-run alone, all nodes in one process)"
             )
-        inputs, reference = load_inputs(args, manifest)
-        threads = args.threads or threads_for_rank(affinities, local.Get_rank())
-        PROCESS_THREAD_POOL.start(threads)
     except BBGrapError as exc:
         error = str(exc)
-    block = agreed_boundary_block(comm, args.layout, args.provider, local.Get_rank(), able=error is None)
+    error = error or plan_id_problem(args.plan, allgather(comm, manifest.get("plan_id") if error is None else None))
     try:
-        layouts = node_layouts(args.plan, manifest, [rank] if error is None else [], threads, True, block, comm.allgather)
         if error is None:
+            verify_files(args.plan, manifest, [rank])
+            inputs, reference = load_inputs(args, manifest)
+            threads = args.threads or threads_for_rank(affinities, local.Get_rank())
+            PROCESS_THREAD_POOL.start(threads)  # before the first session, --check's included
+            if args.check:
+                reference = model_reference(args, manifest, inputs) if rank == 0 else {}
+    except BBGrapError as exc:
+        error = str(exc)
+    able = not any(allgather(comm, error))  # a plan some rank cannot use is not laid out or loaded anywhere
+    block = agreed_boundary_block(comm, args.layout, args.provider, local.Get_rank(), able=able)
+    runner: NodeRunner | None = None
+    try:
+        layouts = node_layouts(args.plan, manifest, [rank] if able else [], threads, True, block,
+                               lambda votes: allgather(comm, votes))
+        if able:
             runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
                                  iobinding=args.iobinding, layout=layouts[rank])
     except BBGrapError as exc:
         error = error or str(exc)
-    errors = comm.allgather(error)
-    if any(errors):
+    errors = allgather(comm, error)
+    if any(errors) or runner is None:
         if rank == 0:
             print(f"bbgrap-run: error: {next(e for e in errors if e)}", file=sys.stderr)
         return 2
@@ -631,26 +857,50 @@ def main_mpi(args: argparse.Namespace) -> int:
     outputs: dict[str, np.ndarray] = {}
     profile = Profile()
     for k in range(args.warmup + args.repeat):
-        comm.Barrier()
+        poll(comm.Ibarrier())
         t0 = time.perf_counter()
         outputs = run_mpi_node(runner, transport, inputs, profile if k >= args.warmup else None)
         elapsed = time.perf_counter() - t0
         if k >= args.warmup:
             latencies.append(elapsed)
-    profiles = comm.gather(profile.as_ms(args.repeat), root=0)
-    if rank != 0:
-        return 0
-    cores = len(os.sched_getaffinity(0))
-    crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
-    return report(args, manifest, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded)
+    profiles = allgather(comm, profile.as_ms(args.repeat))
+    status = 0
+    if rank == 0:
+        cores = len(os.sched_getaffinity(0))
+        crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
+        try:
+            status = report(args, manifest, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded)
+        except BBGrapError as exc:
+            print(f"bbgrap-run: error: {exc}", file=sys.stderr)
+            status = 2
+    # The other ranks wait here (polled, so a signal still ends them) rather than in MPI_Finalize
+    # while rank 0 reports; mpirun exits with the highest status, rank 0's.
+    poll(comm.Ibarrier(), nap=0.001)
+    return status
 
 
 def under_mpi() -> bool:
     return any(v in os.environ for v in MPI_ENV)
 
 
+def exit_on_signal(signum: int, frame: Any) -> None:
+    """SIGINT/SIGTERM: end this process now with 128 + the signal's number (130/143), without a
+    traceback and without MPI_Finalize, which would wait for ranks that are still computing;
+    mpirun (MPICH's hydra) ends the job's other ranks when one exits with a nonzero status, and
+    forwards a SIGINT/SIGTERM it gets itself to the ranks."""
+    os._exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, exit_on_signal)
     args = parse_args(argv)
+    if args.version:
+        from importlib.metadata import version
+
+        if env_rank() == 0:
+            print(f"bbgrap-run {version('bbgrap')}")
+        return 0
     if under_mpi():
         from mpi4py import MPI
 

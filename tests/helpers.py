@@ -49,7 +49,11 @@ def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobindi
 
 
 def assert_exact(plan_dir: str, iobinding: str = "off", layout: str = "auto") -> float:
+    """The plan's outputs match its reference within TOLERANCE, and are all finite (compare counts a
+    non-finite value the reference lacks as an infinite error; a test model has none at all)."""
     outputs, rel = run_plan(plan_dir, iobinding=iobinding, layout=layout)
     assert outputs, "plan produced no output"
+    bad = [name for name, out in outputs.items() if not np.isfinite(out).all()]
+    assert not bad, f"plan {plan_dir}: non-finite values in {bad}"
     assert np.isfinite(rel) and rel <= TOLERANCE, f"plan {plan_dir}: max relative error {rel}"
     return rel
