@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from bbgrap.backends import nchwc
+from bbgrap.backends.devices import device_for_rank, ranks_per_device, visible_devices
 from bbgrap.backends.threads import PROCESS_THREAD_POOL
 from bbgrap.ir import BBGrapError
 from bbgrap.plan import file_sha256, read_manifest, read_sample, verify_files
@@ -716,8 +717,10 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
 
 def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
-           profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None) -> int:
-    """Print (or --json) the result; `crowded` = (ranks, cores) where more ranks than cores share a host."""
+           profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None,
+           shared_gpus: tuple[int, int] | None = None) -> int:
+    """Print (or --json) the result; `crowded` = (ranks, cores) where more threads than cores share a
+    host, `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one."""
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     if args.output:
@@ -741,6 +744,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
     if profiles:
         result["profile_ms"] = profiles  # per rank, per inference: compute, wait, send
     result["oversubscribed"] = crowded is not None
+    result["shared_gpus"] = shared_gpus is not None
     if args.json:
         print(json.dumps(result))
     else:
@@ -755,6 +759,9 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         if crowded is not None:
             print(f"note: {crowded[0]} ranks share {crowded[1]} cores on this host, so they take turns on them (their waiting "
                   f"is mostly that): the latency of {manifest['nodes']} separate nodes would be lower")
+        if shared_gpus is not None:
+            print(f"note: {shared_gpus[0]} ranks share {shared_gpus[1]} GPU(s) on this host (rank k uses GPU k mod "
+                  f"{shared_gpus[1]}), so they take turns on them: the latency of {manifest['nodes']} separate GPUs would be lower")
     if not ok:
         print(f"bbgrap-run: error: result differs from the {'model' if args.check else 'reference'} by {rel_err:.3g} "
               f"> --tolerance {args.tolerance:g}", file=sys.stderr)
@@ -837,13 +844,15 @@ def main_mpi(args: argparse.Namespace) -> int:
     except BBGrapError as exc:
         error = str(exc)
     able = not any(allgather(comm, error))  # a plan some rank cannot use is not laid out or loaded anywhere
-    block = agreed_boundary_block(comm, args.layout, args.provider, local.Get_rank(), able=able)
+    devices = visible_devices()
+    device = device_for_rank(local.Get_rank(), devices)  # ranks outnumbering the GPUs share them
+    block = agreed_boundary_block(comm, args.layout, args.provider, device, able=able)
     runner: NodeRunner | None = None
     try:
         layouts = node_layouts(args.plan, manifest, [rank] if able else [], threads, True, block,
                                lambda votes: allgather(comm, votes))
         if able:
-            runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=local.Get_rank(),
+            runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=device,
                                  iobinding=args.iobinding, layout=layouts[rank])
     except BBGrapError as exc:
         error = error or str(exc)
@@ -866,10 +875,12 @@ def main_mpi(args: argparse.Namespace) -> int:
     profiles = allgather(comm, profile.as_ms(args.repeat))
     status = 0
     if rank == 0:
-        cores = len(os.sched_getaffinity(0))
+        cores = len(set().union(*map(set, affinities)))  # the cores this host's ranks may use, together
         crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
         try:
-            status = report(args, manifest, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded)
+            sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
+            status = report(args, manifest, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded,
+                            (local.Get_size(), devices) if sharing > 1 else None)
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)
             status = 2
