@@ -39,8 +39,9 @@ import numpy as np
 from bbgrap.backends import nchwc
 from bbgrap.backends.devices import device_for_rank, ranks_per_device, visible_devices
 from bbgrap.backends.threads import PROCESS_THREAD_POOL
+from bbgrap.backends.trace import Step, clock_offset, rank_events, segment_layers, write_trace
 from bbgrap.ir import BBGrapError
-from bbgrap.plan import file_sha256, read_manifest, read_sample, verify_files
+from bbgrap.plan import file_sha256, node_files, read_manifest, read_sample, verify_files
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # this process's rank, before MPI starts
@@ -363,14 +364,27 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
 
 @dataclass
 class Profile:
-    """Where one node's time goes: its segments, waiting for messages, posting sends."""
+    """Where one node's time goes: its segments, waiting for messages, posting sends; with
+    `steps` (bbgrap-run --trace) also every step of every inference, as trace.Step."""
 
     compute: float = 0.0
     wait: float = 0.0
     send: float = 0.0
+    steps: list[Step] | None = None
+    inference: int = 0  # the inference the steps recorded now belong to
+
+    def record(self, op: str, k: int, t0: float, t1: float) -> None:
+        if op == "run":
+            self.compute += t1 - t0
+        elif op == "send":
+            self.send += t1 - t0
+        elif op == "wait":
+            self.wait += t1 - t0
+        if self.steps is not None:
+            self.steps.append(Step(self.inference, op, k, t0, t1))
 
     def as_ms(self, runs: int) -> dict[str, float]:
-        return {k: round(v * 1e3 / max(runs, 1), 3) for k, v in self.__dict__.items()}
+        return {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in ("compute", "wait", "send")}
 
 
 def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport,
@@ -395,13 +409,7 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
                 data = transport.receive(msg)
             values[msg.value] = store.to_device(data)
         if profile is not None:
-            spent = clock() - t0
-            if op == "run":
-                profile.compute += spent
-            elif op == "send":
-                profile.send += spent
-            else:
-                profile.wait += spent
+            profile.record(op, k, t0, clock())
     runner_outputs = {name: store.to_host(values[v]) for name, v in runner.outputs.items()}
     inputs.clear()
     inputs.update(runner_outputs)
@@ -433,11 +441,13 @@ class Mailbox:
         pass
 
 
-def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """All nodes in this process, interleaved: a node runs until it waits for a message."""
+def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray],
+                 profiles: Sequence[Profile] | None = None) -> dict[str, np.ndarray]:
+    """All nodes in this process, interleaved: a node runs until it waits for a message
+    (`profiles`: one per node, in the runners' order)."""
     mailbox = Mailbox()
     results = [dict(inputs) for _ in runners]
-    active = {r.node: execute(r, results[r.node], mailbox) for r in runners}
+    active = {r.node: execute(r, results[r.node], mailbox, profiles[i] if profiles else None) for i, r in enumerate(runners)}
     while active:
         before = mailbox.events
         finished = []
@@ -518,11 +528,17 @@ class MPITransport:
 
 def run_mpi_node(runner: NodeRunner, transport: MPITransport, inputs: dict[str, np.ndarray],
                  profile: Profile | None = None) -> dict[str, np.ndarray]:
+    t0 = time.perf_counter()
     transport.start()
+    if profile is not None:
+        profile.record("start", 0, t0, time.perf_counter())
     result = dict(inputs)
     for _ in execute(runner, result, transport, profile):
         pass  # MPITransport.receive blocks, so the program never yields
+    t0 = time.perf_counter()
     transport.finish()
+    if profile is not None:
+        profile.record("finish", 0, t0, time.perf_counter())
     return result
 
 
@@ -581,15 +597,15 @@ def tolerance(text: str) -> float:
     return value
 
 
-def output_problem(path: str) -> str | None:
-    """Why `path` cannot take --output (None if it can), checked before anything is loaded."""
+def output_problem(path: str, flag: str = "--output", example: str = "out.npz") -> str | None:
+    """Why `path` cannot take the file `flag` writes (None if it can), checked before anything is loaded."""
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        return f"--output {path} is a directory; give a file name such as {os.path.join(path, 'out.npz')}"
+        return f"{flag} {path} is a directory; give a file name such as {os.path.join(path, example)}"
     if not os.path.isdir(parent):
-        return f"--output {path}: the directory {parent} does not exist; create it first or write elsewhere"
+        return f"{flag} {path}: the directory {parent} does not exist; create it first or write elsewhere"
     if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--output {path}: the directory {parent} is not writable; write elsewhere"
+        return f"{flag} {path}: the directory {parent} is not writable; write elsewhere"
     return None
 
 
@@ -622,14 +638,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="max error relative to the output's largest magnitude, a finite number >= 0 (default 1e-4); a NaN or "
                    "infinity where the reference has another value is a mismatch at any tolerance")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--trace", metavar="FILE.json",
+                   help="write the timed inferences as a Chrome trace-event file (Perfetto, chrome://tracing): per rank, "
+                   "every segment run with its layers, every send and wait with bytes and peer, clocks aligned to rank 0's")
     p.add_argument("--version", action="store_true", help="print bbgrap-run's version and exit")
     args = p.parse_args(argv)
     for name in ("repeat", "warmup", "threads"):
         if getattr(args, name) < (1 if name == "repeat" else 0):
             p.error(f"--{name} must be {'at least 1' if name == 'repeat' else 'non-negative'}")
-    problem = output_problem(args.output) if args.output and not args.version else None
-    if problem:
-        p.error(problem)
+    for flag, path, example in (("--output", args.output, "out.npz"), ("--trace", args.trace, "trace.json")):
+        problem = output_problem(path, flag, example) if path and not args.version else None
+        if problem:
+            p.error(problem)
     args.check = args.check or args.model is not None
     return args
 
@@ -789,12 +809,34 @@ def main_embedded(args: argparse.Namespace) -> int:
     runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout)
     latencies = []
     outputs: dict[str, np.ndarray] = {}
+    profiles = [Profile(steps=[] if args.trace else None) for _ in runners]
     for k in range(args.warmup + args.repeat):
+        for profile in profiles:
+            profile.inference = k - args.warmup
         t0 = time.perf_counter()
-        outputs = run_embedded(runners, inputs)
+        outputs = run_embedded(runners, inputs, profiles if k >= args.warmup else None)
         if k >= args.warmup:
             latencies.append(time.perf_counter() - t0)
+    if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
+        save_trace(args, manifest, [trace_events(args.plan, manifest, r.node, r.node, p, 0.0) for r, p in zip(runners, profiles)])
     return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
+
+
+def trace_events(plan: str, manifest: dict[str, Any], rank: int, node: int, profile: Profile, offset: float) -> list[dict[str, Any]]:
+    """This rank's (or in-process node's) recorded steps as trace events."""
+    files = node_files(manifest, [node])
+    messages = {m["id"]: {"src": m["src"], "dst": m["dst"], "tensor": m["tensor"],
+                          "bytes": int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize}
+                for m in manifest["messages"]}
+    return rank_events(rank, node, profile.steps or [], offset, segment_layers(plan, files), files, messages)
+
+
+def save_trace(args: argparse.Namespace, manifest: dict[str, Any], per_rank: Sequence[Sequence[dict[str, Any]]]) -> None:
+    try:
+        write_trace(args.trace, per_rank, {"plan": args.plan, "model": manifest["model"], "nodes": manifest["nodes"],
+                                           "plan_id": manifest["plan_id"], "repeat": args.repeat})
+    except OSError as exc:
+        raise BBGrapError(f"--trace {args.trace}: cannot write it ({exc.strerror or type(exc).__name__}); write elsewhere") from None
 
 
 def plan_id_problem(plan: str, ids: Sequence[Any]) -> str | None:
@@ -807,6 +849,23 @@ def plan_id_problem(plan: str, ids: Sequence[Any]) -> str | None:
         return None
     return (f"ranks {known[0][0]} and {odd[0]} read different compiles of '{plan}' (plan_id {known[0][1]} and {odd[1]}); "
             f"copy the same plan directory to every host")
+
+
+def rank_clock_offset(comm: Any) -> float:
+    """This rank's perf_counter minus rank 0's (trace.clock_offset against rank 0, rank by rank)."""
+    rounds, offset = 8, 0.0
+    for r in range(1, comm.Get_size()):
+        if comm.Get_rank() == 0:
+            for _ in range(rounds):
+                comm.recv(source=r, tag=7001)
+                comm.send(time.perf_counter(), dest=r, tag=7002)
+        elif comm.Get_rank() == r:
+            def exchange(t: float) -> float:
+                comm.send(t, dest=0, tag=7001)
+                return float(comm.recv(source=0, tag=7002))
+
+            offset = clock_offset(exchange, time.perf_counter, rounds)
+    return offset
 
 
 def main_mpi(args: argparse.Namespace) -> int:
@@ -864,8 +923,10 @@ def main_mpi(args: argparse.Namespace) -> int:
     transport = MPITransport(comm, runner)
     latencies = []
     outputs: dict[str, np.ndarray] = {}
-    profile = Profile()
+    profile = Profile(steps=[] if args.trace else None)
+    offset = rank_clock_offset(comm) if args.trace else 0.0
     for k in range(args.warmup + args.repeat):
+        profile.inference = k - args.warmup
         poll(comm.Ibarrier())
         t0 = time.perf_counter()
         outputs = run_mpi_node(runner, transport, inputs, profile if k >= args.warmup else None)
@@ -873,8 +934,15 @@ def main_mpi(args: argparse.Namespace) -> int:
         if k >= args.warmup:
             latencies.append(elapsed)
     profiles = allgather(comm, profile.as_ms(args.repeat))
+    traced = allgather(comm, trace_events(args.plan, manifest, rank, rank, profile, offset) if args.trace else [])
     status = 0
-    if rank == 0:
+    if rank == 0 and args.trace:
+        try:
+            save_trace(args, manifest, traced)
+        except BBGrapError as exc:
+            print(f"bbgrap-run: error: {exc}", file=sys.stderr)
+            status = 2
+    if rank == 0 and status == 0:
         cores = len(set().union(*map(set, affinities)))  # the cores this host's ranks may use, together
         crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
         try:

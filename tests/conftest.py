@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-MPI_MODULES = {"test_mpi", "test_faults"}
+MPI_MODULES = {"test_mpi", "test_faults", "test_trace"}
 SLOW_MODULES = MPI_MODULES | {"test_e2e", "test_nchwc", "test_search_pass", "test_cli", "test_picture", "test_report",
                               "test_fuzz", "test_plan", "test_runtime_errors", "test_recompute_halos", "test_zoo"}
 

@@ -1,0 +1,95 @@
+"""`bbgrap-run --trace`: a valid Chrome trace-event file, one event per segment run and per
+message of every rank, in program order, adding up to the measured latency."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from bbgrap import zoo
+from bbgrap.backends.trace import check_trace
+from bbgrap.plan import read_manifest
+from helpers import compile_plan, save
+
+BIN = os.path.dirname(sys.executable)
+MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
+
+
+@pytest.fixture(scope="module")
+def resnet50_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("trace")
+    model = save(zoo.build("resnet50", resolution=64, width=0.25), str(d))
+    plan = str(d / "plan")
+    compile_plan(model, plan, nodes=4, direction="h", search=True)
+    return plan
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def steps_by_inference(trace: dict, pid: int) -> dict[int, list[dict]]:
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == pid]
+    out: dict[int, list[dict]] = {}
+    for inf in (e for e in events if e["cat"] == "inference"):
+        inside = [e for e in events if e["cat"] != "inference" and inf["ts"] <= e["ts"] <= inf["ts"] + inf["dur"]]
+        out[inf["args"]["inference"]] = [inf] + sorted(inside, key=lambda e: e["ts"])
+    return out
+
+
+@pytest.mark.parametrize("mode", ["mpi", "in-process"])
+def test_trace_has_every_step_in_order_and_adds_up(tmp_path, resnet50_plan: str, mode: str) -> None:
+    trace_path = str(tmp_path / "trace.json")
+    cmd = [os.path.join(BIN, "bbgrap-run"), resnet50_plan, "--repeat", "4", "--warmup", "1", "--json", "--trace", trace_path]
+    proc = run(([MPIRUN, "-n", "4"] if mode == "mpi" else []) + cmd)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    trace = json.load(open(trace_path))
+    assert check_trace(trace) == []
+    manifest = read_manifest(resnet50_plan)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {n: f"rank {n} (node {n})" for n in range(4)}
+    for node, program in enumerate(manifest["programs"]):
+        inferences = steps_by_inference(trace, node)
+        assert sorted(inferences) == [0, 1, 2, 3]
+        for events in inferences.values():
+            inference, steps = events[0], events[1:]
+            kinds = [(e["cat"], e["args"].get("message")) for e in steps if e["cat"] in ("run", "send", "wait")]
+            expected = [(op, k if op != "run" else None) for op, k, *_ in program["steps"]]
+            assert kinds == expected, "steps missing or out of program order"
+            runs = [e for e in steps if e["cat"] == "run"]
+            assert [e["args"]["file"] for e in runs] == [program["segments"][k]["file"] for op, k, *_ in program["steps"] if op == "run"]
+            assert all(e["args"]["layers"] for e in runs)
+            for e in steps:
+                if e["cat"] in ("send", "wait"):
+                    m = next(m for m in manifest["messages"] if m["id"] == e["args"]["message"])
+                    assert e["args"]["peer"] == (m["dst"] if e["cat"] == "send" else m["src"]) and e["args"]["bytes"] > 0
+            if mode == "mpi":
+                assert [s["cat"] for s in (steps[0], steps[-1])] == ["start", "finish"]
+            # everything the rank did in that inference, less the Python between its steps
+            assert sum(e["dur"] for e in steps) == pytest.approx(inference["dur"], rel=0.05)
+    rank0 = statistics.median(e[0]["dur"] for e in steps_by_inference(trace, 0).values()) / 1e3
+    if mode == "mpi":  # rank 0's inferences are what bbgrap-run reports as its latency
+        assert rank0 == pytest.approx(result["latency_ms"], rel=0.05)
+
+
+def test_check_trace_finds_broken_files() -> None:
+    good = {"traceEvents": [{"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 0.0, "dur": 10.0},
+                            {"ph": "X", "name": "b", "pid": 0, "tid": 0, "ts": 2.0, "dur": 3.0}]}
+    assert check_trace(good) == []
+    crossing = {"traceEvents": good["traceEvents"] + [{"ph": "X", "name": "c", "pid": 0, "tid": 0, "ts": 8.0, "dur": 5.0}]}
+    assert "overlaps" in check_trace(crossing)[0]
+    assert check_trace([]) == ["not an object with a 'traceEvents' list"]
+    assert "dur >= 0" in check_trace({"traceEvents": [{"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 0, "dur": -1}]})[0]
+    assert "integers" in check_trace({"traceEvents": [{"ph": "X", "name": "a", "pid": "0", "tid": 0, "ts": 0, "dur": 1}]})[0]
+
+
+def test_trace_into_a_missing_directory_is_one_line_before_running(tmp_path, resnet50_plan: str) -> None:
+    proc = run([os.path.join(BIN, "bbgrap-run"), resnet50_plan, "--trace", str(tmp_path / "no" / "t.json")])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--trace" in proc.stderr and "does not exist" in proc.stderr
