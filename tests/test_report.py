@@ -31,11 +31,14 @@ def conv_then_hardmax() -> object:
     return model
 
 
-@pytest.mark.parametrize(("name", "nodes", "direction"), [("resnet18", 2, "h"), ("mobilenet_v2", 3, "w"), ("inception", 2, "w"), ("densenet", 4, "c")])
-def test_rows_add_up_to_the_plan(tmp_path, name: str, nodes: int, direction: str) -> None:
-    model = save(zoo.build(name, resolution=48, width=0.125), str(tmp_path))
+@pytest.mark.parametrize(("name", "nodes", "direction", "search"), [
+    ("resnet18", 2, "h", True), ("mobilenet_v2", 3, "w", True), ("inception", 2, "w", True),
+    ("densenet", 4, "c", False),  # a searched channel cut of densenet takes 13 s
+])
+def test_rows_add_up_to_the_plan(tmp_path, name: str, nodes: int, direction: str, search: bool) -> None:
+    model = save(zoo.build(name, resolution=32, width=0.125), str(tmp_path))
     plan = str(tmp_path / "plan")
-    compile_plan(model, plan, nodes=nodes, direction=direction, search=True)
+    compile_plan(model, plan, nodes=nodes, direction=direction, search=search)
     manifest = read_manifest(plan)
     rows = manifest["layer_table"]
     assert len(rows) == manifest["layers"]
