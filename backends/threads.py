@@ -12,6 +12,8 @@ library callers that also make other sessions (the frontend, the tests).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,3 +59,17 @@ def probe_options(threads: int = 1) -> Any:
     opts.log_severity_level = 4
     PROCESS_THREAD_POOL.apply(opts, threads, spin=False)
     return opts
+
+
+def threads_per_rank(ranks_on_host: int) -> int:
+    """The host's cores shared out among the ranks on it (at least one thread each)."""
+    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
+
+
+def threads_for_rank(affinities: Sequence[Sequence[int]], me: int) -> int:
+    """Threads for local rank `me` given every local rank's CPU affinity: its cores divided
+    among the ranks whose cores overlap its own (all of them where mpirun binds nothing;
+    only itself where each rank is pinned to cores of its own)."""
+    mine = set(affinities[me])
+    sharing = sum(1 for other in affinities if mine & set(other))
+    return max(1, len(mine) // max(sharing, 1))

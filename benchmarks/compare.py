@@ -30,8 +30,11 @@ BIN = os.path.dirname(sys.executable)
 def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout: str) -> int:
     from mpi4py import MPI
 
-    from bbgrap.backends.runtime import (MPITransport, agreed_boundary_block, compare, layout_name, load_runner, node_layouts,
-                                         run_mpi_node, threads_per_rank)
+    from bbgrap.backends.engine import layout_name, load_runner, node_layouts
+    from bbgrap.backends.executor import run_node
+    from bbgrap.backends.runtime import agreed_boundary_block, compare
+    from bbgrap.backends.threads import threads_per_rank
+    from bbgrap.backends.transports import MPITransport
     from bbgrap.plan import read_manifest, read_sample
 
     comm = MPI.COMM_WORLD
@@ -60,7 +63,7 @@ def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout:
             runner, transport, inputs, reference = sides[i]
             comm.Barrier()
             t0 = time.perf_counter()
-            outputs = run_mpi_node(runner, transport, inputs)
+            outputs = run_node(runner, transport, inputs)
             elapsed = time.perf_counter() - t0
             if k >= warmup:
                 times[i].append(elapsed)

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from bbgrap.backends.runtime import threads_per_rank
+from bbgrap.backends.threads import threads_per_rank
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model

@@ -56,7 +56,7 @@ def test_heterogeneous_speeds_are_exact(zoo_models: dict[str, str], tmp_path) ->
 
 
 def test_value_store_follows_the_iobinding_choice(zoo_models: dict[str, str], tmp_path) -> None:
-    from bbgrap.backends.runtime import DeviceValues, HostValues, load_runner
+    from bbgrap.backends.engine import DeviceValues, HostValues, load_runner
     from bbgrap.plan import read_manifest
 
     plan = str(tmp_path / "plan")
@@ -68,7 +68,7 @@ def test_value_store_follows_the_iobinding_choice(zoo_models: dict[str, str], tm
 
 
 def test_cpu_sessions_share_one_arena_and_gpu_sessions_keep_theirs() -> None:
-    from bbgrap.backends.runtime import session_options
+    from bbgrap.backends.engine import session_options
 
     assert session_options(1).get_session_config_entry("session.use_env_allocators") == "1"
     with pytest.raises(RuntimeError, match="use_env_allocators"):  # not set at all
@@ -78,7 +78,7 @@ def test_cpu_sessions_share_one_arena_and_gpu_sessions_keep_theirs() -> None:
 def test_cuda_sessions_ask_for_full_fp32() -> None:
     import onnxruntime as ort
 
-    from bbgrap.backends.runtime import _version, providers_for
+    from bbgrap.backends.engine import _version, providers_for
 
     assert _version("1.18.0") == (1, 18, 0) and _version("1.20.1.dev5") == (1, 20, 1) and _version("2.0rc1") == (2,)
     if "CUDAExecutionProvider" not in ort.get_available_providers():

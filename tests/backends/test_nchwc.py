@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap import zoo
 from bbgrap.backends import nchwc
-from bbgrap.backends.runtime import boundary_block, load_runner, node_layouts, session_options
+from bbgrap.backends.engine import boundary_block, load_runner, node_layouts, session_options
 from bbgrap.plan import read_manifest
 from helpers import assert_exact, compile_plan, save
 

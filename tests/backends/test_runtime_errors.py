@@ -21,7 +21,8 @@ import pytest
 from onnx import numpy_helper
 
 from bbgrap import zoo
-from bbgrap.backends.runtime import compare, gpu_present, plan_id_problem
+from bbgrap.backends.engine import gpu_present
+from bbgrap.backends.runtime import compare, plan_id_problem
 from bbgrap.plan import file_sha256
 from helpers import assert_exact, compile_plan, save
 

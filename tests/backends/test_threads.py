@@ -4,7 +4,7 @@ onnxruntime thread pool per bbgrap-run process however many segments it runs."""
 from __future__ import annotations
 
 import pytest
-from bbgrap.backends.runtime import threads_for_rank
+from bbgrap.backends.threads import threads_for_rank
 
 
 @pytest.mark.parametrize(("affinities", "me", "threads"), [

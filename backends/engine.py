@@ -1,0 +1,284 @@
+"""The engine: onnxruntime sessions for a node's segments.
+
+Session options (one thread pool and one CPU arena per process), the execution provider
+(CPU, or CUDA with one device per rank and full FP32), the values segments exchange
+(numpy arrays on the host, or onnxruntime values bound to the device with IOBinding),
+and onnxruntime's blocked NCHWc layout across segment boundaries on the CPU
+(backends/nchwc.py). `load_runner` turns one node of a plan into an executor.NodeRunner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from bbgrap.backends import nchwc
+from bbgrap.backends.executor import MessageSpec, NodeRunner
+from bbgrap.backends.threads import PROCESS_THREAD_POOL
+from bbgrap.ir import BBGrapError
+
+
+class HostValues:
+    """Segment inputs and outputs as numpy arrays in host memory (the CPU default)."""
+
+    def to_device(self, array: np.ndarray) -> Any:
+        return array
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return value
+
+    def run(self, session: Any, inputs: list[str], outputs: list[str], values: dict[str, Any]) -> list[Any]:
+        feeds = {name: values[name] for name in inputs}
+        # The plan fixed every segment's feeds; skip InferenceSession.run's per-call Python
+        # checks where the binding is there (mobilenet_v2 on 2 ranks, side by side: -0.1 ms of 5.3).
+        binding = getattr(session, "_sess", None)
+        return binding.run(outputs, feeds, None) if binding is not None else session.run(outputs, feeds)
+
+
+class DeviceValues:
+    """Segment inputs and outputs as onnxruntime values on one device, bound with IOBinding,
+    so activations stay there between segments; only messages and the model's inputs and
+    outputs pass through host memory."""
+
+    def __init__(self, device: str, device_id: int) -> None:
+        self.device, self.device_id = device, device_id
+
+    def to_device(self, array: np.ndarray) -> Any:
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, self.device_id)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return value.numpy()
+
+    def run(self, session: Any, inputs: list[str], outputs: list[str], values: dict[str, Any]) -> list[Any]:
+        binding = session.io_binding()
+        for name in inputs:
+            binding.bind_ortvalue_input(name, values[name])
+        for name in outputs:
+            binding.bind_output(name, self.device, self.device_id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+
+def session_options(threads: int, spin: bool = True, shared_arena: bool = True) -> Any:
+    """Sessions of one process: on the process's one intra-op thread pool where bbgrap-run
+    started it (backends/threads.py), else each with a pool of `threads` threads (`spin=False`
+    where several nodes share this process's cores). `shared_arena` for CPU-only sessions
+    (the GPU path keeps onnxruntime's defaults)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    PROCESS_THREAD_POOL.apply(opts, threads, spin)
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # All segments of this process allocate from one CPU arena (see shared_cpu_arena): the
+    # next segment reuses memory the last one left in cache, where one arena per segment
+    # would touch a cold buffer each time. No arena at all was worse: large activations
+    # went through mmap and page faults every inference.
+    if shared_arena:
+        shared_cpu_arena()
+        opts.add_session_config_entry("session.use_env_allocators", "1")
+    opts.log_severity_level = 4  # its errors come back as exceptions; the C++ log would repeat them in raw colour codes
+    return opts
+
+
+@functools.cache
+def shared_cpu_arena() -> None:
+    """Register one CPU arena allocator with onnxruntime's environment (once per process);
+    sessions opt in with `session.use_env_allocators`."""
+    import onnxruntime as ort
+
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+
+
+def gpu_present() -> bool:
+    """An NVIDIA device node exists (onnxruntime-gpu lists CUDA even where there is none)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+def providers_for(provider: str, device_id: int) -> list[Any]:
+    import onnxruntime as ort
+
+    quiet_onnxruntime()
+    cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers()
+    if provider == "cuda" and not cuda_ok:
+        raise BBGrapError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu or use --provider cpu")
+    if provider == "cpu" or not cuda_ok or (provider == "auto" and not gpu_present()):
+        return ["CPUExecutionProvider"]
+    options: dict[str, Any] = {"device_id": device_id}
+    if _version(ort.__version__) >= (1, 18):
+        # Full FP32 convolutions: TensorFloat-32 (onnxruntime's default on Ampere and newer GPUs)
+        # rounds inputs to 10 mantissa bits, about 1e-3 off the reference, where plans are exact to 1e-4.
+        options["use_tf32"] = "0"
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+def quiet_onnxruntime() -> None:
+    """Keep onnxruntime's own C++ log (errors in raw ANSI colour codes, e.g. a CUDA provider library
+    that does not load) off the terminal: what matters comes back as an exception or a fallback
+    that bbgrap-run reports in its own words."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """onnxruntime's Python InferenceSession prints a multi-line '*** EP Error *** ... Falling back'
+    banner to stdout when a provider fails to create a session; keep it from bbgrap-run's output
+    (the exception, or the provider the session ends up with, is reported instead)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """'1.18.0' or '1.20.1.dev5' -> (1, 18, 0) / (1, 20, 1): the leading numeric parts."""
+    parts = []
+    for piece in text.split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def boundary_block(layout: str, provider: str, device_id: int) -> int:
+    """The NCHWc block this rank would keep activations in across segment boundaries
+    (see backends/nchwc.py): onnxruntime's on this CPU where `layout` is auto and the
+    segments run on the CPU, else 0 (NCHW). Ranks must agree (nchwc.agreed_block)."""
+    try:
+        on_cpu = providers_for(provider, device_id) == ["CPUExecutionProvider"]
+    except BBGrapError:
+        return 0  # load_runner reports it
+    return nchwc.block_size() if layout == "auto" and on_cpu else 0
+
+
+def layout_name(block: int) -> str:
+    return f"nchwc{block}" if block else "nchw"
+
+
+def node_layouts(plan_dir: str, manifest: dict[str, Any], nodes: Sequence[int], threads: int, spin: bool, block: int,
+                 gather: Callable[[dict[str, bool]], list[dict[str, bool]]] = lambda votes: [votes]
+                 ) -> dict[int, nchwc.NodeLayout | None]:
+    """The blocked layout of these nodes' segment edges (None for all where `block` is 0), agreed
+    with the other nodes' votes through `gather` (under MPI: comm.allgather, which every rank
+    must reach, with `nodes` empty where the rank failed to start)."""
+    error: str | None = None
+    layouts: dict[int, nchwc.NodeLayout | None] = {n: None for n in nodes}
+    try:
+        for n in nodes if block else []:
+            # The model's inputs and outputs stay NCHW: users hand them in and read them.
+            keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
+            models = segment_models(plan_dir, manifest["programs"][n])
+            try:
+                with quiet_stdout():
+                    layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
+            except Exception as exc:
+                unloadable_segment(plan_dir, manifest["programs"][n])  # a segment onnxruntime cannot load is no layout problem
+                raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
+                                  f"({type(exc).__name__}: {first_line(exc)}); run bbgrap-run with --layout nchw") from None
+    except BBGrapError as exc:  # reported after the collective below
+        error = str(exc)
+    votes = gather(nchwc.merged_votes(layout.votes for layout in layouts.values() if layout is not None))
+    if error is not None:
+        raise BBGrapError(error)
+    for layout in layouts.values():
+        if layout is not None:
+            layout.agree(votes)
+    return layouts
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def segment_models(plan_dir: str, program: dict[str, Any]) -> list[Any]:
+    """A node's segments as ONNX models."""
+    import onnx
+
+    models = []
+    for seg in program["segments"]:
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            models.append(onnx.load(path))
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+    return models
+
+
+def unloadable_segment(plan_dir: str, program: dict[str, Any]) -> None:
+    """Raise, naming the file, where onnxruntime cannot load one of a node's segments as it is."""
+    import onnxruntime as ort
+
+    for seg in program["segments"]:
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            with quiet_stdout():
+                ort.InferenceSession(path, session_options(1, spin=False, shared_arena=False), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+
+
+def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
+                device_id: int = 0, spin: bool = True, iobinding: str = "auto",
+                layout: nchwc.NodeLayout | None = None) -> NodeRunner:
+    """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
+    `layout` (from node_layouts, CPU only) keeps the activations it agreed on in onnxruntime's
+    NCHWc layout across segment boundaries."""
+    import onnxruntime as ort
+
+    prog = manifest["programs"][node]
+    if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
+        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
+    providers = providers_for(provider, device_id)
+    on_cpu = providers == ["CPUExecutionProvider"]
+    layout = layout if on_cpu else None
+    opts = session_options(threads, spin, shared_arena=on_cpu)
+    plain = session_options(threads, spin)
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
+    sessions = []
+    for k, seg in enumerate(prog["segments"]):
+        path = os.path.join(plan_dir, seg["file"])
+        try:
+            blocked = layout.model(k) if layout is not None else None
+            with quiet_stdout():
+                if blocked is not None:
+                    sess = ort.InferenceSession(blocked.SerializeToString(), plain, providers=providers)
+                else:
+                    sess = ort.InferenceSession(path, opts, providers=providers)
+        except Exception as exc:
+            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+        if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
+            raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
+        if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":
+            providers = ["CPUExecutionProvider"]  # no usable GPU: stop trying CUDA for the other segments
+        sessions.append(sess)
+    messages = {
+        m["id"]: MessageSpec(m["id"], m["src"], m["dst"], tuple(m["shape"]), m["dtype"], m["value"])
+        for m in manifest["messages"]
+        if node in (m["src"], m["dst"])
+    }
+    on_gpu = bool(sessions) and sessions[0].get_providers()[0] == "CUDAExecutionProvider"
+    values: HostValues | DeviceValues = HostValues()
+    if iobinding == "on" or (iobinding == "auto" and on_gpu):
+        values = DeviceValues("cuda" if on_gpu else "cpu", device_id if on_gpu else 0)
+    return NodeRunner(
+        node=node,
+        steps=[(step[0], step[1], step[2] if len(step) > 2 else "") for step in prog["steps"]],
+        sessions=sessions,
+        seg_inputs=[s["inputs"] for s in prog["segments"]],
+        seg_outputs=[s["outputs"] for s in prog["segments"]],
+        outputs=prog["outputs"],
+        input_values={i["name"]: i["value"] for i in manifest["inputs"]},
+        messages=messages,
+        providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
+        values=values,
+        block=layout.block if layout is not None and layout.agreed else 0,
+    )

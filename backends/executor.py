@@ -1,0 +1,156 @@
+"""The executor: one node's program (segments, sends, waits) run step by step.
+
+It knows nothing of onnxruntime or MPI: a segment runs through the node's `Values`
+(backends/engine.py: numpy arrays on the host, or onnxruntime values bound to a device)
+and a message moves through a `Transport` (backends/transports.py: a mailbox in one
+process, or MPI). `execute` is a generator that yields whenever the node waits for a
+message not yet there, so `run_embedded` can interleave every node of a plan in one
+process; with a blocking transport `run_node` runs one node to its end. A `Profile`
+adds up where a node's time goes (and, for --trace, records every step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from bbgrap.backends.trace import Step
+from bbgrap.backends.transports import Mailbox
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    id: int
+    src: int
+    dst: int
+    shape: tuple[int, ...]
+    dtype: str
+    value: str
+
+
+class Values(Protocol):
+    """How a node's segments take and give values: to_device for what arrives (inputs,
+    messages), to_host for what leaves (sends, outputs), run for one segment."""
+
+    def to_device(self, array: np.ndarray) -> Any: ...
+    def to_host(self, value: Any) -> np.ndarray: ...
+    def run(self, session: Any, inputs: list[str], outputs: list[str], values: dict[str, Any]) -> list[Any]: ...
+
+
+@dataclass
+class NodeRunner:
+    """One node's program with its onnxruntime sessions (created once)."""
+
+    node: int
+    steps: list[tuple[str, int, str]]  # (op, segment or message id, local value sent)
+    sessions: list[Any]
+    seg_inputs: list[list[str]]
+    seg_outputs: list[list[str]]
+    outputs: dict[str, str]
+    input_values: dict[str, str]
+    messages: dict[int, MessageSpec]
+    values: Values
+    providers: list[str] = field(default_factory=list)
+    block: int = 0  # NCHWc block of the activations between segments; 0: NCHW
+
+
+class Transport(Protocol):
+    def start(self) -> None: ...
+    def send(self, msg: MessageSpec, data: np.ndarray) -> None: ...
+    def receive(self, msg: MessageSpec) -> np.ndarray | None: ...
+    def progress(self) -> None: ...
+    def finish(self) -> None: ...
+
+
+@dataclass
+class Profile:
+    """Where one node's time goes: its segments, waiting for messages, posting sends; with
+    `steps` (bbgrap-run --trace) also every step of every inference, as trace.Step."""
+
+    compute: float = 0.0
+    wait: float = 0.0
+    send: float = 0.0
+    steps: list[Step] | None = None
+    inference: int = 0  # the inference the steps recorded now belong to
+
+    def record(self, op: str, k: int, t0: float, t1: float) -> None:
+        if op == "run":
+            self.compute += t1 - t0
+        elif op == "send":
+            self.send += t1 - t0
+        elif op == "wait":
+            self.wait += t1 - t0
+        if self.steps is not None:
+            self.steps.append(Step(self.inference, op, k, t0, t1))
+
+    def as_ms(self, runs: int) -> dict[str, float]:
+        return {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in ("compute", "wait", "send")}
+
+
+def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport,
+            profile: Profile | None = None) -> Iterator[None]:
+    """Run one node's program; yields whenever it waits for a message not yet there."""
+    store = runner.values
+    values: dict[str, Any] = {runner.input_values[k]: store.to_device(v) for k, v in inputs.items()}
+    clock = time.perf_counter
+    for op, k, sent in runner.steps:
+        t0 = clock()
+        if op == "run":
+            transport.progress()
+            outs = store.run(runner.sessions[k], runner.seg_inputs[k], runner.seg_outputs[k], values)
+            values.update(zip(runner.seg_outputs[k], outs))
+        elif op == "send":
+            transport.send(runner.messages[k], store.to_host(values[sent]))
+        else:
+            msg = runner.messages[k]
+            data = transport.receive(msg)
+            while data is None:
+                yield
+                data = transport.receive(msg)
+            values[msg.value] = store.to_device(data)
+        if profile is not None:
+            profile.record(op, k, t0, clock())
+    runner_outputs = {name: store.to_host(values[v]) for name, v in runner.outputs.items()}
+    inputs.clear()
+    inputs.update(runner_outputs)
+
+
+def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray],
+                 profiles: Sequence[Profile] | None = None) -> dict[str, np.ndarray]:
+    """All nodes in this process, interleaved: a node runs until it waits for a message
+    (`profiles`: one per node, in the runners' order)."""
+    mailbox = Mailbox()
+    results = [dict(inputs) for _ in runners]
+    active = {r.node: execute(r, results[r.node], mailbox, profiles[i] if profiles else None) for i, r in enumerate(runners)}
+    while active:
+        before = mailbox.events
+        finished = []
+        for node, gen in active.items():
+            try:
+                next(gen)
+            except StopIteration:
+                finished.append(node)
+        for node in finished:
+            del active[node]
+        if active and not finished and mailbox.events == before:
+            raise RuntimeError(f"plan deadlocked: nodes {sorted(active)} all wait for messages nobody sends")
+    return results[0]
+
+
+def run_node(runner: NodeRunner, transport: Transport, inputs: dict[str, np.ndarray],
+                 profile: Profile | None = None) -> dict[str, np.ndarray]:
+    t0 = time.perf_counter()
+    transport.start()
+    if profile is not None:
+        profile.record("start", 0, t0, time.perf_counter())
+    result = dict(inputs)
+    for _ in execute(runner, result, transport, profile):
+        pass  # a blocking transport (MPI) returns every message: the program never yields
+    t0 = time.perf_counter()
+    transport.finish()
+    if profile is not None:
+        profile.record("finish", 0, t0, time.perf_counter())
+    return result
