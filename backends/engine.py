@@ -228,10 +228,11 @@ def unloadable_segment(plan_dir: str, program: dict[str, Any]) -> None:
 
 def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
                 device_id: int = 0, spin: bool = True, iobinding: str = "auto",
-                layout: nchwc.NodeLayout | None = None) -> NodeRunner:
+                layout: nchwc.NodeLayout | None = None, profile_prefix: str | None = None) -> NodeRunner:
     """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
     `layout` (from node_layouts, CPU only) keeps the activations it agreed on in onnxruntime's
-    NCHWc layout across segment boundaries."""
+    NCHWc layout across segment boundaries; `profile_prefix`: every session records onnxruntime's
+    per-op profile into files of that prefix (`end_profiling` gives each one's path)."""
     import onnxruntime as ort
 
     prog = manifest["programs"][node]
@@ -243,9 +244,13 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     opts = session_options(threads, spin, shared_arena=on_cpu)
     plain = session_options(threads, spin)
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
+    for o in (opts, plain) if profile_prefix else ():
+        o.enable_profiling = True
     sessions = []
     for k, seg in enumerate(prog["segments"]):
         path = os.path.join(plan_dir, seg["file"])
+        for o in (opts, plain) if profile_prefix else ():
+            o.profile_file_prefix = f"{profile_prefix}-seg{k:03d}"  # a file per session (onnxruntime names them by the ms)
         try:
             blocked = layout.model(k) if layout is not None else None
             with quiet_stdout():

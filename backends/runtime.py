@@ -25,9 +25,11 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -48,7 +50,7 @@ from bbgrap.backends.engine import (
 )
 from bbgrap.backends.executor import NodeRunner, Profile, run_embedded, run_node
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank
-from bbgrap.backends.trace import clock_offset, rank_events, segment_layers, write_trace
+from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
 from bbgrap.ir import BBGrapError
@@ -169,6 +171,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", metavar="FILE.json",
                    help="write the timed inferences as a Chrome trace-event file (Perfetto, chrome://tracing): per rank, "
                    "every segment run with its layers, every send and wait with bytes and peer, clocks aligned to rank 0's")
+    p.add_argument("--trace-ops", action="store_true",
+                   help="with --trace: add onnxruntime's own per-op profile of the last timed inference on a track of its "
+                   "own (profiling slows every inference a little)")
     p.add_argument("--version", action="store_true", help="print bbgrap-run's version and exit")
     args = p.parse_args(argv)
     for name in ("repeat", "warmup", "threads"):
@@ -178,6 +183,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         problem = output_problem(path, flag, example) if path and not args.version else None
         if problem:
             p.error(problem)
+    if args.trace_ops and not args.trace:
+        p.error("--trace-ops adds to a trace: give --trace FILE.json too")
     args.check = args.check or args.model is not None
     return args
 
@@ -317,12 +324,13 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
 
 
 def embedded_runners(plan_dir: str, manifest: dict[str, Any], threads: int, provider: str, spin: bool, iobinding: str,
-                     layout: str) -> list[NodeRunner]:
+                     layout: str, profile_dir: str | None = None) -> list[NodeRunner]:
     """Every node of the plan, to run in this one process (as `layout` and the other
-    bbgrap-run flags say)."""
+    bbgrap-run flags say; `profile_dir`: onnxruntime's per-op profiles go there, --trace-ops)."""
     nodes = range(manifest["nodes"])
     layouts = node_layouts(plan_dir, manifest, nodes, threads, spin, boundary_block(layout, provider, 0))
-    return [load_runner(plan_dir, manifest, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n]) for n in nodes]
+    return [load_runner(plan_dir, manifest, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n],
+                        profile_prefix=os.path.join(profile_dir, f"node{n}") if profile_dir else None) for n in nodes]
 
 
 def main_embedded(args: argparse.Namespace) -> int:
@@ -334,7 +342,8 @@ def main_embedded(args: argparse.Namespace) -> int:
     if args.check:
         reference = model_reference(args, manifest, inputs)
     spin = manifest["nodes"] == 1
-    runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout)
+    ops_dir = tempfile.mkdtemp(prefix="bbgrap-ops-") if args.trace_ops else None
+    runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout, ops_dir)
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     profiles = [Profile(steps=[] if args.trace else None) for _ in runners]
@@ -346,17 +355,32 @@ def main_embedded(args: argparse.Namespace) -> int:
         if k >= args.warmup:
             latencies.append(time.perf_counter() - t0)
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
-        save_trace(args, manifest, [trace_events(args.plan, manifest, r.node, r.node, p, 0.0) for r, p in zip(runners, profiles)])
+        save_trace(args, manifest, [trace_events(args.plan, manifest, r.node, r.node, p, 0.0, r if ops_dir else None)
+                                    for r, p in zip(runners, profiles)])
+        if ops_dir:
+            shutil.rmtree(ops_dir, ignore_errors=True)
     return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
 
 
-def trace_events(plan: str, manifest: dict[str, Any], rank: int, node: int, profile: Profile, offset: float) -> list[dict[str, Any]]:
-    """This rank's (or in-process node's) recorded steps as trace events."""
+def trace_events(plan: str, manifest: dict[str, Any], rank: int, node: int, profile: Profile, offset: float,
+                 runner: NodeRunner | None = None) -> list[dict[str, Any]]:
+    """This rank's (or in-process node's) recorded steps as trace events; with `runner` (whose
+    sessions profiled every run, --trace-ops) also onnxruntime's ops of the last inference."""
     files = node_files(manifest, [node])
     messages = {m["id"]: {"src": m["src"], "dst": m["dst"], "tensor": m["tensor"],
                           "bytes": int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize}
                 for m in manifest["messages"]}
-    return rank_events(rank, node, profile.steps or [], offset, segment_layers(plan, files), files, messages)
+    events = rank_events(rank, node, profile.steps or [], offset, segment_layers(plan, files), files, messages)
+    if runner is not None:
+        paths = [s.end_profiling() for s in runner.sessions]
+        try:
+            last = max((s.inference for s in profile.steps or []), default=0)
+            events += op_events(rank, paths, profile.steps or [], offset, last)
+        finally:
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+    return events
 
 
 def save_trace(args: argparse.Namespace, manifest: dict[str, Any], per_rank: Sequence[Sequence[dict[str, Any]]]) -> None:
@@ -435,12 +459,15 @@ def main_mpi(args: argparse.Namespace) -> int:
     device = device_for_rank(local.Get_rank(), devices)  # ranks outnumbering the GPUs share them
     block = agreed_boundary_block(comm, args.layout, args.provider, device, able=able)
     runner: NodeRunner | None = None
+    ops_dir: str | None = None
     try:
         layouts = node_layouts(args.plan, manifest, [rank] if able else [], threads, True, block,
                                lambda votes: allgather(comm, votes))
         if able:
+            ops_dir = tempfile.mkdtemp(prefix="bbgrap-ops-") if args.trace_ops else None
             runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=device,
-                                 iobinding=args.iobinding, layout=layouts[rank])
+                                 iobinding=args.iobinding, layout=layouts[rank],
+                                 profile_prefix=os.path.join(ops_dir, f"node{rank}") if ops_dir else None)
     except BBGrapError as exc:
         error = error or str(exc)
     errors = allgather(comm, error)
@@ -462,7 +489,10 @@ def main_mpi(args: argparse.Namespace) -> int:
         if k >= args.warmup:
             latencies.append(elapsed)
     profiles = allgather(comm, profile.as_ms(args.repeat))
-    traced = allgather(comm, trace_events(args.plan, manifest, rank, rank, profile, offset) if args.trace else [])
+    traced = allgather(comm, trace_events(args.plan, manifest, rank, rank, profile, offset, runner if ops_dir else None)
+                       if args.trace else [])
+    if ops_dir:
+        shutil.rmtree(ops_dir, ignore_errors=True)
     status = 0
     if rank == 0 and args.trace:
         try:

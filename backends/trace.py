@@ -133,3 +133,30 @@ def check_trace(trace: Any) -> list[str]:
                 problems.append(f"pid {pid} tid {tid}: '{name}' overlaps '{open_spans[-1][2]}' without nesting in it")
             open_spans.append((start, end, name))
     return problems
+
+
+OPS = 2  # the track of onnxruntime's own per-op profile
+
+
+def op_events(rank: int, profiles: Sequence[str], steps: Sequence[Step], offset: float, inference: int) -> list[dict[str, Any]]:
+    """onnxruntime's per-op profile (`profiles`: each segment's profiling file, in segment order)
+    of one inference, on its own track: each segment's last `model_run` is that inference's run
+    of it (it is the last one timed), moved onto our clock at the start we recorded for it."""
+    starts = {s.k: s.t0 for s in steps if s.op == "run" and s.inference == inference}
+    events: list[dict[str, Any]] = [{"ph": "M", "name": "thread_name", "pid": rank, "tid": OPS, "args": {"name": "onnxruntime ops"}}]
+    for k, path in enumerate(profiles):
+        with open(path, encoding="utf-8") as fh:
+            recorded = json.load(fh)
+        runs = [e for e in recorded if e.get("cat") == "Session" and e.get("name") == "model_run"]
+        if not runs or k not in starts:
+            continue
+        run = max(runs, key=lambda e: e["ts"])
+        shift = starts[k] - offset - run["ts"] * 1e-6
+        for e in recorded:
+            if e.get("cat") == "Node" and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]:
+                args = e.get("args", {})
+                events.append({"ph": "X", "cat": "op", "pid": rank, "tid": OPS, "name": e["name"].removesuffix("_kernel_time"),
+                               "ts": e["ts"] * 1e-6 + shift, "dur": e["dur"] * 1e-6,
+                               "args": {"segment": k, "op": args.get("op_name"), "provider": args.get("provider"),
+                                        "output_shape": args.get("output_type_shape")}})
+    return events

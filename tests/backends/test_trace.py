@@ -24,7 +24,8 @@ MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
 @pytest.fixture(scope="module")
 def resnet50_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
     d = tmp_path_factory.mktemp("trace")
-    model = save(zoo.build("resnet50", resolution=64, width=0.25), str(d))
+    # large enough that the Python between a rank's steps stays well under 5 % of an inference
+    model = save(zoo.build("resnet50", resolution=128, width=0.5), str(d))
     plan = str(d / "plan")
     compile_plan(model, plan, nodes=4, direction="h", search=True)
     return plan
@@ -93,3 +94,27 @@ def test_check_trace_finds_broken_files() -> None:
 def test_trace_into_a_missing_directory_is_one_line_before_running(tmp_path, resnet50_plan: str) -> None:
     proc = run([os.path.join(BIN, "bbgrap-run"), resnet50_plan, "--trace", str(tmp_path / "no" / "t.json")])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--trace" in proc.stderr and "does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["mpi", "in-process"])
+def test_trace_ops_puts_onnxruntimes_ops_inside_their_segments(tmp_path, resnet50_plan: str, mode: str) -> None:
+    trace_path = str(tmp_path / "trace.json")
+    cmd = [os.path.join(BIN, "bbgrap-run"), resnet50_plan, "--repeat", "2", "--warmup", "1", "--trace", trace_path, "--trace-ops"]
+    proc = run(([MPIRUN, "-n", "4"] if mode == "mpi" else []) + cmd)
+    assert proc.returncode == 0, proc.stderr
+    trace = json.load(open(trace_path))
+    assert check_trace(trace) == []
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for rank in range(4):
+        last = [e for e in steps_by_inference(trace, rank)[1] if e["cat"] == "run"]
+        ops = [e for e in events if e["pid"] == rank and e["cat"] == "op"]
+        assert {e["args"]["segment"] for e in ops} == {int(e["name"].split()[-1]) for e in last}, "a segment without its ops"
+        for op in ops:  # each op of the last inference inside its segment's run (1 us of rounding)
+            seg = next(e for e in last if e["name"] == f"segment {op['args']['segment']}")
+            assert seg["ts"] - 1 <= op["ts"] and op["ts"] + op["dur"] <= seg["ts"] + seg["dur"] + 1
+        assert {e["args"]["op"] for e in ops} >= {"Conv"}
+
+
+def test_trace_ops_without_trace_is_one_line(resnet50_plan: str) -> None:
+    proc = run([os.path.join(BIN, "bbgrap-run"), resnet50_plan, "--trace-ops"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--trace FILE.json" in proc.stderr
