@@ -14,7 +14,7 @@ run gives shapes where ONNX shape inference cannot (ops it does not know).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -113,6 +113,40 @@ def _name_nodes(model: onnx.ModelProto) -> None:
             name = f"{name}_{k}"
         seen.add(name)
         node.name = name
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies of a control-flow node (If branches, Loop/Scan bodies)."""
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names that `graph` (a subgraph) and its nested subgraphs read from enclosing scopes:
+    every name read but not defined inside (as an input, initializer or node output)."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {i.values.name for i in graph.sparse_initializer}
+    defined |= {o for node in graph.node for o in node.output if o}
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(t for t in node.input if t)
+        for sub in _subgraphs(node):
+            read |= _outer_names(sub)
+    read.update(o.name for o in graph.output)  # an output may be an outer value passed through
+    return read - defined
+
+
+def captured_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    """Outer tensors a control-flow node's subgraphs read implicitly, in a stable order."""
+    names: set[str] = set()
+    for sub in _subgraphs(node):
+        names |= _outer_names(sub)
+    return tuple(sorted(names))
 
 
 def _foldable(model: onnx.ModelProto) -> set[str]:
@@ -280,10 +314,11 @@ def import_proto(
             kernel = attrs.get("kernel_shape") or list(tensors[node.input[1]].shape[2:])
             attrs["kernel_shape"] = list(kernel)
             _explicit_pads(attrs, x[2:], kernel)
-        layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input), tuple(node.output))
-        rule = registry.get(layer)
+        captured = captured_inputs(node)
+        layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input) + captured, tuple(node.output), captured=captured)
+        rule = registry.get(layer) if not captured else None  # a node with a body is computed whole
         group = rule.group if rule is not None else "opaque"
-        layers.append(Layer(layer.name, layer.op_type, layer.domain, layer.attrs, layer.inputs, layer.outputs, group))
+        layers.append(replace(layer, group=group))
 
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}
