@@ -211,7 +211,9 @@ class _Builder:
             self.current.weights.add(tensor)
             return
         region = ShapeMap.full(self.graph.tensors[tensor].shape)
-        local = self.crop(tensor, self.graph.gathers[(tensor, self.node)].region, need or region)
+        gather = self.graph.gathers[(tensor, self.node)]
+        self.gather(gather)
+        local = self.crop(tensor, gather.region, need or region)
         if any(tensor in node.output for node in self.current.nodes):
             return  # an earlier node of this segment already bound it
         self._declare(tensor, tensor, region)
@@ -221,6 +223,11 @@ class _Builder:
         graph, n = self.graph, self.node
         part = graph.partitions[layer.name]
         if not part.out[n].empty:
+            # gather (and so wait for) every activation first: a wait closes the segment, which
+            # must not separate the op from the weights bound to it before the wait
+            for t, need in zip(layer.inputs, part.needs[n]):
+                if t and need is not None and t not in graph.constants:
+                    self.gather(graph.gathers[(t, n)])
             inputs: list[str] = []
             n_explicit = len(layer.explicit_inputs)
             for k, (t, need) in enumerate(zip(layer.inputs, part.needs[n])):

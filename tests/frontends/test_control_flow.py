@@ -106,3 +106,26 @@ def test_scalar_condition_runs_exactly(tmp_path) -> None:
     path = save(if_model(scalar_condition=True), str(tmp_path))
     compile_plan(path, str(tmp_path / "plan"), nodes=2)
     assert_exact(str(tmp_path / "plan"))
+
+
+def test_weight_before_a_received_input_stays_with_its_op(tmp_path) -> None:
+    """Einsum(W, c) (no region rule: computed whole on node 0) receives half of `c` from
+    node 1: the wait for it must not split the op from its weight W, bound first (found by
+    the fuzz test, with an If whose constant condition came before a captured tensor)."""
+    mat = numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32), "mat")
+    model = _model([helper.make_node("Einsum", ["mat", "c"], ["z"], equation="ij,ncjk->ncik")], [mat])
+    path = save(model, str(tmp_path))
+    compile_plan(path, str(tmp_path / "plan"), nodes=2, optimize=False)  # naive: `c` is computed on both nodes
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_if_with_constant_condition_reading_a_received_tensor(tmp_path) -> None:
+    """An If whose only activation is captured (its condition is a weight) and split over
+    both nodes: the captured tensor must be gathered before it is bound."""
+    cond = numpy_helper.from_array(np.array([True]), "cond")
+    then_g = helper.make_graph([helper.make_node("Relu", ["c"], ["t"])], "then", [], [_vi("t")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["c"], ["e"])], "else", [], [_vi("e")])
+    model = _model([helper.make_node("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g)], [cond])
+    path = save(model, str(tmp_path))
+    compile_plan(path, str(tmp_path / "plan"), nodes=2, optimize=False)  # naive: `c` is computed on both nodes
+    assert_exact(str(tmp_path / "plan"))
