@@ -172,7 +172,8 @@ def bad_window(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelPro
         n = 4 if attr == "pads" else 2
         if r.random() < 0.3:
             n = r.choice([1, 3, 6])  # wrong length
-        value = [r.choice([-1, 0, 1, 2, 5, 40, 1 << 20]) for _ in range(n)]
+        huge = 1 << 12 if attr == "pads" else 1 << 20  # a million rows of padding: a valid model, but minutes to run
+        value = [r.choice([-1, 0, 1, 2, 5, 40, huge]) for _ in range(n)]
         _set_ints(node, attr, value)
     return f"{attr}({node.name}={value})", m, ()
 
@@ -349,9 +350,123 @@ def outputs(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProto,
     return f"outputs({kind})", m, ()
 
 
+def valid_window(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProto, tuple[str, ...]]:
+    """Plausible window attributes (small strides, pads below the kernel, dilations, ceil_mode)
+    that keep the layer valid: later layers may then disagree on shapes, or it all runs."""
+    node = r.choice(_nodes(m, "Conv") + _nodes(m, "MaxPool") + _nodes(m, "AveragePool"))
+    kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape"), [1, 1])
+    changes: dict[str, list[int] | int] = {"strides": [r.choice([1, 2, 3]) for _ in range(2)]}
+    changes["pads"] = [r.randrange(k) if k > 1 else 0 for k in kernel * 2]
+    if node.op_type == "Conv" and r.random() < 0.5:
+        changes["dilations"] = [r.choice([1, 2]) for _ in range(2)]
+    if node.op_type != "Conv" and r.random() < 0.5:
+        changes["ceil_mode"] = 1
+    if node.op_type == "AveragePool" and r.random() < 0.5:
+        changes["count_include_pad"] = 1
+    for name, value in changes.items():
+        if isinstance(value, int):
+            for a in list(node.attribute):
+                if a.name == name:
+                    node.attribute.remove(a)
+            node.attribute.append(helper.make_attribute(name, value))
+        else:
+            _set_ints(node, name, value)
+    return f"window({node.name}:{changes})", m, ()
+
+
+def _insert_after(m: onnx.ModelProto, node: onnx.NodeProto, make: Callable[[str, str], list[onnx.NodeProto]]) -> None:
+    """Put the nodes `make(old_output, new_name)` after `node`: its readers read new_name."""
+    old = node.output[0]
+    new = f"{old}__fuzz"
+    for n in m.graph.node:
+        n.input[:] = [new if i == old else i for i in n.input]
+    for o in m.graph.output:
+        if o.name == old:
+            o.name = new
+    k = list(m.graph.node).index(node)
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes[: k + 1] + make(old, new) + nodes[k + 1:])
+
+
+def _const(m: onnx.ModelProto, name: str, value: np.ndarray) -> str:
+    m.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+    return name
+
+
+def insert_op(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProto, tuple[str, ...]]:
+    """Insert shape-preserving ops (or pairs) after a 4-D activation: layouts, pads and
+    slices, softmaxes, normalisations, dynamic reshapes, casts, data-dependent selects."""
+    node = r.choice([n for n in m.graph.node if n.op_type in ("Conv", "Relu", "Clip", "Add", "BatchNormalization", "MaxPool")])
+    kind = r.choice(["transpose", "pad-slice", "softmax", "lrn", "split-concat", "swish", "dynamic-reshape", "where",
+                     "cast", "reduce-mul", "instance-norm", "depth-space", "slice-steps", "resize-pool", "flatten-reshape"])
+    k = f"fz{list(m.graph.node).index(node)}"
+
+    def make(x: str, y: str) -> list[onnx.NodeProto]:
+        mk = helper.make_node
+        if kind == "transpose":
+            return [mk("Transpose", [x], [f"{k}_t"], perm=[0, 1, 3, 2]), mk("Transpose", [f"{k}_t"], [y], perm=[0, 1, 3, 2])]
+        if kind == "pad-slice":
+            mode = r.choice(["constant", "reflect", "edge"])
+            pads = _const(m, f"{k}_pads", np.array([0, 0, 1, 2, 0, 0, 1, 2], np.int64))
+            starts, ends, axes = (_const(m, f"{k}_{n}", np.array(v, np.int64)) for n, v in
+                                  (("starts", [1, 2]), ("ends", [-1, -2]), ("axes", [2, 3])))
+            return [mk("Pad", [x, pads], [f"{k}_p"], mode=mode), mk("Slice", [f"{k}_p", starts, ends, axes], [y])]
+        if kind == "softmax":
+            return [mk("Softmax", [x], [y], axis=r.choice([1, -1, 2]))]
+        if kind == "lrn":
+            return [mk("LRN", [x], [y], size=r.choice([1, 3, 5]))]
+        if kind == "split-concat":
+            return [mk("Split", [x], [f"{k}_a", f"{k}_b"], axis=r.choice([2, 3])),
+                    mk("Concat", [f"{k}_b", f"{k}_a"], [y], axis=r.choice([2, 3]))]
+        if kind == "swish":
+            return [mk("Sigmoid", [x], [f"{k}_s"]), mk("Mul", [x, f"{k}_s"], [y])]
+        if kind == "dynamic-reshape":
+            return [mk("Shape", [x], [f"{k}_shape"]), mk("Reshape", [x, f"{k}_shape"], [y])]
+        if kind == "where":
+            zero = _const(m, f"{k}_zero", np.array(0.0, np.float32))
+            return [mk("Greater", [x, zero], [f"{k}_g"]), mk("Where", [f"{k}_g", x, zero], [y])]
+        if kind == "cast":
+            return [mk("Cast", [x], [f"{k}_h"], to=TensorProto.FLOAT16), mk("Cast", [f"{k}_h"], [y], to=TensorProto.FLOAT)]
+        if kind == "reduce-mul":
+            return [mk("ReduceMean", [x], [f"{k}_m"], axes=[2, 3], keepdims=1), mk("Mul", [x, f"{k}_m"], [y])]
+        if kind == "instance-norm":
+            ch = next(v.type.tensor_type.shape.dim[1].dim_value for v in m.graph.input)  # wrong unless it is 3: fine
+            scale, bias = _const(m, f"{k}_sc", np.ones(ch, np.float32)), _const(m, f"{k}_b", np.zeros(ch, np.float32))
+            return [mk("InstanceNormalization", [x, scale, bias], [y])]
+        if kind == "depth-space":
+            return [mk("SpaceToDepth", [x], [f"{k}_d"], blocksize=2), mk("DepthToSpace", [f"{k}_d"], [y], blocksize=2)]
+        if kind == "slice-steps":
+            starts, ends, axes, steps = (_const(m, f"{k}_{n}", np.array(v, np.int64)) for n, v in
+                                         (("starts", [0]), ("ends", [1 << 30]), ("axes", [r.choice([2, 3])]), ("steps", [r.choice([1, 2])])))
+            return [mk("Slice", [x, starts, ends, axes, steps], [y])]
+        if kind == "resize-pool":
+            scales = _const(m, f"{k}_scales", np.array([1, 1, 2, 2], np.float32))
+            return [mk("Resize", [x, "", scales], [f"{k}_r"], mode="nearest"),
+                    mk("MaxPool", [f"{k}_r"], [y], kernel_shape=[2, 2], strides=[2, 2])]
+        return [mk("Flatten", [x], [f"{k}_f"], axis=r.choice([1, 2])), mk("Shape", [x], [f"{k}_shape"]),
+                mk("Reshape", [f"{k}_f", f"{k}_shape"], [y])]
+
+    _insert_after(m, node, make)
+    return f"insert({kind} after {node.name})", m, ()
+
+
+def direction(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProto, tuple[str, ...]]:
+    """The model as it is, cut another way (and at an odd input size, when symbolic)."""
+    flags: tuple[str, ...] = ("--direction", r.choice(["n", "c", "h", "w"]))
+    if r.random() < 0.5:
+        vi = m.graph.input[0]
+        dims = vi.type.tensor_type.shape.dim
+        shape = [d.dim_value for d in dims]
+        dims[0].dim_param, dims[2].dim_param, dims[3].dim_param = "n", "h", "w"
+        shape[0], shape[2], shape[3] = r.choice([1, 2, 3]), r.choice([7, 17, 33, 40]), r.choice([9, 32, 45])
+        flags += ("--input-shape", f"{vi.name}:{'x'.join(map(str, shape))}")
+    return f"direction({' '.join(flags)})", m, flags
+
+
 MUTATIONS: tuple[Mutation, ...] = (
     flip_bytes, truncate, delete_node, swap_inputs, bad_window, auto_pad, opset, input_dims, cycle,
-    duplicate_output, unknown_domain, unknown_op, control_flow, weights, outputs,
+    duplicate_output, unknown_domain, unknown_op, control_flow, weights, outputs, valid_window, insert_op, direction,
 )
 
 
