@@ -83,8 +83,10 @@ def load_model(path: str) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(path)  # by path: checked in C++, without re-serialising the model
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BBGrapError(f"'{path}' is not a valid ONNX model: {first.rstrip(' .:')}; fix the model or export it again") from None
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # the checker's message, on one line
+        if len(reason) > 300:
+            reason = reason[:300] + "..."
+        raise BBGrapError(f"'{path}' is not a valid ONNX model: {reason.rstrip(' .:')}; fix the model or export it again") from None
     return model
 
 
@@ -193,10 +195,10 @@ def _sample(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator) ->
 
 def _ort_reason(exc: BaseException) -> str:
     """onnxruntime's message without its error-code prefix, source path and C++ signature."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = " ".join(str(exc).split()) or type(exc).__name__
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
     text = re.sub(r"(^|\s)/onnxruntime_src/\S+:\d+ ", r"\1", text)
-    match = re.search(r"(^|\s)[\w:<>*&, ]*onnxruntime::\w+(::~?\w+)*\(", text)
+    match = re.search(r"(^|\s)(?:[\w<>*&]+ )?onnxruntime::\w+(::~?\w+)*\(", text)
     if match:  # drop the C++ function signature: up to its matching closing parenthesis
         depth, end = 0, match.end() - 1
         for end in range(match.end() - 1, len(text)):
@@ -204,7 +206,7 @@ def _ort_reason(exc: BaseException) -> str:
             if depth == 0:
                 break
         text = (text[: match.start()] + text[end + 1 :]).strip() if depth == 0 else text
-    return text
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _available_memory() -> int | None:
@@ -449,6 +451,7 @@ def import_proto(
     )
     for out in outputs:
         if out not in graph.producers():
-            raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant); nothing to partition")
+            raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant), so there is "
+                              f"nothing to partition for it; re-export the model with outputs that the network computes")
     reference = {o: values[o] for o in outputs}
     return Frontend(graph, feeds, reference)

@@ -86,3 +86,14 @@ def test_onnxruntime_failure_is_one_line_without_its_log(tmp_path) -> None:
     model.ir_version = 8
     err = _one_clean_line(tmp_path, model)
     assert "\x1b[" not in err and "onnxruntime cannot run this model" in err and "Reshape" in err
+
+
+def test_onnxruntime_reason_without_source_paths_and_signatures() -> None:
+    from bbgrap.frontends.onnx import _ort_reason
+
+    raw = ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. Name:'r' Status Message: "
+           "/onnxruntime_src/onnxruntime/core/providers/cpu/tensor/reshape_helper.h:91 onnxruntime::ReshapeHelper::ReshapeHelper("
+           "const onnxruntime::TensorShape&, onnxruntime::TensorShapeVector&, bool) input_shape_size == requested_shape_size was false.\n"
+           "The input tensor cannot be reshaped")
+    assert _ort_reason(RuntimeError(raw)) == ("Non-zero status code returned while running Reshape node. Name:'r' Status Message: "
+                                              "input_shape_size == requested_shape_size was false. The input tensor cannot be reshaped")
