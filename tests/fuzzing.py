@@ -470,8 +470,9 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
-def mutants(seed: int, count: int) -> list[Mutant]:
-    """`count` mutants, cycling through the mutations so every kind is present."""
+def mutants(seed: int, count: int, nodes: tuple[int, ...] = (1, 2)) -> list[Mutant]:
+    """`count` mutants, cycling through the mutations so every kind is present, each
+    compiled for one of `nodes` nodes."""
     r = random.Random(seed)
     bases = base_models()
     out: list[Mutant] = []
@@ -480,7 +481,7 @@ def mutants(seed: int, count: int) -> list[Mutant]:
         base = r.choice(sorted(bases))
         label, mutated, flags = mutation(_copy(bases[base]), r)
         data = mutated if isinstance(mutated, bytes) else mutated.SerializeToString()
-        out.append(Mutant(f"{base}/{label}", data, r.choice([1, 2]), flags))
+        out.append(Mutant(f"{base}/{label}", data, r.choice(nodes), flags))
     return out
 
 
@@ -530,7 +531,10 @@ def _check_plan(plan: str, model: bytes) -> str | None:
     return None
 
 
-def _child(mutant: Mutant, path: str, plan: str, err_path: str, memory: int) -> None:
+Compile = Callable[[list[str]], int]
+
+
+def _child(mutant: Mutant, path: str, plan: str, err_path: str, memory: int, compile_fn: Compile | None) -> None:
     """Compile (and, if it compiles, check) one mutant; never returns."""
     code = EXIT_TRACEBACK
     try:
@@ -542,9 +546,9 @@ def _child(mutant: Mutant, path: str, plan: str, err_path: str, memory: int) -> 
         sys.stdout = open(os.devnull, "w")
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         resource.setrlimit(resource.RLIMIT_AS, (memory if soft == resource.RLIM_INFINITY else min(soft, memory), resource.RLIM_INFINITY))
-        from bbgrap.cli import main
-
-        code = main(["compile", path, "-o", plan, "--nodes", str(mutant.nodes), "--quiet", *mutant.flags])
+        if compile_fn is None:
+            from bbgrap.cli import main as compile_fn
+        code = compile_fn(["compile", path, "-o", plan, "--nodes", str(mutant.nodes), "--quiet", *mutant.flags])
         if code == 0:
             try:
                 why = _check_plan(plan, mutant.data)
@@ -565,9 +569,10 @@ def _child(mutant: Mutant, path: str, plan: str, err_path: str, memory: int) -> 
             os._exit(code)
 
 
-def run_mutant(mutant: Mutant, workdir: str, timeout: float = 20.0, memory: int = 3 << 30) -> Outcome:
+def run_mutant(mutant: Mutant, workdir: str, timeout: float = 20.0, memory: int = 3 << 30, compile_fn: Compile | None = None) -> Outcome:
     """Compile `mutant` in a forked child under `memory` bytes of address space (beyond what
-    this process maps already) and `timeout` seconds, and classify the outcome."""
+    this process maps already) and `timeout` seconds, and classify the outcome.
+    `compile_fn` replaces `bbgrap.cli.main` (the harness's own tests)."""
     os.makedirs(workdir, exist_ok=True)
     path, plan, err = (os.path.join(workdir, n) for n in ("model.onnx", "plan", "stderr.txt"))
     with open(path, "wb") as fh:
@@ -582,7 +587,7 @@ def run_mutant(mutant: Mutant, workdir: str, timeout: float = 20.0, memory: int 
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(mutant, path, plan, err, mapped + memory)
+        _child(mutant, path, plan, err, mapped + memory, compile_fn)
     status = None
     while time.monotonic() - start < timeout:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -616,9 +621,9 @@ def run_mutant(mutant: Mutant, workdir: str, timeout: float = 20.0, memory: int 
     return Outcome(mutant, kind, stderr, seconds)
 
 
-def fuzz(seed: int, count: int, root: str, timeout: float = 20.0) -> Summary:
+def fuzz(seed: int, count: int, root: str, timeout: float = 20.0, nodes: tuple[int, ...] = (1, 2)) -> Summary:
     """Run `count` seeded mutants, each in its own directory under `root`."""
     summary = Summary()
-    for k, mutant in enumerate(mutants(seed, count)):
+    for k, mutant in enumerate(mutants(seed, count, nodes)):
         summary.outcomes.append(run_mutant(mutant, os.path.join(root, f"m{k:04d}"), timeout))
     return summary

@@ -28,22 +28,62 @@ def _check(summary: fuzzing.Summary) -> None:
 
 
 def test_mutants_are_deterministic() -> None:
-    a, b = fuzzing.mutants(7, 15), fuzzing.mutants(7, 15)
+    n = len(fuzzing.MUTATIONS)
+    a, b = fuzzing.mutants(7, n), fuzzing.mutants(7, n)
     assert [(m.name, m.data, m.nodes, m.flags) for m in a] == [(m.name, m.data, m.nodes, m.flags) for m in b]
     assert len({m.name.split("/")[1].split("(")[0] for m in a}) == len(fuzzing.MUTATIONS)
 
 
 def test_classification_catches_bad_outcomes(tmp_path) -> None:
-    """The harness itself: a hang, a traceback and a wrong result are each caught."""
-    good = fuzzing.mutants(1, 1)[0]
-    hang = fuzzing.run_mutant(fuzzing.Mutant("hang", good.data, 1, ("--input-shape",)), str(tmp_path / "a"), timeout=30)
-    assert hang.kind == "bad-error"  # argparse's usage message is two lines and no 'bbgrap: error:'
-    assert fuzzing._finite_match(__import__("numpy").array([1.0, float("nan")]), __import__("numpy").array([1.0, 2.0]))
-    assert fuzzing._finite_match(__import__("numpy").array([1.0, 2.0]), __import__("numpy").array([1.0, 2.0])) is None
+    """The harness itself: each bad outcome is caught, with a stand-in for the compiler."""
+    import sys
+    import time
+
+    import numpy as np
+    import onnx
+
+    from bbgrap.cli import main
+
+    good = fuzzing.Mutant("good", fuzzing.base_models()["resnet18"].SerializeToString(), 2)
+    nan_model = onnx.ModelProto()
+    nan_model.CopyFrom(fuzzing.base_models()["resnet18"])
+    fc = next(i for i in nan_model.graph.initializer if i.name == "fc.weight")
+    fc.CopyFrom(onnx.numpy_helper.from_array(np.full(onnx.numpy_helper.to_array(fc).shape, np.nan, np.float32), "fc.weight"))
+    nan_path = str(tmp_path / "nan.onnx")
+    onnx.save(nan_model, nan_path)
+
+    def two_lines(argv: list[str]) -> int:
+        print("bbgrap: error: one\nbbgrap: error: two", file=sys.stderr)
+        return 2
+
+    def writes_output(argv: list[str]) -> int:
+        os.makedirs(argv[argv.index("-o") + 1])
+        print("bbgrap: error: one", file=sys.stderr)
+        return 2
+
+    def other_model(argv: list[str]) -> int:  # compiles NaN weights: the plan's outputs are NaN
+        return main([argv[0], nan_path, *argv[2:]])
+
+    cases: list[tuple[str, fuzzing.Compile | None]] = [
+        ("runs-exactly", None),
+        ("hang", lambda argv: time.sleep(60) or 0),
+        ("traceback", lambda argv: 1 // 0),
+        ("bad-error", two_lines),
+        ("bad-error", writes_output),
+        ("wrong-result", other_model),
+    ]
+    for k, (kind, fn) in enumerate(cases):
+        outcome = fuzzing.run_mutant(good, str(tmp_path / str(k)), timeout=2 if kind == "hang" else 60, compile_fn=fn)
+        assert outcome.kind == kind, outcome.describe()
+    np_ = np.array
+    assert fuzzing._finite_match(np_([1.0, np.inf]), np_([1.0, np.inf])) is None
+    assert fuzzing._finite_match(np_([1.0, np.nan]), np_([1.0, 2.0]))
+    assert fuzzing._finite_match(np_([1.0, 2.0]), np_([1.0, np.inf]))
+    assert fuzzing._finite_match(np_([1.0, 2.1]), np_([1.0, 2.0]))
 
 
 def test_fuzz_quick(tmp_path) -> None:
-    _check(fuzzing.fuzz(seed=12, count=45, root=str(tmp_path)))
+    _check(fuzzing.fuzz(seed=12, count=60, root=str(tmp_path)))
 
 
 @pytest.mark.fuzz_large
