@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import onnx
 import pytest
 
 import fuzzing
@@ -90,3 +91,55 @@ def test_fuzz_quick(tmp_path) -> None:
 def test_fuzz_large(tmp_path) -> None:
     count = int(os.environ.get("BBGRAP_FUZZ_COUNT", "300"))
     _check(fuzzing.fuzz(seed=int(os.environ.get("BBGRAP_FUZZ_SEED", "2026")), count=count, root=str(tmp_path)))
+
+
+def _named_cases() -> list[tuple[str, fuzzing.Mutant]]:
+    """The issue's own examples, one deterministic mutant each (the seeded sets vary them)."""
+    import random
+
+    base = fuzzing.base_models()["resnet18"]
+    cases: list[tuple[str, fuzzing.Mutant]] = []
+
+    def add(name: str, mutation: fuzzing.Mutation, seed: int = 0, nodes: int = 2) -> None:
+        label, model, flags = mutation(fuzzing._copy(base), random.Random(seed))
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        cases.append((name, fuzzing.Mutant(f"resnet18/{label}", data, nodes, flags)))
+
+    def set_opset(version: int) -> fuzzing.Mutation:
+        def mutate(m, r):  # type: ignore[no-untyped-def]
+            m.opset_import[0].version = version
+            return f"opset({version})", m, ()
+        return mutate
+
+    def dup_graph_output(m, r):  # type: ignore[no-untyped-def]
+        m.graph.output.add().CopyFrom(m.graph.output[0])
+        return "duplicate-graph-output", m, ()
+
+    def if_node(m, r):  # type: ignore[no-untyped-def]
+        return fuzzing.control_flow(m, random.Random(3))
+
+    def dup_node_output(m, r):  # type: ignore[no-untyped-def]
+        m.graph.node[5].output[0] = m.graph.node[2].output[0]
+        return "duplicate-node-output", m, ()
+
+    def unknown_domain(m, r):  # type: ignore[no-untyped-def]
+        m.graph.node[3].domain = "com.example"
+        m.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
+        return "unknown-domain", m, ()
+
+    add("cycle", fuzzing.cycle)
+    add("duplicate node output", dup_node_output)
+    add("duplicate graph output", dup_graph_output)
+    add("opset 1", set_opset(1))
+    add("opset 99", set_opset(99))
+    add("unknown domain", unknown_domain)
+    add("control flow", if_node)
+    add("truncated", fuzzing.truncate, seed=2)
+    return cases
+
+
+@pytest.mark.parametrize("name", [name for name, _ in _named_cases()])
+def test_issue_examples_are_clean_errors_or_exact(tmp_path, name: str) -> None:
+    mutant = dict(_named_cases())[name]
+    outcome = fuzzing.run_mutant(mutant, str(tmp_path), timeout=60)
+    assert outcome.kind in fuzzing.GOOD, outcome.describe()
