@@ -399,8 +399,11 @@ def insert_op(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProt
     slices, softmaxes, normalisations, dynamic reshapes, casts, data-dependent selects."""
     node = r.choice([n for n in m.graph.node if n.op_type in ("Conv", "Relu", "Clip", "Add", "BatchNormalization", "MaxPool")])
     kind = r.choice(["transpose", "pad-slice", "softmax", "lrn", "split-concat", "swish", "dynamic-reshape", "where",
-                     "cast", "reduce-mul", "instance-norm", "depth-space", "slice-steps", "resize-pool", "flatten-reshape"])
+                     "cast", "reduce-mul", "instance-norm", "depth-space", "slice-steps", "resize-pool", "flatten-reshape",
+                     "contrib-op"])
     k = f"fz{list(m.graph.node).index(node)}"
+    inferred = onnx.shape_inference.infer_shapes(m).graph.value_info
+    ch = next((v.type.tensor_type.shape.dim[1].dim_value for v in inferred if v.name == node.output[0]), 1)
 
     def make(x: str, y: str) -> list[onnx.NodeProto]:
         mk = helper.make_node
@@ -419,6 +422,10 @@ def insert_op(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProt
         if kind == "split-concat":
             return [mk("Split", [x], [f"{k}_a", f"{k}_b"], axis=r.choice([2, 3])),
                     mk("Concat", [f"{k}_b", f"{k}_a"], [y], axis=r.choice([2, 3]))]
+        if kind == "contrib-op":  # an op of another domain that onnxruntime knows
+            if not any(o.domain == "com.microsoft" for o in m.opset_import):
+                m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+            return [mk("Gelu", [x], [y], domain="com.microsoft")]
         if kind == "swish":
             return [mk("Sigmoid", [x], [f"{k}_s"]), mk("Mul", [x, f"{k}_s"], [y])]
         if kind == "dynamic-reshape":
@@ -431,7 +438,6 @@ def insert_op(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProt
         if kind == "reduce-mul":
             return [mk("ReduceMean", [x], [f"{k}_m"], axes=[2, 3], keepdims=1), mk("Mul", [x, f"{k}_m"], [y])]
         if kind == "instance-norm":
-            ch = next(v.type.tensor_type.shape.dim[1].dim_value for v in m.graph.input)  # wrong unless it is 3: fine
             scale, bias = _const(m, f"{k}_sc", np.ones(ch, np.float32)), _const(m, f"{k}_b", np.zeros(ch, np.float32))
             return [mk("InstanceNormalization", [x, scale, bias], [y])]
         if kind == "depth-space":
@@ -546,9 +552,10 @@ def _child(mutant: Mutant, path: str, plan: str, err_path: str, memory: int, com
         sys.stdout = open(os.devnull, "w")
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         resource.setrlimit(resource.RLIMIT_AS, (memory if soft == resource.RLIM_INFINITY else min(soft, memory), resource.RLIM_INFINITY))
-        if compile_fn is None:
-            from bbgrap.cli import main as compile_fn
-        code = compile_fn(["compile", path, "-o", plan, "--nodes", str(mutant.nodes), "--quiet", *mutant.flags])
+        from bbgrap.cli import main
+
+        run: Compile = main if compile_fn is None else compile_fn
+        code = run(["compile", path, "-o", plan, "--nodes", str(mutant.nodes), "--quiet", *mutant.flags])
         if code == 0:
             try:
                 why = _check_plan(plan, mutant.data)
