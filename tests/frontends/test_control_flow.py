@@ -70,6 +70,21 @@ def loop_model() -> onnx.ModelProto:
     return _model(nodes, [trips])
 
 
+def scan_model() -> onnx.ModelProto:
+    """A Scan over the rows of `c` whose body adds the outer activation `m` (c's mean over
+    rows), read by name."""
+    row = [1, 2, 8]
+    body = helper.make_graph(
+        [helper.make_node("Add", ["row_in", "m"], ["row_out"])], "body",
+        [helper.make_tensor_value_info("row_in", TensorProto.FLOAT, row)],
+        [helper.make_tensor_value_info("row_out", TensorProto.FLOAT, row)])
+    nodes = [
+        helper.make_node("ReduceMean", ["c"], ["m"], axes=[2], keepdims=0),
+        helper.make_node("Scan", ["c"], ["z"], body=body, num_scan_inputs=1, scan_input_axes=[2], scan_output_axes=[2]),
+    ]
+    return _model(nodes, [])
+
+
 def test_captured_names_are_found_in_nested_bodies() -> None:
     loop = next(n for n in loop_model().graph.node if n.op_type == "Loop")
     assert captured_inputs(loop) == ("c",)  # body's own inputs and outputs are not captured
@@ -80,7 +95,7 @@ def test_captured_names_are_found_in_nested_bodies() -> None:
     assert layer.captured == ("c", "w", "x") and layer.explicit_inputs == ("cond",) and layer.group == "opaque"
 
 
-@pytest.mark.parametrize("build", [if_model, loop_model], ids=["if", "loop"])
+@pytest.mark.parametrize("build", [if_model, loop_model, scan_model], ids=["if", "loop", "scan"])
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_control_flow_reading_outer_tensors_runs_exactly(tmp_path, build, nodes: int) -> None:
     path = save(build(), str(tmp_path))
