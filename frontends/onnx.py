@@ -104,6 +104,15 @@ def _fix_inputs(model: onnx.ModelProto, overrides: Mapping[str, tuple[int, ...]]
             raise BBGrapError(f"--input-shape names '{name}', but the model's inputs are {names}")
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in inputs:
+        if vi.type.WhichOneof("value") != "tensor_type":
+            kind = vi.type.WhichOneof("value") or "no type"
+            raise BBGrapError(f"input '{vi.name}' is not a tensor ({kind}); bbgrap partitions models whose inputs are tensors, "
+                              f"so re-export the model with tensor inputs")
+        try:
+            helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        except (KeyError, ValueError, TypeError):
+            raise BBGrapError(f"input '{vi.name}' has no known element type (elem_type {vi.type.tensor_type.elem_type}); "
+                              f"re-export the model with typed inputs (for example float)") from None
         dims = vi.type.tensor_type.shape.dim
         if any(d.HasField("dim_value") and d.dim_value <= 0 for d in dims):
             shown = ", ".join(str(d.dim_value) if d.HasField("dim_value") else "?" for d in dims)

@@ -225,8 +225,11 @@ def input_dims(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelPro
         flags = ("--input-shape", f"{vi.name}:{'x'.join(map(str, shape))}")
     elif kind == "rank":
         dims.add().dim_value = 1
+    elif r.random() < 0.2:
+        vi.type.CopyFrom(helper.make_sequence_type_proto(vi.type))
     else:
-        vi.type.tensor_type.elem_type = r.choice([TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT64, TensorProto.STRING])
+        vi.type.tensor_type.elem_type = r.choice([TensorProto.UNDEFINED, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT64,
+                                                  TensorProto.STRING, TensorProto.BFLOAT16, TensorProto.BOOL])
     return f"input-dims({kind},axis {axis})", m, flags
 
 

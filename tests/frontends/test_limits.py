@@ -97,3 +97,14 @@ def test_onnxruntime_reason_without_source_paths_and_signatures() -> None:
            "The input tensor cannot be reshaped")
     assert _ort_reason(RuntimeError(raw)) == ("Non-zero status code returned while running Reshape node. Name:'r' Status Message: "
                                               "input_shape_size == requested_shape_size was false. The input tensor cannot be reshaped")
+
+
+def test_untyped_and_non_tensor_inputs_are_refused() -> None:
+    untyped = conv_model([1, 3, 4, 4])
+    untyped.graph.input[0].type.tensor_type.elem_type = TensorProto.UNDEFINED
+    with pytest.raises(BBGrapError, match="no known element type"):
+        import_proto(untyped)  # was KeyError: 0 (found by the fuzz test)
+    sequence = conv_model([1, 3, 4, 4])
+    sequence.graph.input[0].type.CopyFrom(helper.make_sequence_type_proto(sequence.graph.input[0].type))
+    with pytest.raises(BBGrapError, match="is not a tensor"):
+        import_proto(sequence)
