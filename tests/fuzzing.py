@@ -75,6 +75,15 @@ class Summary:
             out[o.kind] += 1
         return out
 
+    def by_mutation(self) -> dict[str, dict[str, int]]:
+        """Outcome counts per kind of mutation (the label before its parenthesis)."""
+        out: dict[str, dict[str, int]] = {}
+        for o in self.outcomes:
+            kind = o.mutant.name.split("/", 1)[-1].split("(", 1)[0]
+            row = out.setdefault(kind, {})
+            row[o.kind] = row.get(o.kind, 0) + 1
+        return dict(sorted(out.items()))
+
     def bad(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.kind in BAD]
 

@@ -22,6 +22,8 @@ def _report(summary: fuzzing.Summary) -> str:
 
 def _check(summary: fuzzing.Summary) -> None:
     print(_report(summary))
+    for kind, row in summary.by_mutation().items():
+        print(f"  {kind:<18} " + ", ".join(f"{k} {v}" for k, v in sorted(row.items())))
     bad = summary.bad()
     assert not bad, _report(summary) + "\n" + "\n".join(o.describe() for o in bad)
     kinds = summary.counts()
