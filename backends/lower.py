@@ -13,12 +13,17 @@ Crops are where onnxruntime's CPU provider leaves its blocked NCHWc layout, so l
 avoids them where it can: a windowed op reads trailing rows it does not need when they
 change nothing (`_window_slack`), and a small crop between two NCHWc ops inside a segment
 becomes a one-tap depthwise convolution (`_crops_as_convolutions`).
+
+A control-flow node (If, Loop, Scan) is computed whole; the outer tensors its bodies read
+by name (`Layer.captured`) are bound in its segment under their original names (an
+Identity of the local value, or the weight itself), so the bodies are emitted unchanged:
+renaming inside them would have to follow every nested scope's shadowing, binding does not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
@@ -197,13 +202,38 @@ class _Builder:
         self.current.weights.add(name)
         return name
 
+    def bind_captured(self, tensor: str, need: ShapeMap | None) -> None:
+        """Make `tensor`, which a subgraph of the next node reads from the outer scope, a
+        value of the current segment under its original name (an initializer, or an
+        Identity of its local value): the subgraph's references stay as they are."""
+        if tensor in self.graph.constants:
+            self.current.initializers[tensor] = self.graph.constants[tensor]
+            self.current.weights.add(tensor)
+            return
+        region = ShapeMap.full(self.graph.tensors[tensor].shape)
+        gather = self.graph.gathers[(tensor, self.node)]
+        self.gather(gather)
+        local = self.crop(tensor, gather.region, need or region)
+        if any(tensor in node.output for node in self.current.nodes):
+            return  # an earlier node of this segment already bound it
+        self._declare(tensor, tensor, region)
+        self.current.nodes.append(helper.make_node("Identity", [local], [tensor], name=self._fresh(f"capture/{tensor}")))
+
     def layer(self, layer: Layer, live: set[str]) -> None:
         graph, n = self.graph, self.node
         part = graph.partitions[layer.name]
         if not part.out[n].empty:
-            inputs: list[str] = []
+            # gather (and so wait for) every activation first: a wait closes the segment, which
+            # must not separate the op from the weights bound to it before the wait
             for t, need in zip(layer.inputs, part.needs[n]):
-                if not t:
+                if t and need is not None and t not in graph.constants:
+                    self.gather(graph.gathers[(t, n)])
+            inputs: list[str] = []
+            n_explicit = len(layer.explicit_inputs)
+            for k, (t, need) in enumerate(zip(layer.inputs, part.needs[n])):
+                if k >= n_explicit:
+                    self.bind_captured(t, need)
+                elif not t:
                     inputs.append("")
                 elif need is None:
                     continue  # dropped from the local op (e.g. Concat inputs outside the region)
@@ -276,8 +306,9 @@ def _window_slack(graph: Graph, layer: Layer, local_attrs: dict[str, Any], have:
     return need
 
 
-def _liveness(steps: list[Step], final: set[str], resolve: Any) -> list[Step]:
-    """Give each segment its inputs/outputs and drop nodes (and segments) nobody reads."""
+def _liveness(steps: list[Step], final: set[str], resolve: Any, captured: Mapping[str, tuple[str, ...]]) -> list[Step]:
+    """Give each segment its inputs/outputs and drop nodes (and segments) nobody reads.
+    `captured`: node name → the outer names its subgraphs read (Layer.captured)."""
     needed = set(final)
     kept: list[Step] = []
     for step in reversed(steps):
@@ -295,11 +326,12 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any) -> list[Step]:
                 if any(o in want for o in node.output if o):
                     nodes.append(node)
                     want.update(i for i in node.input if i)
+                    want.update(captured.get(node.name, ()))
             nodes.reverse()
             if not nodes:
                 continue
             produced = {o for node in nodes for o in node.output if o}
-            consumed = [i for node in nodes for i in node.input if i]
+            consumed = [i for node in nodes for i in [*node.input, *captured.get(node.name, ())] if i]
             seg.nodes = nodes
             seg.initializers = {k: v for k, v in seg.initializers.items() if k in consumed}
             seg.inputs = list(dict.fromkeys(i for i in consumed if i not in produced and i not in seg.initializers))
@@ -414,8 +446,9 @@ def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
         for layer in graph.layers:
             b.layer(layer, live)
         outputs = {t: b.resolve(v) for t, v in b.finish().items()}
-        steps = _liveness(b.steps, set(outputs.values()), b.resolve)
-        steps = _liveness(_merge_copy_segments(steps), set(outputs.values()), b.resolve)
+        captured = {layer.name: layer.captured for layer in graph.layers if layer.captured}
+        steps = _liveness(b.steps, set(outputs.values()), b.resolve, captured)
+        steps = _liveness(_merge_copy_segments(steps), set(outputs.values()), b.resolve, captured)
         weight_bytes = 0
         k = 0
         for step in steps:

@@ -76,6 +76,8 @@ class ShapeMap:
     """Region of a tensor: the product over axes of unions of intervals."""
 
     axes: tuple[tuple[Interval, ...], ...]
+    # the empty region of a scalar (rank 0), which has no axis to be empty along
+    void: bool = False
 
     def __post_init__(self) -> None:
         axes = self.axes
@@ -93,7 +95,7 @@ class ShapeMap:
 
     @staticmethod
     def empty_like(rank: int) -> ShapeMap:
-        return ShapeMap(tuple(() for _ in range(rank)))
+        return ShapeMap(tuple(() for _ in range(rank)), void=rank == 0)
 
     # queries ----------------------------------------------------------------
     @property
@@ -104,7 +106,7 @@ class ShapeMap:
     # hashing are unaffected): the passes ask them millions of times on dense graphs.
     @functools.cached_property
     def empty(self) -> bool:
-        return any(len(a) == 0 for a in self.axes)
+        return self.void or any(len(a) == 0 for a in self.axes)
 
     @property
     def volume(self) -> int:
@@ -143,12 +145,16 @@ class ShapeMap:
     def contains(self, other: ShapeMap) -> bool:
         if other.empty:
             return True
+        if self.void:
+            return False
         return all(
             all(any(mine.contains(o) for mine in a) for o in b) for a, b in zip(self.axes, other.axes)
         )
 
     # algebra ----------------------------------------------------------------
     def intersect(self, other: ShapeMap) -> ShapeMap:
+        if self.void or other.void:
+            return ShapeMap.empty_like(0)
         if self._box is not None and other._box is not None:
             boxes = []
             for a, b in zip(self._box, other._box):
@@ -256,7 +262,13 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Layer:
-    """One ONNX node with static shapes; `group` follows thesis table 3.1."""
+    """One ONNX node with static shapes; `group` follows thesis table 3.1.
+
+    `captured` are the outer tensors that the node's subgraphs (If/Loop/Scan bodies)
+    read by name rather than as inputs. They are also the last entries of `inputs`, so
+    partitioning, gathers and liveness treat them like any input; lowering passes them
+    to the node under their original names (see `backends/lower.py`).
+    """
 
     name: str
     op_type: str
@@ -265,6 +277,12 @@ class Layer:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     group: str = "opaque"
+    captured: tuple[str, ...] = ()
+
+    @property
+    def explicit_inputs(self) -> tuple[str, ...]:
+        """The node's own ONNX inputs (`inputs` without the captured tensors)."""
+        return self.inputs[: len(self.inputs) - len(self.captured)]
 
     def describe(self, graph: Graph) -> str:
         ins = ", ".join(f"{t}{list(graph.tensors[t].shape)}" for t in self.inputs if t in graph.tensors)

@@ -13,8 +13,10 @@ run gives shapes where ONNX shape inference cannot (ops it does not know).
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -47,27 +49,44 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
             shape = ()
-        if not sep or not name or not shape or min(shape) < 1:
+        if not sep or not name or not shape:
             raise BBGrapError(f"--input-shape '{spec}' is not NAME:DIMS (for example input:1x3x224x224)")
+        if min(shape) < 1:
+            what = "a zero-size dimension (a tensor with no elements)" if min(shape) == 0 else "a negative dimension"
+            raise BBGrapError(f"--input-shape '{spec}' has {what}; every dimension must be at least 1 (for example input:1x3x224x224)")
         out[name] = shape
     return out
 
 
 def load_model(path: str) -> onnx.ModelProto:
     """Read and check an ONNX file, turning every failure into one clear line."""
+    if os.path.isdir(path):
+        raise BBGrapError(f"model '{path}' is a directory, not an ONNX file; give the path of an .onnx file")
     if not os.path.isfile(path):
-        raise BBGrapError(f"model file '{path}' does not exist; give the path of an .onnx file")
+        what = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise BBGrapError(f"model file '{path}' {what}; give the path of an .onnx file")
     try:
         model = onnx.load(path)
     except Exception as exc:  # protobuf raises several types for garbage
         raise BBGrapError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}); re-export it or check the file") from None
     if not model.graph.node:
         raise BBGrapError(f"'{path}' holds no ONNX graph (empty or truncated file?); re-export the model")
+    if not model.graph.output:
+        raise BBGrapError(f"'{path}' declares no graph outputs, so there is nothing to compute; re-export the model with its outputs")
+    latest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and not 1 <= o.version <= latest:
+            raise BBGrapError(
+                f"'{path}' imports ONNX opset {o.version}, but this onnx knows opsets 1 to {latest}; "
+                f"re-export the model with a released opset (for example 17)"
+            )
     try:
         onnx.checker.check_model(path)  # by path: checked in C++, without re-serialising the model
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BBGrapError(f"'{path}' is not a valid ONNX model: {first}") from None
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # the checker's message, on one line
+        if len(reason) > 300:
+            reason = reason[:300] + "..."
+        raise BBGrapError(f"'{path}' is not a valid ONNX model: {reason.rstrip(' .:')}; fix the model or export it again") from None
     return model
 
 
@@ -85,8 +104,23 @@ def _fix_inputs(model: onnx.ModelProto, overrides: Mapping[str, tuple[int, ...]]
             raise BBGrapError(f"--input-shape names '{name}', but the model's inputs are {names}")
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in inputs:
+        if vi.type.WhichOneof("value") != "tensor_type":
+            kind = vi.type.WhichOneof("value") or "no type"
+            raise BBGrapError(f"input '{vi.name}' is not a tensor ({kind}); bbgrap partitions models whose inputs are tensors, "
+                              f"so re-export the model with tensor inputs")
+        try:
+            helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        except (KeyError, ValueError, TypeError):
+            raise BBGrapError(f"input '{vi.name}' has no known element type (elem_type {vi.type.tensor_type.elem_type}); "
+                              f"re-export the model with typed inputs (for example float)") from None
         dims = vi.type.tensor_type.shape.dim
-        model_shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+        if any(d.HasField("dim_value") and d.dim_value <= 0 for d in dims):
+            shown = ", ".join(str(d.dim_value) if d.HasField("dim_value") else "?" for d in dims)
+            raise BBGrapError(
+                f"input '{vi.name}' has a zero-size or negative dimension [{shown}], so it holds no data to partition; "
+                f"re-export the model with every dimension at least 1 (or symbolic, then fix it with --input-shape)"
+            )
+        model_shape = [d.dim_value if d.HasField("dim_value") else None for d in dims]
         shape = overrides.get(vi.name)
         if shape is None:
             if None in model_shape:
@@ -115,6 +149,40 @@ def _name_nodes(model: onnx.ModelProto) -> None:
         node.name = name
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies of a control-flow node (If branches, Loop/Scan bodies)."""
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names that `graph` (a subgraph) and its nested subgraphs read from enclosing scopes:
+    every name read but not defined inside (as an input, initializer or node output)."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {i.values.name for i in graph.sparse_initializer}
+    defined |= {o for node in graph.node for o in node.output if o}
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(t for t in node.input if t)
+        for sub in _subgraphs(node):
+            read |= _outer_names(sub)
+    read.update(o.name for o in graph.output)  # an output may be an outer value passed through
+    return read - defined
+
+
+def captured_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    """Outer tensors a control-flow node's subgraphs read implicitly, in a stable order."""
+    names: set[str] = set()
+    for sub in _subgraphs(node):
+        names |= _outer_names(sub)
+    return tuple(sorted(names))
+
+
 def _foldable(model: onnx.ModelProto) -> set[str]:
     """Tensors whose value does not depend on the graph inputs' values."""
     const = {i.name for i in model.graph.initializer}
@@ -134,6 +202,92 @@ def _sample(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator) ->
     return np.zeros(shape, dtype=dtype)
 
 
+def _ort_reason(exc: BaseException) -> str:
+    """onnxruntime's message without its error-code prefix, source path and C++ signature."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"(^|\s)/onnxruntime_src/\S+:\d+ ", r"\1", text)
+    match = re.search(r"(^|\s)(?:[\w<>*&]+ )?onnxruntime::\w+(::~?\w+)*\(", text)
+    if match:  # drop the C++ function signature: up to its matching closing parenthesis
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        text = (text[: match.start()] + text[end + 1 :]).strip() if depth == 0 else text
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _available_memory() -> int | None:
+    """Bytes this process can still allocate: MemAvailable (else the physical memory),
+    capped by an address-space limit (RLIMIT_AS) less what the process has mapped."""
+    avail: int | None = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            mapped = 0
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("VmSize:"):
+                        mapped = int(line.split()[1]) * 1024
+            avail = min(avail, max(0, soft - mapped))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return avail
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _check_sample_memory(
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]],
+    known: Mapping[str, tuple[tuple[int, ...], str]],
+    overridden: bool,
+    available: int | None = None,
+) -> None:
+    """Refuse, before allocating anything, a sample run that cannot fit in memory: the
+    sample inputs (drawn in float64 first), the model's outputs, and the two largest
+    activations live at once (an op's input and output), from the static shapes."""
+    available = _available_memory() if available is None else available
+    if available is None:
+        return
+    inputs = {vi.name: vi.type.tensor_type.elem_type for vi in _real_inputs(model)}
+    in_bytes = {n: math.prod(shapes[n]) * np.dtype(helper.tensor_dtype_to_np_dtype(t)).itemsize for n, t in inputs.items()}
+    sizes = {t: math.prod(shape) * np.dtype(dtype).itemsize for t, (shape, dtype) in known.items()}
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:2]
+    need = sum(in_bytes.values()) + 8 * max((math.prod(s) for s in shapes.values()), default=0)
+    need += sum(sizes.get(o.name, 0) for o in model.graph.output) + sum(b for _, b in largest)
+    if need <= available:
+        return
+    biggest = max(in_bytes, key=lambda n: in_bytes[n])
+    parts = [f"input '{biggest}' {'x'.join(map(str, shapes[biggest]))} is {_size(in_bytes[biggest])}"]
+    if largest and largest[0][1] > in_bytes[biggest]:
+        t, b = largest[0]
+        parts.append(f"activation '{t}' {'x'.join(map(str, known[t][0]))} is {_size(b)}")
+    fix = "compile with a smaller --input-shape" if overridden else "re-export the model with a smaller input (or symbolic dimensions and a smaller --input-shape)"
+    raise BBGrapError(f"the frontend's sample run of this model needs about {_size(need)} of memory ({', '.join(parts)}), "
+                      f"but only {_size(available)} is available; {fix}")
+
+
 def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the model in onnxruntime and return the values of `wanted` tensors."""
     import onnxruntime as ort
@@ -146,14 +300,17 @@ def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, 
     del model.graph.output[:]
     model.graph.output.extend(saved)
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # fatal only: a failure is reported once, as bbgrap's own line
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    run_opts = ort.RunOptions()
+    run_opts.log_severity_level = 4  # a failing kernel logs at error level through the run's logger
     try:
         sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-        values = sess.run(wanted, feeds)
+        values = sess.run(wanted, feeds, run_opts)
+    except MemoryError:
+        raise BBGrapError("out of memory in the frontend's sample run of this model; compile with a smaller --input-shape") from None
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BBGrapError(f"onnxruntime cannot run this model: {first}") from None
+        raise BBGrapError(f"onnxruntime cannot run this model ({_ort_reason(exc).rstrip(' .')}); fix the model so that onnxruntime runs it") from None
     return dict(zip(wanted, values))
 
 
@@ -246,13 +403,14 @@ def import_proto(
     del model.graph.input[:]
     model.graph.input.extend(real_inputs)
     _name_nodes(model)
+    known = _inferred(model)
+    _check_sample_memory(model, shapes, known, overridden=bool(input_shapes))
 
     rng = np.random.default_rng(seed)
     feeds = {vi.name: _sample(shapes[vi.name], vi.type.tensor_type.elem_type, rng) for vi in real_inputs}
     outputs = [o.name for o in model.graph.output]
     foldable = _foldable(model)
     produced = [t for node in model.graph.node for t in node.output if t]
-    known = _inferred(model)
     wanted = [t for t in produced if t in foldable or t not in known]
     values = _run_everything(model, list(dict.fromkeys(wanted + outputs)), feeds)
 
@@ -280,10 +438,11 @@ def import_proto(
             kernel = attrs.get("kernel_shape") or list(tensors[node.input[1]].shape[2:])
             attrs["kernel_shape"] = list(kernel)
             _explicit_pads(attrs, x[2:], kernel)
-        layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input), tuple(node.output))
-        rule = registry.get(layer)
+        captured = captured_inputs(node)
+        layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input) + captured, tuple(node.output), captured=captured)
+        rule = registry.get(layer) if not captured else None  # a node with a body is computed whole
         group = rule.group if rule is not None else "opaque"
-        layers.append(Layer(layer.name, layer.op_type, layer.domain, layer.attrs, layer.inputs, layer.outputs, group))
+        layers.append(replace(layer, group=group))
 
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}
@@ -301,6 +460,7 @@ def import_proto(
     )
     for out in outputs:
         if out not in graph.producers():
-            raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant); nothing to partition")
+            raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant), so there is "
+                              f"nothing to partition for it; re-export the model with outputs that the network computes")
     reference = {o: values[o] for o in outputs}
     return Frontend(graph, feeds, reference)

@@ -69,6 +69,10 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             attrs.append({})
         else:
             local = rule.local(layer, graph, out)
+            if any(need is not None and need.empty for need in local.needs):
+                # the node's rows read nothing of an input (windows wholly inside a huge
+                # padding): a local op cannot read an empty region, so the layer is computed whole
+                return partition_layer(graph, layer, None, None, registry)
             needs.append(local.needs)
             computes.append(local.computes)
             attrs.append(dict(local.attrs))

@@ -36,9 +36,14 @@ from bbgrap.passes.naive_partition import partition_layer, split_sizes
 from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
+from bbgrap.search.procedural import size_band
 from bbgrap.search.strategies import SearchResult, search
 
 CHANNELS = 1  # the channel axis of an NCHW tensor
+# widest band of candidate sizes per node that is searched (see SearchPartitions._too_wide):
+# about a second per layer on 2 nodes at 4096, on 3-4 nodes at 256 (1000-2500 rows)
+MAX_BAND_TWO_NODES = 4096
+MAX_BAND = 256
 
 
 @dataclass
@@ -178,7 +183,18 @@ class SearchPartitions(Pass):
     def _searchable(self, graph: Graph, layer: Layer) -> bool:
         axis = graph.partitions[layer.name].axis
         rank = len(graph.tensors[layer.outputs[0]].shape)
-        return axis is not None and axis == direction_axis(self.config.direction, rank)
+        return axis is not None and axis == direction_axis(self.config.direction, rank) and not self._too_wide(graph, layer, axis)
+
+    def _too_wide(self, graph: Graph, layer: Layer, axis: int) -> bool:
+        """Whether the layer's band of candidate sizes is too wide to search in bounded time.
+
+        The search's work grows with a power of the band's width (about the extent times
+        the threshold over the node count): 4096 rows on 4 nodes took six minutes and a
+        million rows on 2 never ended. Such a layer keeps its speed-proportional cut."""
+        speeds = self.config.node_speeds()
+        band = size_band(graph.tensors[layer.outputs[0]].shape[axis], speeds, self.config.threshold)
+        width = max(hi - lo + 1 for lo, hi in band)
+        return width > (MAX_BAND_TWO_NODES if len(speeds) <= 2 else MAX_BAND)
 
     def call(self, graph: Graph) -> PassResult:
         cfg = self.config

@@ -60,3 +60,27 @@ def test_channel_direction_slices_weights() -> None:
     part = g.partitions["conv0"]
     assert [r.shape[1] for r in part.out] == [2, 2, 1, 1]
     assert [n[1].shape[0] for n in part.needs] == [2, 2, 1, 1]  # weight rows per node
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 40, 0], [40, 0, 0, 0]], ids=["end", "begin"])
+def test_rows_wholly_inside_padding_are_computed_whole(tmp_path, pads: list[int]) -> None:
+    """With 40 rows of padding on an 8-row input, one node's output rows read no input row
+    at all; a local op cannot read an empty region (lowering failed: 'region [empty] is not
+    a box', found by the fuzz test), so such a layer is computed whole, and runs exactly."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from helpers import assert_exact, compile_plan, save
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=pads)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 46, 6])], initializer=[w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = save(model, str(tmp_path))
+    for nodes in (2, 3):
+        compile_plan(path, str(tmp_path / f"plan{nodes}"), nodes=nodes)
+        assert_exact(str(tmp_path / f"plan{nodes}"))
