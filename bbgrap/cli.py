@@ -317,7 +317,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `bbgrap inspect | head`: the reader is gone, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
+    except Exception as exc:  # a bug of bbgrap's, not the user's: one line, exit 3 (BBGRAP_DEBUG=1: the traceback)
+        if os.environ.get("BBGRAP_DEBUG"):
+            raise
+        text = (str(exc).strip().splitlines() or [""])[0]
+        print(f"bbgrap: internal error ({type(exc).__name__}: {text}); please report it with the model and the command "
+              f"(BBGRAP_DEBUG=1 shows where)", file=sys.stderr)
+        return 3
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,5 +84,5 @@ def assemble(region: ShapeMap, node: int, held: dict[int, ShapeMap], owned: list
         rest = region.difference(mine)
     for box in rest:
         parts += [Part(box.intersect(r), p) for p, r in owned if p != node and not box.intersect(r).empty]
-    parts.sort(key=lambda part: part.region.starts[axis])
+    parts.sort(key=lambda part: part.region.starts[axis] if part.region.rank > axis else 0)  # a scalar has no axis
     return parts

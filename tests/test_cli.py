@@ -232,3 +232,20 @@ def test_version() -> None:
 
     proc = bbgrap("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"bbgrap {package_version()}" and package_version() != "unknown"
+
+
+def test_an_internal_error_is_one_line_exit_3(tmp_path, small_model: str, monkeypatch, capsys) -> None:
+    # a bug in a pass (here: one injected) reaches the user as one line asking for a report, not a traceback
+    from bbgrap import cli
+    from bbgrap.pass_manager import PassError
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise PassError("pass 'search' failed on layer conv1 [1, 64, 16, 16]: boom\nmore detail")
+
+    monkeypatch.setattr("bbgrap.compiler.compile_model", broken)
+    assert cli.main(["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "p")]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error (PassError: pass 'search' failed" in err and "report" in err
+    monkeypatch.setenv("BBGRAP_DEBUG", "1")
+    with pytest.raises(PassError):
+        cli.main(["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "p")])

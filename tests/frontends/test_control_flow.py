@@ -114,9 +114,6 @@ def test_scalar_region_can_be_empty() -> None:
     assert whole.intersect(void).empty and void.intersect(whole).empty and whole.intersect(whole) == whole
 
 
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="rank-0 activations: movement.assemble sorts parts by starts[axis], an IndexError for a scalar "
-                          "(bbgrap/movement.py is outside this branch's files; fix proposed in issue 12's report)")
 def test_scalar_condition_runs_exactly(tmp_path) -> None:
     path = save(if_model(scalar_condition=True), str(tmp_path))
     compile_plan(path, str(tmp_path / "plan"), nodes=2)
