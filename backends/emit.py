@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from bbgrap.backends.lower import Message, NodeProgram, value_name
+
 from bbgrap.cost import plan_flops
 from bbgrap.ir import Graph, ShapeMap
-from bbgrap.backends.lower import Message, NodeProgram, value_name
 
 
 def region_json(region: Any) -> list[list[int]]:
@@ -42,7 +43,8 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message]) -> 
     files: dict[str, bytes] = {}
     programs_json = []
     for prog in programs:
-        segments, steps = [], []
+        segments: list[dict[str, Any]] = []
+        steps: list[list[Any]] = []
         for step in prog.steps:
             if step.op == "run":
                 path = f"node{prog.node}/seg{len(segments):03d}.onnx"

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-
 from bbgrap.backends import nchwc
 from bbgrap.backends.executor import MessageSpec, NodeRunner
 from bbgrap.backends.threads import PROCESS_THREAD_POOL
+
 from bbgrap.ir import BBGrapError
 
 

@@ -75,6 +75,18 @@ class Step:
     message: Message | None = None
     value: str = ""  # for a send: the local value holding the message's data (aliases resolved)
 
+    @property
+    def seg(self) -> Segment:
+        """The segment of a run step (every run step has one)."""
+        assert self.segment is not None, f"a {self.op} step has no segment"
+        return self.segment
+
+    @property
+    def msg(self) -> Message:
+        """The message of a send or wait step (every one has one)."""
+        assert self.message is not None, f"a {self.op} step has no message"
+        return self.message
+
 
 @dataclass
 class NodeProgram:
@@ -285,7 +297,7 @@ class _Builder:
 WINDOW_OPS = {"Conv", "MaxPool", "AveragePool"}
 
 
-def _window_slack(graph: Graph, layer: Layer, local_attrs: dict[str, Any], have: ShapeMap, need: ShapeMap) -> ShapeMap:
+def _window_slack(graph: Graph, layer: Layer, local_attrs: Mapping[str, Any], have: ShapeMap, need: ShapeMap) -> ShapeMap:
     """What a windowed op can read of `have` (⊇ `need`) and still compute exactly what it
     computes from `need`: `need` grown to the end of `have` along a spatial axis where the
     extra rows start no further window (fewer than the stride) and replace no padding (the
@@ -313,12 +325,12 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any, captured: Mappin
     kept: list[Step] = []
     for step in reversed(steps):
         if step.op == "send":
-            step.value = resolve(step.message.value)
+            step.value = resolve(step.msg.value)
             needed.add(step.value)
         elif step.op == "wait":
-            needed.discard(step.message.value)
+            needed.discard(step.msg.value)
         else:
-            seg = step.segment
+            seg = step.seg
             want = set(needed)
             nodes = []
             for node in reversed(seg.nodes):
@@ -355,9 +367,9 @@ def _merge_copy_segments(steps: list[Step]) -> list[Step]:
         if step.op == "wait":
             last_run = None
         elif step.op == "run":
-            seg = step.segment
+            seg = step.seg
             if last_run is not None and all(node.op_type in COPY_OPS for node in seg.nodes):
-                into = last_run.segment
+                into = last_run.seg
                 into.nodes += seg.nodes
                 into.initializers.update(seg.initializers)
                 into.weights |= seg.weights
@@ -453,7 +465,7 @@ def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
         k = 0
         for step in steps:
             if step.op == "run":
-                seg = step.segment
+                seg = step.seg
                 _crops_as_convolutions(seg, b.meta)
                 seg.model = _segment_model(graph, seg, b.meta, f"{graph.name}_node{n}_seg{k}")
                 weight_bytes += sum(np.asarray(v).nbytes for name, v in seg.initializers.items() if name in seg.weights)

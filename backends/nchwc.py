@@ -38,9 +38,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 from bbgrap.backends.threads import probe_options
+from onnx import TensorProto, helper, numpy_helper
 
 DOMAIN = "com.microsoft.nchwc"
 LAYOUT_BLIND = ("Relu", "Add", "Concat", "Slice", "Split")  # ops that can run on blocked data (rules in _Folder)
@@ -263,12 +262,15 @@ class _Folder:
         if node.domain != "" or node.op_type not in LAYOUT_BLIND:
             return False
         data = list(node.input) if node.op_type in ("Relu", "Add", "Concat") else [node.input[0]]
-        sources = [self.reorder_output(name) for name in data]
-        if any(s is None for s in sources):
+        found = [self.reorder_output(name) for name in data]
+        sources = [s for s in found if s is not None]
+        if len(sources) != len(found):
             return False
-        shapes_in = [self.shapes.get(name) for name in data]
-        shapes_out = [self.shapes.get(name) for name in node.output]
-        if any(s is None or len(s) != 4 or s[1] % self.block for s in [*shapes_in, *shapes_out]):
+        known_in = [self.shapes.get(name) for name in data]
+        known_out = [self.shapes.get(name) for name in node.output]
+        shapes_in = [s for s in known_in if s is not None and len(s) == 4 and s[1] % self.block == 0]
+        shapes_out = [s for s in known_out if s is not None and len(s) == 4 and s[1] % self.block == 0]
+        if len(shapes_in) != len(known_in) or len(shapes_out) != len(known_out):
             return False
         blocked_in = [s.input[0] for s in sources]
         blocked_out = [self.fresh(name) for name in node.output]

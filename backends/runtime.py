@@ -50,7 +50,13 @@ from bbgrap.backends.engine import (
 )
 from bbgrap.backends.executor import NodeRunner, Profile, run_embedded, run_node
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank
-from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
+from bbgrap.backends.trace import (
+    clock_offset,
+    op_events,
+    rank_events,
+    segment_layers,
+    write_trace,
+)
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
 from bbgrap.ir import BBGrapError

@@ -162,8 +162,8 @@ class ShapeMap:
                 boxes.append((Interval(lo, hi),) if hi > lo else ())
             return ShapeMap(tuple(boxes))
         axes = []
-        for a, b in zip(self.axes, other.axes):
-            axes.append(tuple(x.intersect(y) for x in a for y in b))
+        for mine, theirs in zip(self.axes, other.axes):
+            axes.append(tuple(x.intersect(y) for x in mine for y in theirs))
         return ShapeMap(tuple(axes))
 
     def union(self, other: ShapeMap) -> ShapeMap:

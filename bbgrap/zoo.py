@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -79,7 +79,7 @@ class _Builder:
             self._constants.add(self.weight(name, np.array(value, dtype=np.float32)))
         return name
 
-    def node(self, op: str, name: str, inputs: list[str], **attrs: object) -> str:
+    def node(self, op: str, name: str, inputs: list[str], **attrs: Any) -> str:
         self.proto.graph.node.append(helper.make_node(op, inputs, [name], name=name, **attrs))
         return name
 
@@ -192,7 +192,7 @@ def _pool_size(size: int, kernel: int, stride: int, pad: int = 0, ceil: bool = F
 
 # -- VGG-16 ---------------------------------------------------------------------------
 
-_VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+_VGG16: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
 
 def _vgg16(b: _Builder, resolution: int) -> str:

@@ -28,13 +28,13 @@ BIN = os.path.dirname(sys.executable)
 
 
 def worker(plans: list[str], repeat: int, warmup: int, tolerance: float, layout: str) -> int:
-    from mpi4py import MPI
-
     from bbgrap.backends.engine import layout_name, load_runner, node_layouts
     from bbgrap.backends.executor import run_node
     from bbgrap.backends.runtime import agreed_boundary_block, compare
     from bbgrap.backends.threads import threads_per_rank
     from bbgrap.backends.transports import MPITransport
+    from mpi4py import MPI
+
     from bbgrap.plan import read_manifest, read_sample
 
     comm = MPI.COMM_WORLD

@@ -14,11 +14,11 @@ import tempfile
 import time
 
 import onnx
+from table import Table  # benchmarks/table.py, beside this script
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
-from table import Table  # benchmarks/table.py, beside this script
 
 
 def main() -> int:

@@ -46,7 +46,7 @@ from bbgrap.plan import read_sample
 
 BIN = os.path.dirname(sys.executable)
 MIN_SIDE_SECONDS = 0.25
-from table import Table  # benchmarks/table.py, beside this script
+from table import Table  # noqa: E402  # benchmarks/table.py, beside this script (on sys.path as the script's folder)
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:

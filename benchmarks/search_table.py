@@ -27,7 +27,7 @@ THESIS = {  # (nodes, threshold): (log10 total, pruned evaluated), thesis table 
     (8, 5): (9.8, 966), (8, 10): (13.3, 3417), (8, 15): (15.5, 7344), (8, 20): (17.2, 12747),
     (16, 5): (17.1, 2501), (16, 10): (21.1, 5174), (16, 15): (26.6, 16528), (16, 20): (28.7, 43121),
 }
-from table import Table  # benchmarks/table.py, beside this script
+from table import Table  # noqa: E402  # benchmarks/table.py, beside this script (on sys.path as the script's folder)
 
 
 def row(nodes: int, threshold: int) -> dict:

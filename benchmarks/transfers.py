@@ -17,11 +17,11 @@ import tempfile
 from typing import Any
 
 import onnx
+from table import Table  # benchmarks/table.py, beside this script
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
-from table import Table  # benchmarks/table.py, beside this script
 
 
 def measure(path: str, nodes: int, direction: str, work: str) -> dict[str, Any]:

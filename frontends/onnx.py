@@ -129,7 +129,7 @@ def _fix_inputs(model: onnx.ModelProto, overrides: Mapping[str, tuple[int, ...]]
                     f"input '{vi.name}' has a symbolic shape [{', '.join(sym)}]; fix it with "
                     f"--input-shape {vi.name}:{'x'.join('1' if v is None else str(v) for v in model_shape)}"
                 )
-            shape = tuple(int(v) for v in model_shape)
+            shape = tuple(int(v) for v in model_shape if v is not None)  # none is None here: raised above
         elif len(shape) != len(model_shape) or any(m is not None and m != s for m, s in zip(model_shape, shape)):
             raise BBGrapError(f"--input-shape {vi.name}:{'x'.join(map(str, shape))} does not fit the model's shape {model_shape}")
         shapes[vi.name] = tuple(shape)

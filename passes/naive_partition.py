@@ -11,7 +11,7 @@ split over fewer nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from bbgrap.config import CustomPartition, direction_axis
 from bbgrap.ir import BBGrapError, Graph, Interval, Layer, LayerPartition, ShapeMap
@@ -57,7 +57,8 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
         outs = regions_from_sizes(shape, axis, sizes)
     rule = registry.get(layer)
     needs: list[tuple[ShapeMap | None, ...]] = []
-    computes, attrs = [], []
+    computes: list[ShapeMap] = []
+    attrs: list[Mapping[str, Any]] = []
     for out in outs:
         if out.empty:
             needs.append((None,) * n_inputs)

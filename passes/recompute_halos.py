@@ -67,14 +67,14 @@ class RecomputeHalos(Pass):
             # All nodes that read a halo of this layer recompute it, or none does: a node that
             # recomputes while its neighbour still receives keeps its segment boundary (it
             # sends there), so it would pay the extra operations for nothing.
-            proposals: list[tuple[int, float, Local]] | None = []
+            proposals: list[tuple[int, float, Local]] = []
             for n in part.active_nodes():
                 reads = walk.reads(layer.outputs[0], n)
                 if not reads or part.computes[n].contains(need := hull_of(reads)):
                     continue
                 grown = walk.grow(layer, n, need, self.depth)
-                if grown is None:
-                    proposals = None
+                if grown is None:  # one node cannot recompute: none does
+                    proposals = []
                     break
                 proposals.append((n, *grown))
             if proposals and sum(cost for _, cost, _ in proposals) < 0:

@@ -27,12 +27,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from bbgrap.passes.naive_partition import partition_layer, split_sizes
+
 from bbgrap.config import Config, direction_axis
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
-from bbgrap.passes.naive_partition import partition_layer, split_sizes
 from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
@@ -63,7 +64,9 @@ class LayerCutCost:
     def __post_init__(self) -> None:
         self.full = ShapeMap.full(self.graph.tensors[self.layer.outputs[0]].shape)
         self.extent = self.full.shape[self.axis]
-        self.rule = self.registry.get(self.layer)
+        rule = self.registry.get(self.layer)
+        assert rule is not None, f"layer {self.layer.name} is searched but has no region rule"
+        self.rule = rule
         producers = self.graph.producers()
         for t in self.layer.inputs:
             if not self.graph.is_activation(t) or t in self.held:

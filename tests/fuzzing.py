@@ -528,8 +528,8 @@ def _finite_match(got: np.ndarray, want: np.ndarray) -> str | None:
 def _check_plan(plan: str, model: bytes) -> str | None:
     """Run the plan in this process and compare it with onnxruntime on the mutant itself."""
     import onnxruntime as ort
-
     from bbgrap.backends.runtime import embedded_runners, run_embedded
+
     from bbgrap.plan import read_manifest, read_sample
 
     manifest = read_manifest(plan)

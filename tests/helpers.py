@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-
 from bbgrap.backends.runtime import compare, embedded_runners, run_embedded
+
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.plan import read_manifest, read_sample

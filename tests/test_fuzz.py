@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 
+import fuzzing
 import onnx
 import pytest
-
-import fuzzing
 
 
 def _report(summary: fuzzing.Summary) -> str:

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import compile_plan, save
 
 from bbgrap import zoo
 from bbgrap.picture import node_colour, size
 from bbgrap.plan import read_manifest
-from helpers import compile_plan, save
 
 BIN = os.path.dirname(sys.executable)
 

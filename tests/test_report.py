@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import assert_exact, compile_plan, save
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
-from helpers import assert_exact, compile_plan, save
 
 BIN = os.path.dirname(sys.executable)
 

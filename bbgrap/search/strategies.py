@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Iterable, Optional, Sequence
 
-from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
+from bbgrap.search.objective import (
+    LayerCost,
+    NodeCost,
+    PartialCost,
+    Weights,
+    lower_bound,
+    objective,
+)
 from bbgrap.search.procedural import Interval, Partition, Partitions
 
 Progress = Callable[[int, int], None]
@@ -217,7 +224,7 @@ def nominal_partition(partitions: Partitions) -> Partition:
     total = sum(speeds)
     ideal = [partitions.extent * sum(speeds[:j]) / total for j in range(partitions.nodes + 1)]
     last = partitions.nodes - 1
-    best: dict[tuple[int, Interval], tuple[Fraction, Partition]] = {}
+    best: dict[tuple[int, Interval], tuple[float | Fraction, Partition]] = {}
     for node in range(last, -1, -1):
         for interval in (iv for ivs in partitions.ds[node].values() for iv in ivs):
             if partitions.completions(node, interval) == 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from bbgrap.backends.devices import device_for_rank, ranks_per_device, visible_devices
 
 

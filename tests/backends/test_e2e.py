@@ -5,9 +5,9 @@ onnxruntime on the original model."""
 from __future__ import annotations
 
 import pytest
+from helpers import assert_exact, compile_plan, save
 
 from bbgrap import zoo
-from helpers import assert_exact, compile_plan, save
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,7 @@ def test_heterogeneous_speeds_are_exact(zoo_models: dict[str, str], tmp_path) ->
 
 def test_value_store_follows_the_iobinding_choice(zoo_models: dict[str, str], tmp_path) -> None:
     from bbgrap.backends.engine import DeviceValues, HostValues, load_runner
+
     from bbgrap.plan import read_manifest
 
     plan = str(tmp_path / "plan")
@@ -77,7 +78,6 @@ def test_cpu_sessions_share_one_arena_and_gpu_sessions_keep_theirs() -> None:
 
 def test_cuda_sessions_ask_for_full_fp32() -> None:
     import onnxruntime as ort
-
     from bbgrap.backends.engine import _version, providers_for
 
     assert _version("1.18.0") == (1, 18, 0) and _version("1.20.1.dev5") == (1, 20, 1) and _version("2.0rc1") == (2,)

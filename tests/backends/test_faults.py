@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import IO
 
 import pytest
+from helpers import compile_plan, save
 
 from bbgrap import zoo
-from helpers import compile_plan, save
 
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")

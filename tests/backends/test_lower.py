@@ -9,19 +9,29 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from bbgrap.backends.lower import (
+    COPY_OPS,
+    SELECT_MAX_TAPS,
+    Message,
+    Segment,
+    Step,
+    _crops_as_convolutions,
+    _merge_copy_segments,
+    _segment_model,
+    _window_slack,
+    lower,
+)
+from bbgrap.frontends.onnx import import_model
+from helpers import assert_exact, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
 from bbgrap import zoo
-from bbgrap.backends.lower import (COPY_OPS, SELECT_MAX_TAPS, Message, Segment, Step, _crops_as_convolutions,
-                                   _merge_copy_segments, _segment_model, _window_slack, lower)
 from bbgrap.compiler import compile_model, pipeline
 from bbgrap.config import Config
-from bbgrap.frontends.onnx import import_model
 from bbgrap.ir import Layer, ShapeMap
 from bbgrap.pass_manager import PassManager
-from helpers import assert_exact, save
 
 
 def run(*ops: str) -> Step:

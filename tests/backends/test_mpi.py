@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import compile_plan, save
 
 from bbgrap import zoo
-from helpers import compile_plan, save
 
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")

@@ -10,15 +10,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from bbgrap.backends import nchwc
+from bbgrap.backends.engine import (
+    boundary_block,
+    load_runner,
+    node_layouts,
+    session_options,
+)
+from helpers import assert_exact, compile_plan, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap import zoo
-from bbgrap.backends import nchwc
-from bbgrap.backends.engine import boundary_block, load_runner, node_layouts, session_options
 from bbgrap.plan import read_manifest
-from helpers import assert_exact, compile_plan, save
 
 BLOCK = nchwc.block_size()
 needs_nchwc = pytest.mark.skipif(BLOCK == 0, reason="this onnxruntime build has no NCHWc kernels (not x86-64)")

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from bbgrap.backends.engine import gpu_present
+from bbgrap.backends.runtime import compare, plan_id_problem
+from helpers import assert_exact, compile_plan, save
 from onnx import numpy_helper
 
 from bbgrap import zoo
-from bbgrap.backends.engine import gpu_present
-from bbgrap.backends.runtime import compare, plan_id_problem
 from bbgrap.plan import file_sha256
-from helpers import assert_exact, compile_plan, save
 
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")

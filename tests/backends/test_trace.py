@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
+from bbgrap.backends.trace import check_trace
+from helpers import compile_plan, save
 
 from bbgrap import zoo
-from bbgrap.backends.trace import check_trace
 from bbgrap.plan import read_manifest
-from helpers import compile_plan, save
 
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")

@@ -8,10 +8,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from bbgrap.frontends.onnx import captured_inputs, import_proto
 from helpers import assert_exact, compile_plan, save
+from onnx import TensorProto, helper, numpy_helper
 
 SHAPE = [1, 2, 8, 8]
 

@@ -5,13 +5,18 @@ reach the user's terminal before bbgrap's own line."""
 
 from __future__ import annotations
 
+import fuzzing
 import numpy as np
 import onnx
 import pytest
+from bbgrap.frontends.onnx import (
+    _check_sample_memory,
+    import_proto,
+    load_model,
+    parse_input_shapes,
+)
 from onnx import TensorProto, helper, numpy_helper
 
-import fuzzing
-from bbgrap.frontends.onnx import _check_sample_memory, import_proto, load_model, parse_input_shapes
 from bbgrap.ir import BBGrapError
 
 

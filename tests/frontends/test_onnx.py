@@ -3,14 +3,13 @@ partitioned, run and compared with onnxruntime on the original."""
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-import pytest
-
 import models
+import numpy as np
+import pytest
 from bbgrap.frontends.onnx import import_proto, parse_input_shapes
-from bbgrap.ir import BBGrapError
 from helpers import assert_exact, compile_plan, save
+
+from bbgrap.ir import BBGrapError
 
 
 @pytest.mark.parametrize("opset", range(9, 22))

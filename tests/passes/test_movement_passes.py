@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from bbgrap.backends.lower import lower
-from bbgrap.config import CustomPartition
 from bbgrap.frontends.onnx import import_proto
-from bbgrap.invariants import check_invariants
-from bbgrap.ir import Part, ShapeMap
-from bbgrap.pass_manager import PassManager
 from bbgrap.passes.eliminate_transfers import EliminateTransfers
 from bbgrap.passes.insert_crop_concat import InsertCropConcat
 from bbgrap.passes.naive_partition import NaivePartition
 from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
+
+from bbgrap.config import CustomPartition
+from bbgrap.invariants import check_invariants
+from bbgrap.ir import Part, ShapeMap
+from bbgrap.pass_manager import PassManager
 
 
 def partitioned(model, nodes: int, optimize: bool = True, custom=()):  # -> Graph
@@ -94,10 +94,12 @@ def test_naive_moves_everything_and_optimized_much_less() -> None:
 
 def test_tensor_with_two_consumers_is_gathered_once(tmp_path) -> None:
     # c0 feeds a 3x3 conv and a 5x5 conv (via the residual in resnet-like graphs: two kernels)
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(1)
-    w = lambda n, k: numpy_helper.from_array(rng.standard_normal((2, 2, k, k)).astype(np.float32), n)
+
+    def w(n: str, k: int) -> TensorProto:
+        return numpy_helper.from_array(rng.standard_normal((2, 2, k, k)).astype(np.float32), n)
+
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["c0"], name="c0", pads=[0, 0, 0, 0]),
         helper.make_node("Conv", ["c0", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from bbgrap.frontends.onnx import import_proto
+from bbgrap.passes.naive_partition import NaivePartition, split_sizes
+from graphs import conv_chain
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bbgrap.config import CustomPartition
-from bbgrap.frontends.onnx import import_proto
 from bbgrap.ir import BBGrapError
-from bbgrap.passes.naive_partition import NaivePartition, split_sizes
-from graphs import conv_chain
 
 
 def test_even_split_deals_the_remainder_round_robin() -> None:
@@ -68,10 +68,8 @@ def test_rows_wholly_inside_padding_are_computed_whole(tmp_path, pads: list[int]
     at all; a local op cannot read an empty region (lowering failed: 'region [empty] is not
     a box', found by the fuzz test), so such a layer is computed whole, and runs exactly."""
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     from helpers import assert_exact, compile_plan, save
+    from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")

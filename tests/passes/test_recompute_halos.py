@@ -7,24 +7,24 @@ import os
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
-
 from bbgrap.backends.emit import emit
 from bbgrap.backends.lower import lower
 from bbgrap.frontends.onnx import import_proto
-from bbgrap.invariants import check_invariants
-from bbgrap.ir import Graph, Part, ShapeMap
-from bbgrap.movement import assemble
-from bbgrap.pass_manager import PassManager
 from bbgrap.passes.eliminate_transfers import EliminateTransfers
 from bbgrap.passes.insert_crop_concat import InsertCropConcat
 from bbgrap.passes.naive_partition import NaivePartition
 from bbgrap.passes.recompute_halos import RecomputeHalos
-from bbgrap.plan import write_plan
 from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from bbgrap.invariants import check_invariants
+from bbgrap.ir import Graph, Part, ShapeMap
+from bbgrap.movement import assemble
+from bbgrap.pass_manager import PassManager
+from bbgrap.plan import write_plan
 
 NEVER, ALWAYS = RecomputeHalos(sync_ops=0.0, byte_ops=0.0), RecomputeHalos(sync_ops=1e12)
 

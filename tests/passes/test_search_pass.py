@@ -4,13 +4,13 @@ plan by the objective, and give a 3× faster node about three times the rows."""
 from __future__ import annotations
 
 import pytest
+from bbgrap.frontends.onnx import import_model
+from helpers import assert_exact, compile_plan, save
 
 from bbgrap import zoo
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config
-from bbgrap.frontends.onnx import import_model
 from bbgrap.pass_manager import PassManager
-from helpers import assert_exact, compile_plan, save
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +67,10 @@ def test_layers_too_tall_to_search_keep_the_naive_cut(tmp_path) -> None:
     layer on 4 nodes took six minutes and a million rows on 2 nodes (a fuzzed pads value)
     never ended. Such layers keep the speed-proportional cut; shorter ones are searched."""
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     from bbgrap.frontends.onnx import import_proto
     from bbgrap.passes.naive_partition import NaivePartition
     from bbgrap.passes.search import SearchPartitions
+    from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",

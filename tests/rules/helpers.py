@@ -17,11 +17,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
+from bbgrap.frontends.onnx import Frontend, import_proto
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from bbgrap.frontends.onnx import Frontend, import_proto
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
 from bbgrap.rules.registry import Local, RegionRule, default_registry
 from bbgrap.rules.window import Window

@@ -6,13 +6,20 @@ from __future__ import annotations
 from typing import Callable
 
 import onnx
+from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper
 
-from bbgrap.frontends.onnx import import_proto
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import build_model, check_partition, const, rng_of, rules_settings, single_op
+from tests.rules.helpers import (
+    build_model,
+    check_partition,
+    const,
+    rng_of,
+    rules_settings,
+    single_op,
+)
 
 Factory = Callable[[st.DataObject], onnx.ModelProto]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from bbgrap.frontends.onnx import import_proto
 from onnx import helper
 
-from bbgrap.frontends.onnx import import_proto
 from bbgrap.ir import GROUPS, Layer
 from bbgrap.rules.registry import RegionRule, RuleRegistry, default_registry
 from bbgrap.rules.structural import WholeRule

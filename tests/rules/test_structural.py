@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bbgrap.frontends.onnx import import_proto
 from bbgrap.ir import Interval, ShapeMap
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
+from tests.rules.helpers import (
+    check_partition,
+    const,
+    rng_of,
+    rules_settings,
+    single_op,
+)
 
 SETTINGS = rules_settings(60)
 
