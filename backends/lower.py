@@ -210,7 +210,7 @@ class _Builder:
             self.current.weights.add(tensor)
             return tensor
         name = value_name(tensor, need)
-        self.current.initializers[name] = np.ascontiguousarray(value[need.slices()])
+        self.current.initializers[name] = np.asarray(value[need.slices()], order="C")  # keeps a rank-0 value rank 0
         self.current.weights.add(name)
         return name
 

@@ -429,7 +429,7 @@ def import_proto(
         if all(t in foldable for t in node.output if t) and not live_outputs.intersection(node.output):
             for t in node.output:
                 if t:
-                    constants[t] = np.ascontiguousarray(values[t])
+                    constants[t] = np.asarray(values[t], order="C")  # ascontiguousarray would make a rank-0 value 1-D
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}

@@ -89,3 +89,27 @@ def test_reference_output_matches_onnxruntime() -> None:
     want = sess.run(None, front.sample_inputs)
     for got, exp in zip(front.reference_outputs.values(), want):
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_folded_rank0_index_stays_rank_0(tmp_path, nodes: int) -> None:
+    # issue 14: `x[:, 0]` as the exporters write it (Gather with an index computed from constants):
+    # the folded index became shape (1,) and the plan failed at its first run ("Invalid rank")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from helpers import assert_exact, compile_plan, save
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes_ = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+              helper.make_node("Constant", [], ["one"], name="one", value=numpy_helper.from_array(np.array(1, np.int64))),
+              helper.make_node("Sub", ["one", "one"], ["zero"], name="zero"),  # a rank-0 value folded by the frontend
+              helper.make_node("Gather", ["c", "zero"], ["y"], name="first_channel", axis=1)]
+    graph = helper.make_graph(nodes_, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    plan = str(tmp_path / "plan")
+    compile_plan(save(model, str(tmp_path)), plan, nodes=nodes)
+    assert_exact(plan)
