@@ -67,6 +67,7 @@ from bbgrap.plan import (
     read_sample,
     verify_files,
 )
+from bbgrap.progress import Progress
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # this process's rank, before MPI starts
@@ -180,6 +181,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--trace-ops", action="store_true",
                    help="with --trace: add onnxruntime's own per-op profile of the last timed inference on a track of its "
                    "own (profiling slows every inference a little)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors (and --json's object); the exit status says "
+                   "whether the result matched")
     p.add_argument("--version", action="store_true", help="print bbgrap-run's version and exit")
     args = p.parse_args(argv)
     for name in ("repeat", "warmup", "threads"):
@@ -308,7 +311,7 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
     result["shared_gpus"] = shared_gpus is not None
     if args.json:
         print(json.dumps(result))
-    else:
+    elif not args.quiet:
         against = "against the model" if args.check else "against the sample's reference"
         check = ("no reference (--check compares with the model)" if rel_err is None
                  else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} {against} ({'ok' if ok else 'MISMATCH'})")
@@ -330,13 +333,21 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
 
 
 def embedded_runners(plan_dir: str, manifest: dict[str, Any], threads: int, provider: str, spin: bool, iobinding: str,
-                     layout: str, profile_dir: str | None = None) -> list[NodeRunner]:
+                     layout: str, profile_dir: str | None = None, progress: Progress | None = None) -> list[NodeRunner]:
     """Every node of the plan, to run in this one process (as `layout` and the other
     bbgrap-run flags say; `profile_dir`: onnxruntime's per-op profiles go there, --trace-ops)."""
     nodes = range(manifest["nodes"])
+    step = progress or Progress(enabled=False)
+    step("lay out", 0, 1)
     layouts = node_layouts(plan_dir, manifest, nodes, threads, spin, boundary_block(layout, provider, 0))
-    return [load_runner(plan_dir, manifest, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n],
-                        profile_prefix=os.path.join(profile_dir, f"node{n}") if profile_dir else None) for n in nodes]
+    step("lay out", 1, 1)
+    runners = []
+    for n in nodes:
+        step("load sessions", n, len(nodes))
+        runners.append(load_runner(plan_dir, manifest, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n],
+                                   profile_prefix=os.path.join(profile_dir, f"node{n}") if profile_dir else None))
+    step("load sessions", len(nodes), len(nodes))
+    return runners
 
 
 def main_embedded(args: argparse.Namespace) -> int:
@@ -349,7 +360,8 @@ def main_embedded(args: argparse.Namespace) -> int:
         reference = model_reference(args, manifest, inputs)
     spin = manifest["nodes"] == 1
     ops_dir = tempfile.mkdtemp(prefix="bbgrap-ops-") if args.trace_ops else None
-    runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout, ops_dir)
+    runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout, ops_dir,
+                               Progress(enabled=False) if args.quiet else Progress())
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     profiles = [Profile(steps=[] if args.trace else None) for _ in runners]
@@ -471,9 +483,12 @@ def main_mpi(args: argparse.Namespace) -> int:
                                lambda votes: allgather(comm, votes))
         if able:
             ops_dir = tempfile.mkdtemp(prefix="bbgrap-ops-") if args.trace_ops else None
+            step = Progress(enabled=False) if args.quiet else Progress()  # a rank's stderr is a terminal only where mpirun's is
+            step(f"rank {rank}: load", 0, 1)
             runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=device,
                                  iobinding=args.iobinding, layout=layouts[rank],
                                  profile_prefix=os.path.join(ops_dir, f"node{rank}") if ops_dir else None)
+            step(f"rank {rank}: load", 1, 1)
     except BBGrapError as exc:
         error = error or str(exc)
     errors = allgather(comm, error)

@@ -9,12 +9,12 @@ import math
 import os
 import signal
 import sys
-import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Sequence
 
 from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
+from bbgrap.progress import Progress
 
 EPILOG = """examples:
   bbgrap zoo resnet50 -o resnet50.onnx
@@ -22,26 +22,6 @@ EPILOG = """examples:
   mpirun -n 4 bbgrap-run                                     # runs it on 4 ranks
   bbgrap inspect bbgrap-plan --json
 """
-
-
-class Progress:
-    """A one-line progress bar per pass on stderr, only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self.last = 0.0
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.1 and done < total):
-            return
-        self.last = now
-        width = 30
-        filled = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r{label:<16} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 def package_version() -> str:

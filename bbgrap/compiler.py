@@ -80,13 +80,18 @@ def compile_model(
 
     t0 = time.perf_counter()
     check_output_dir(out_dir)
+    step = progress or (lambda label, done, total: None)
+    step("import", 0, 1)
     front = import_model(model, input_shapes)
+    step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
     manager = PassManager(pipeline(cfg, optimize, search, progress, recompute), dump_after=dump_after, dump=dump_ir(dump_dir))
     graph = manager.run(front.graph)
+    step("lower", 0, 1)
     programs, messages = lower(graph)
     plan, files = emit(graph, programs, messages)
+    step("lower", 1, 1)
     manifest = {
         **plan,
         "direction": cfg.direction,
@@ -99,5 +104,7 @@ def compile_model(
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         "source": {"path": os.path.abspath(model), "sha256": file_sha256(model)},
     }
+    step(f"write {sum(map(len, files.values())) / 1e6:.0f} MB", 0, 1)
     manifest["plan_id"] = write_plan(out_dir, manifest, files, front.sample_inputs, front.reference_outputs)
+    step(f"write {sum(map(len, files.values())) / 1e6:.0f} MB", 1, 1)
     return manifest

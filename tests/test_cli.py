@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -249,3 +250,26 @@ def test_an_internal_error_is_one_line_exit_3(tmp_path, small_model: str, monkey
     monkeypatch.setenv("BBGRAP_DEBUG", "1")
     with pytest.raises(PassError):
         cli.main(["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "p")])
+
+
+def test_progress_on_a_terminal_only_and_quiet(tmp_path, small_model: str) -> None:
+    # issue 17 part 4: progress for import, the passes, lowering, writing and loading sessions, on a
+    # terminal only (a pseudo-terminal made by `script`), never in a pipe, and nothing with --quiet
+    plan = str(tmp_path / "plan")
+    compile_cmd = f"'{os.path.join(BIN, 'bbgrap')}' compile '{small_model}' --nodes 2 -o '{plan}'"
+    tty = subprocess.run(["script", "-qec", compile_cmd, "/dev/null"], capture_output=True, text=True, timeout=300)
+    assert tty.returncode == 0, tty.stdout
+    def bar(label: str) -> str:  # a progress bar's line, as Progress draws it
+        return rf"{label}[^\n]*\s\[[#.]{{30}}\] \d+/\d+"
+
+    for label in ("import", "search", "lower", "write"):
+        assert re.search(bar(label), tty.stdout), (label, tty.stdout)
+    piped = bbgrap("compile", small_model, "--nodes", "2", "-o", plan)
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "[###" not in piped.stderr
+    run_cmd = f"'{os.path.join(BIN, 'bbgrap-run')}' '{plan}' --repeat 1"
+    tty = subprocess.run(["script", "-qec", run_cmd, "/dev/null"], capture_output=True, text=True, timeout=300)
+    assert tty.returncode == 0 and re.search(bar("load sessions"), tty.stdout), tty.stdout
+    quiet = run(plan, "--repeat", "1", "--quiet")
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+    tty = subprocess.run(["script", "-qec", run_cmd + " --quiet", "/dev/null"], capture_output=True, text=True, timeout=300)
+    assert tty.returncode == 0 and tty.stdout.strip() == "", tty.stdout

@@ -96,9 +96,8 @@ def test_a_folded_rank0_index_stays_rank_0(tmp_path, nodes: int) -> None:
     # issue 14: `x[:, 0]` as the exporters write it (Gather with an index computed from constants):
     # the folded index became shape (1,) and the plan failed at its first run ("Invalid rank")
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     from helpers import assert_exact, compile_plan, save
+    from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     nodes_ = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
