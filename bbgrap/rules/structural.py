@@ -1,5 +1,5 @@
-"""Ops that move elements around: Concat, Transpose, Flatten, Gemm, Softmax, and
-the whole-tensor ones (Reshape, MatMul) that are computed whole on one node."""
+"""Ops that move elements around: Concat, Transpose, Flatten, Gemm, MatMul, Softmax, and
+the whole-tensor ones (Reshape, Squeeze, Unsqueeze) that are computed whole on one node."""
 
 from __future__ import annotations
 
@@ -95,6 +95,36 @@ class GemmRule(RegionRule):
         return Local(tuple(needs), out)
 
 
+class MatMulRule(RegionRule):
+    """Y = A·B over the last two axes, batched over the leading ones with numpy broadcasting
+    (a Linear on tokens or pixels, attention's Q·Kᵀ and P·V): Y's rows read the same rows of A,
+    its columns the same columns of B (a channel cut keeps only those weight columns), its batch
+    entries the matching entries of A and B (all of an axis that broadcasts, of size 1); the
+    shared axis K is read whole. 1-D operands (a vector product) are computed whole."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
+            return frozenset()
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
+            return Local(tuple(full(graph, t) for t in layer.inputs), out)
+        needs: list[ShapeMap | None] = []
+        for operand, t in enumerate(layer.inputs[:2]):
+            dims = shape(graph, t)
+            rank = len(dims)
+            need = full(graph, t)
+            for k in range(rank - 2):  # batch axes, aligned right with the output's
+                if dims[k] != 1:
+                    need = need.with_axis(k, out.interval(out.rank - rank + k))
+            # A keeps Y's rows (its axis -2), B Y's columns (its axis -1)
+            need = need.with_axis(rank - 2, out.interval(out.rank - 2)) if operand == 0 else \
+                need.with_axis(rank - 1, out.interval(out.rank - 1))
+            needs.append(need)
+        return Local(tuple(needs), out)
+
+
 class SoftmaxRule(RegionRule):
     """Softmax normalises over its axis (from opset 13) or over all axes from `axis`
     on (before 13): those axes are read whole, the others pass through."""
@@ -130,5 +160,6 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["Transpose"], TransposeRule())
     registry.register(["Flatten"], FlattenRule())
     registry.register(["Gemm"], GemmRule())
+    registry.register(["MatMul"], MatMulRule())
     registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
-    registry.register(["Reshape", "MatMul", "Squeeze", "Unsqueeze"], WholeRule())
+    registry.register(["Reshape", "Squeeze", "Unsqueeze"], WholeRule())

@@ -127,6 +127,29 @@ def test_gemm(data: st.DataObject, trans_a: int, trans_b: int, c_kind: str | Non
 
 
 @rules_settings(80)
+@given(st.data(), st.sampled_from(["weight", "activation"]), st.integers(2, 4), st.integers(2, 4))
+def test_matmul(data: st.DataObject, b_kind: str, rank_a: int, rank_b: int) -> None:
+    """A Linear on tokens/pixels (B a weight) or an activation product (attention), with batch
+    axes broadcast (size 1, or missing) on either side; every output axis can be cut."""
+    rng = rng_of(data)
+    m, k, n = (data.draw(st.integers(1, 7), label=d) for d in "MKN")
+    rank_b = 2 if b_kind == "weight" and data.draw(st.booleans(), label="2-D weight") else rank_b
+    batch = [data.draw(st.integers(1, 3), label=f"batch {i}") for i in range(max(rank_a, rank_b) - 2)]
+
+    def dims(rank: int, tail: list[int], name: str) -> list[int]:
+        lead = batch[len(batch) - (rank - 2):] if rank > 2 else []
+        return [1 if d > 1 and data.draw(st.integers(0, 4), label=f"{name} broadcast") == 0 else d for d in lead] + tail
+
+    a_shape, b_shape = dims(rank_a, [m, k], "a"), dims(rank_b, [k, n], "b")
+    if b_kind == "weight":
+        model = single_op("MatMul", ["a", "b"], {"a": a_shape}, {"b": const(rng, b_shape)}, data.draw(st.integers(13, 17)))
+    else:
+        model = single_op("MatMul", ["a", "b"], {"a": a_shape, "b": b_shape}, {}, data.draw(st.integers(13, 17)))
+    out_rank = max(rank_a, rank_b)
+    check_partition(data, model, expect_axes=set(range(out_rank)))
+
+
+@rules_settings(80)
 @given(st.data(), st.sampled_from(["Softmax", "LogSoftmax"]), st.integers(2, 4), st.integers(-4, 3), st.sampled_from([11, 12, 13, 17]))
 def test_softmax(data: st.DataObject, op: str, rank: int, axis: int, opset: int) -> None:
     """Opset ≥ 13 reduces one axis; before 13 `axis` coerces to 2-D, reducing axes axis.. ."""
