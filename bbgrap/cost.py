@@ -1,8 +1,8 @@
 """The cost model: operations of a layer's local op, and the plan's traffic.
 
 Operations count multiply-adds as two: a convolution output element costs
-2·(C_in/group)·∏kernel, a Gemm/MatMul element 2·K, a window pool element ∏kernel,
-anything else one per output element. The search's objective (thesis eq. 3.7–3.12)
+2·(C_in/group)·∏kernel, a Gemm/MatMul element 2·K, a window pool element ∏kernel, a
+reduction element the elements it reduces, anything else one per output element. The search's objective (thesis eq. 3.7–3.12)
 and `bbgrap inspect` both use these numbers.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Layer, ShapeMap
+from bbgrap.rules.reduce import REDUCE_OPS, reduced_elements
 
 
 def ops_per_element(layer: Layer, graph: Graph) -> float:
@@ -28,6 +29,8 @@ def ops_per_element(layer: Layer, graph: Graph) -> float:
         return float(math.prod(graph.tensors[layer.inputs[0]].shape[2:]))
     if op == "LRN":
         return float(layer.attrs.get("size", 1))
+    if op in REDUCE_OPS:
+        return float(reduced_elements(layer, graph))
     return 1.0
 
 

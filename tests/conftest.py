@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MPI_MODULES = {"test_mpi", "test_faults", "test_trace"}
 SLOW_MODULES = MPI_MODULES | {"test_e2e", "test_nchwc", "test_search_pass", "test_cli", "test_picture", "test_report",
-                              "test_fuzz", "test_plan", "test_runtime_errors", "test_recompute_halos", "test_zoo"}
+                              "test_fuzz", "test_plan", "test_runtime_errors", "test_recompute_halos", "test_zoo",
+                              "test_exporter_models"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -71,10 +71,10 @@ class RuleRegistry:
 @functools.cache
 def default_registry() -> RuleRegistry:
     """The registry of every rule family shipped with BBGraP (built once, never mutated after)."""
-    from bbgrap.rules import conv, elementwise, pool, structural
+    from bbgrap.rules import conv, elementwise, pool, reduce, structural
 
     registry = RuleRegistry()
-    for family in (conv, pool, elementwise, structural):
+    for family in (conv, pool, elementwise, structural, reduce):
         family.register(registry)
     return registry
 

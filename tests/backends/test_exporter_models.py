@@ -1,6 +1,7 @@
-"""Exporter-shaped MatMul models split across nodes (issue 14): a Linear on an NHWC tensor as
-ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), and a small
-attention block (Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V."""
+"""Exporter-shaped models split across nodes (issue 14): a Linear on an NHWC tensor as
+ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a small attention
+block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, and a
+squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,16 @@ def convnext_linear() -> onnx.ModelProto:
 
 
 def attention(tokens: int = 16, dim: int = 8) -> onnx.ModelProto:
-    nodes = [helper.make_node("MatMul", ["x", f"W{p}"], [p], name=f"proj_{p}") for p in "qkv"]
+    nodes = [helper.make_node("LayerNormalization", ["x0", "ln_scale", "ln_bias"], ["x"], name="norm1", axis=-1, epsilon=1e-5)]
+    nodes += [helper.make_node("MatMul", ["x", f"W{p}"], [p], name=f"proj_{p}") for p in "qkv"]
     nodes += [helper.make_node("Transpose", ["k"], ["kt"], name="k_t", perm=[0, 2, 1]),
               helper.make_node("MatMul", ["q", "kt"], ["scores"], name="q_kt"),
               helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1),
               helper.make_node("MatMul", ["p", "v"], ["y"], name="p_v")]
-    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [1, tokens, dim])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])],
-                              [weight(f"W{p}", [dim, dim], 3 + i) for i, p in enumerate("qkv")])
+                              [weight(f"W{p}", [dim, dim], 3 + i) for i, p in enumerate("qkv")]
+                              + [weight("ln_scale", [dim], 7), weight("ln_bias", [dim], 8)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -65,3 +68,36 @@ def test_attention_is_split_and_exact(tmp_path, nodes: int, direction: str, sear
     assert_exact(plan)
     rows = {r["name"]: r for r in read_manifest(plan)["layer_table"]}
     assert all(rows[name]["cut"] != "whole" for name in ("proj_q", "q_kt", "p_v")), {k: r["cut"] for k, r in rows.items()}
+    if direction == "c":  # the token cut: the normalisation is cut too (along tokens; it normalises embeddings)
+        assert rows["norm1"]["cut"] != "whole"
+
+
+def squeeze_excite(channels: int = 16, opset: int = 18) -> onnx.ModelProto:
+    """conv → ReduceMean over H, W (keepdims) → 1x1 conv → Relu → 1x1 conv → Sigmoid → Mul, the
+    dynamo exporter's adaptive_avg_pool2d((1, 1)) with axes as an input from opset 18."""
+    mean = (helper.make_node("ReduceMean", ["c", "axes"], ["pooled"], name="se_pool", keepdims=1) if opset >= 18
+            else helper.make_node("ReduceMean", ["c"], ["pooled"], name="se_pool", axes=[2, 3], keepdims=1))
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]), mean,
+             helper.make_node("Conv", ["pooled", "w1"], ["s1"], name="se_fc1"),
+             helper.make_node("Relu", ["s1"], ["r1"], name="se_relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["s2"], name="se_fc2"),
+             helper.make_node("Sigmoid", ["s2"], ["gate"], name="se_gate"),
+             helper.make_node("Mul", ["c", "gate"], ["y"], name="se_scale")]
+    inits = [weight("cw", [channels, 3, 3, 3], 10), weight("w1", [4, channels, 1, 1], 11), weight("w2", [channels, 4, 1, 1], 12)]
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
+    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 16, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset < 18 else 9
+    return model
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (4, "h"), (4, "c")])
+def test_squeeze_excite_pool_is_split_and_exact(tmp_path, nodes: int, direction: str, opset: int) -> None:
+    plan = str(tmp_path / "plan")
+    compile_plan(save(squeeze_excite(opset=opset), str(tmp_path)), plan, nodes=nodes, direction=direction, search=True)
+    assert_exact(plan)
+    rows = {r["name"]: r for r in read_manifest(plan)["layer_table"]}
+    assert rows["se_pool"]["cut"] == "c", "the pool (ReduceMean) ran on one node"
