@@ -50,23 +50,11 @@ from bbgrap.backends.engine import (
 )
 from bbgrap.backends.executor import NodeRunner, Profile, run_embedded, run_node
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank
-from bbgrap.backends.trace import (
-    clock_offset,
-    op_events,
-    rank_events,
-    segment_layers,
-    write_trace,
-)
+from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
 from bbgrap.ir import BBGrapError
-from bbgrap.plan import (
-    file_sha256,
-    node_files,
-    read_manifest,
-    read_sample,
-    verify_files,
-)
+from bbgrap.plan import file_sha256, node_files, read_manifest, read_sample, verify_files
 from bbgrap.progress import Progress
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")

@@ -7,14 +7,7 @@ position, so regions pass through; constant operands are sliced along with them.
 from __future__ import annotations
 
 from bbgrap.ir import Graph, Layer, ShapeMap
-from bbgrap.rules.registry import (
-    Local,
-    RegionRule,
-    RuleRegistry,
-    all_axes,
-    broadcast_need,
-    shape,
-)
+from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
 
 ACTIVATIONS = (
     "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Clip",

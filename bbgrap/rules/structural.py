@@ -6,15 +6,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.registry import (
-    Local,
-    RegionRule,
-    RuleRegistry,
-    all_axes,
-    broadcast_need,
-    full,
-    shape,
-)
+from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
 
 
 def _axis(layer: Layer, rank: int, default: int) -> int:

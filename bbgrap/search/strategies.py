@@ -15,14 +15,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Iterable, Optional, Sequence
 
-from bbgrap.search.objective import (
-    LayerCost,
-    NodeCost,
-    PartialCost,
-    Weights,
-    lower_bound,
-    objective,
-)
+from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Interval, Partition, Partitions
 
 Progress = Callable[[int, int], None]

@@ -11,12 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from bbgrap.backends import nchwc
-from bbgrap.backends.engine import (
-    boundary_block,
-    load_runner,
-    node_layouts,
-    session_options,
-)
+from bbgrap.backends.engine import boundary_block, load_runner, node_layouts, session_options
 from helpers import assert_exact, compile_plan, save
 from hypothesis import given, settings
 from hypothesis import strategies as st

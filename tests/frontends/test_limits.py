@@ -9,12 +9,7 @@ import fuzzing
 import numpy as np
 import onnx
 import pytest
-from bbgrap.frontends.onnx import (
-    _check_sample_memory,
-    import_proto,
-    load_model,
-    parse_input_shapes,
-)
+from bbgrap.frontends.onnx import _check_sample_memory, import_proto, load_model, parse_input_shapes
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.ir import BBGrapError

@@ -12,14 +12,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import (
-    build_model,
-    check_partition,
-    const,
-    rng_of,
-    rules_settings,
-    single_op,
-)
+from tests.rules.helpers import build_model, check_partition, const, rng_of, rules_settings, single_op
 
 Factory = Callable[[st.DataObject], onnx.ModelProto]
 

@@ -5,13 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.rules.helpers import (
-    check_partition,
-    const,
-    rng_of,
-    rules_settings,
-    single_op,
-)
+from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 

@@ -8,14 +8,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from bbgrap.ir import ShapeMap
-from tests.rules.helpers import (
-    build_model,
-    check_partition,
-    const,
-    rng_of,
-    rules_settings,
-    single_op,
-)
+from tests.rules.helpers import build_model, check_partition, const, rng_of, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 

@@ -7,15 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import (
-    assemble,
-    check_partition,
-    draw_boxes,
-    manual_graph,
-    rng_of,
-    rules_settings,
-    single_op,
-)
+from tests.rules.helpers import assemble, check_partition, draw_boxes, manual_graph, rng_of, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 

@@ -9,13 +9,7 @@ from hypothesis import strategies as st
 
 from bbgrap.ir import Interval, ShapeMap
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import (
-    check_partition,
-    const,
-    rng_of,
-    rules_settings,
-    single_op,
-)
+from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 

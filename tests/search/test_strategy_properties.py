@@ -11,21 +11,9 @@ import numpy as np
 import pytest
 
 from bbgrap.search.conv_cost import ConvCost
-from bbgrap.search.objective import (
-    NodeCost,
-    PartialCost,
-    Weights,
-    lower_bound,
-    objective,
-)
+from bbgrap.search.objective import NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Partitions
-from bbgrap.search.strategies import (
-    EXHAUSTIVE_LIMIT,
-    STRATEGIES,
-    MissRate,
-    miss_rate,
-    search,
-)
+from bbgrap.search.strategies import EXHAUSTIVE_LIMIT, STRATEGIES, MissRate, miss_rate, search
 
 
 @dataclass
