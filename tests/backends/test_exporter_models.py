@@ -101,3 +101,39 @@ def test_squeeze_excite_pool_is_split_and_exact(tmp_path, nodes: int, direction:
     assert_exact(plan)
     rows = {r["name"]: r for r in read_manifest(plan)["layer_table"]}
     assert rows["se_pool"]["cut"] == "c", "the pool (ReduceMean) ran on one node"
+
+
+def decomposed_layer_norm(tokens: int = 12, dim: int = 8) -> onnx.ModelProto:
+    """LayerNorm as the classic exporter writes it below opset 17, then a GELU (Erf form) Linear."""
+    scalars = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("two", 2.0), ("eps", 1e-5), ("half", 0.5),
+                                                                              ("one", 1.0), ("rsqrt2", 2 ** -0.5))]
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mu"], name="ln_mean", axes=[-1], keepdims=1),
+             helper.make_node("Sub", ["x", "mu"], ["xc"], name="ln_sub"),
+             helper.make_node("Pow", ["xc", "two"], ["sq"], name="ln_pow"),
+             helper.make_node("ReduceMean", ["sq"], ["var"], name="ln_var", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="ln_add_eps"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name="ln_sqrt"),
+             helper.make_node("Div", ["xc", "sd"], ["xn"], name="ln_div"),
+             helper.make_node("Mul", ["xn", "g"], ["xs"], name="ln_scale"),
+             helper.make_node("Add", ["xs", "b"], ["ln"], name="ln_shift"),
+             helper.make_node("MatMul", ["ln", "W"], ["h"], name="fc1"),
+             helper.make_node("Mul", ["h", "rsqrt2"], ["hs"], name="gelu_scale"),
+             helper.make_node("Erf", ["hs"], ["e"], name="gelu_erf"),
+             helper.make_node("Add", ["e", "one"], ["e1"], name="gelu_add"),
+             helper.make_node("Mul", ["h", "e1"], ["he"], name="gelu_mul"),
+             helper.make_node("Mul", ["he", "half"], ["y"], name="gelu_half")]
+    graph = helper.make_graph(nodes, "ln_gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, 2 * dim])],
+                              scalars + [weight("g", [dim], 20), weight("b", [dim], 21), weight("W", [dim, 2 * dim], 22)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_decomposed_layer_norm_and_gelu_are_cut_by_tokens(tmp_path, nodes: int) -> None:
+    plan = str(tmp_path / "plan")
+    compile_plan(save(decomposed_layer_norm(), str(tmp_path)), plan, nodes=nodes, direction="c", search=True)
+    assert_exact(plan)
+    whole = [r["name"] for r in read_manifest(plan)["layer_table"] if r["cut"] == "whole"]
+    assert whole == [], f"computed whole on one node: {whole}"
