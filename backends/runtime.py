@@ -54,6 +54,7 @@ from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
 from bbgrap.ir import BBGrapError
+from bbgrap.paths import file_target_problem, written_whole
 from bbgrap.plan import file_sha256, node_files, read_manifest, read_sample, verify_files
 from bbgrap.progress import Progress
 
@@ -122,18 +123,6 @@ def tolerance(text: str) -> float:
     return value
 
 
-def output_problem(path: str, flag: str = "--output", example: str = "out.npz") -> str | None:
-    """Why `path` cannot take the file `flag` writes (None if it can), checked before anything is loaded."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"{flag} {path} is a directory; give a file name such as {os.path.join(path, example)}"
-    if not os.path.isdir(parent):
-        return f"{flag} {path}: the directory {parent} does not exist; create it first or write elsewhere"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag} {path}: the directory {parent} is not writable; write elsewhere"
-    return None
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = OneLineParser(
         prog="bbgrap-run",
@@ -177,7 +166,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, name) < (1 if name == "repeat" else 0):
             p.error(f"--{name} must be {'at least 1' if name == 'repeat' else 'non-negative'}")
     for flag, path, example in (("--output", args.output, "out.npz"), ("--trace", args.trace, "trace.json")):
-        problem = output_problem(path, flag, example) if path and not args.version else None
+        problem = file_target_problem(path, flag, example) if path and not args.version else None
         if problem:
             p.error(problem)
     if args.trace_ops and not args.trace:
@@ -254,16 +243,10 @@ def model_reference(args: argparse.Namespace, manifest: dict[str, Any], inputs: 
 
 def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
     """--output, written whole or not at all: into a temporary file beside it, then renamed."""
-    full = os.path.abspath(path)
-    tmp = os.path.join(os.path.dirname(full), f".{os.path.basename(full)}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for any new file
-        with os.fdopen(fd, "wb") as fh:
+        with written_whole(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez adds .npz to a name without it
             np.savez(fh, **outputs)  # type: ignore[arg-type]  # numpy's stub matches ** to allow_pickle
-        os.replace(tmp, full)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise BBGrapError(f"cannot write --output {path} ({exc.strerror or exc}); write elsewhere") from None
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bbgrap.paths import written_whole
+
 COMPUTE, MESSAGES = 0, 1
 
 
@@ -98,10 +100,8 @@ def write_trace(path: str, per_rank: Sequence[Sequence[dict[str, Any]]], meta: d
         if e["ph"] == "X":
             e["ts"] = round((e["ts"] - origin) * 1e6, 3)
             e["dur"] = round(e["dur"] * 1e6, 3)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with written_whole(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms", "metadata": meta}, fh)
-    os.replace(tmp, path)
 
 
 def check_trace(trace: Any) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -14,6 +13,7 @@ from typing import Any, Sequence
 
 from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
+from bbgrap.paths import file_target_problem, new_dir_problem, written_whole
 from bbgrap.progress import Progress
 
 EPILOG = """examples:
@@ -96,16 +96,18 @@ def _speeds(text: str | None) -> tuple[float, ...] | None:
 
 
 def _check_dump_dir(directory: str) -> None:
-    """--dump-dir must be a directory that exists or can be made (checked before compiling)."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise BBGrapError(f"--dump-dir {directory} is a file, not a directory; choose another --dump-dir")
+    """--dump-dir must be a writable directory, or one that can be made (checked before compiling)."""
     if os.path.islink(directory) and not os.path.exists(directory):
         raise BBGrapError(f"--dump-dir {directory} is a symbolic link to a missing directory; choose another --dump-dir")
-    ancestor = os.path.abspath(directory)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise BBGrapError(f"--dump-dir {directory}: '{ancestor}' is not a writable directory; choose another --dump-dir")
+    if os.path.exists(directory):
+        if not os.path.isdir(directory):
+            raise BBGrapError(f"--dump-dir {directory} is a file, not a directory; choose another --dump-dir")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise BBGrapError(f"--dump-dir {directory} is not writable; choose another --dump-dir")
+        return
+    problem = new_dir_problem(directory, "--dump-dir", directory)
+    if problem:
+        raise BBGrapError(problem)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -220,18 +222,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.svg:
         from bbgrap.picture import plan_svg
 
-        target = os.path.dirname(os.path.abspath(args.svg))
-        if os.path.isdir(args.svg) or not os.path.isdir(target):
-            raise BBGrapError(f"--svg {args.svg}: {'is a directory' if os.path.isdir(args.svg) else 'its directory does not exist'}; "
-                              f"give the path of the .svg file to write")
-        tmp = f"{args.svg}.tmp-{os.getpid()}"
+        problem = file_target_problem(args.svg, "--svg", "plan.svg")
+        if problem:
+            raise BBGrapError(problem)
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
+            with written_whole(args.svg) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                 fh.write(plan_svg(manifest))
-            os.replace(tmp, args.svg)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
             raise BBGrapError(f"cannot write {args.svg} ({exc.strerror or type(exc).__name__}); choose another path") from None
         return 0
     if args.json:
@@ -247,13 +244,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if os.path.isdir(args.output):
-        raise BBGrapError(f"-o {args.output} is a directory; give the path of the .onnx file to write")
-    if not os.path.isdir(out_dir):
-        raise BBGrapError(f"-o {args.output}: the directory '{out_dir}' does not exist; create it first")
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise BBGrapError(f"-o {args.output}: the directory '{out_dir}' is not writable; choose another path")
+    problem = file_target_problem(args.output, "-o", f"{args.name}.onnx")
+    if problem:
+        raise BBGrapError(problem)
     import onnx
 
     from bbgrap import zoo
@@ -262,15 +255,11 @@ def cmd_zoo(args: argparse.Namespace) -> int:
         model = zoo.build(args.name, resolution=args.resolution, batch=args.batch, width=args.width, seed=args.seed)
     except zoo.ZooError as exc:
         raise BBGrapError(str(exc)) from None
-    tmp = f"{args.output}.tmp-{os.getpid()}"
     try:
-        onnx.save(model, tmp)
-        os.replace(tmp, args.output)
+        with written_whole(args.output) as tmp:
+            onnx.save(model, tmp)
     except OSError as exc:
         raise BBGrapError(f"cannot write {args.output} ({exc.strerror or type(exc).__name__}); free space or choose another path") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     params = sum(math.prod(i.dims) for i in model.graph.initializer)
     print(f"wrote {args.output}: {args.name} at {args.resolution}x{args.resolution}, batch {args.batch}, "
           f"{params / 1e6:.2f}M parameters")

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from bbgrap.ir import BBGrapError
+from bbgrap.paths import new_dir_problem
 
 PLAN_FORMAT = "bbgrap-plan"
 PLAN_VERSION = 2
@@ -78,13 +79,9 @@ def check_output_dir(directory: str) -> str:
             raise BBGrapError(f"-o {directory} is not empty and holds no bbgrap plan; bbgrap never deletes files it did not "
                               f"write: choose a new or empty directory")
         return target
-    ancestor = os.path.dirname(target)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise BBGrapError(f"-o {directory}: '{ancestor}' is a file, not a directory; choose another -o DIR")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise BBGrapError(f"-o {directory}: cannot create it, '{ancestor}' is not writable; choose another -o DIR")
+    problem = new_dir_problem(target, "-o", directory)
+    if problem:
+        raise BBGrapError(problem)
     return target
 
 
