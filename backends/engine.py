@@ -244,12 +244,11 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     opts = session_options(threads, spin, shared_arena=on_cpu)
     plain = session_options(threads, spin)
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
-    for o in (opts, plain) if profile_prefix else ():
-        o.enable_profiling = True
     sessions = []
     for k, seg in enumerate(prog["segments"]):
         path = os.path.join(plan_dir, seg["file"])
         for o in (opts, plain) if profile_prefix else ():
+            o.enable_profiling = True
             o.profile_file_prefix = f"{profile_prefix}-seg{k:03d}"  # a file per session (onnxruntime names them by the ms)
         try:
             blocked = layout.model(k) if layout is not None else None

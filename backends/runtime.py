@@ -25,7 +25,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -53,6 +52,7 @@ from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank
 from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
+from bbgrap import package_version
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import file_target_problem, written_whole
 from bbgrap.plan import file_sha256, node_files, read_manifest, read_sample, verify_files
@@ -321,7 +321,7 @@ def embedded_runners(plan_dir: str, manifest: dict[str, Any], threads: int, prov
     return runners
 
 
-def main_embedded(args: argparse.Namespace) -> int:
+def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     manifest = read_manifest(args.plan)
     verify_files(args.plan, manifest, range(manifest["nodes"]))
     inputs, reference = load_inputs(args, manifest)
@@ -330,9 +330,8 @@ def main_embedded(args: argparse.Namespace) -> int:
     if args.check:
         reference = model_reference(args, manifest, inputs)
     spin = manifest["nodes"] == 1
-    ops_dir = tempfile.mkdtemp(prefix="bbgrap-ops-") if args.trace_ops else None
     runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout, ops_dir,
-                               Progress(enabled=False) if args.quiet else Progress())
+                               Progress(enabled=False if args.quiet else None))
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     profiles = [Profile(steps=[] if args.trace else None) for _ in runners]
@@ -346,8 +345,6 @@ def main_embedded(args: argparse.Namespace) -> int:
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
         save_trace(args, manifest, [trace_events(args.plan, manifest, r.node, r.node, p, 0.0, r if ops_dir else None)
                                     for r, p in zip(runners, profiles)])
-        if ops_dir:
-            shutil.rmtree(ops_dir, ignore_errors=True)
     return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
 
 
@@ -409,9 +406,10 @@ def rank_clock_offset(comm: Any) -> float:
     return offset
 
 
-def main_mpi(args: argparse.Namespace) -> int:
+def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     """One node per rank. Every rank reaches every collective below whatever fails on it (it
-    passes its error along), so rank 0 can print the first error once and all exit 2."""
+    passes its error along), so rank 0 can print the first error once and all exit 2. `ops_dir`:
+    where onnxruntime's per-op profiles go (--trace-ops)."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -448,13 +446,11 @@ def main_mpi(args: argparse.Namespace) -> int:
     device = device_for_rank(local.Get_rank(), devices)  # ranks outnumbering the GPUs share them
     block = agreed_boundary_block(comm, args.layout, args.provider, device, able=able)
     runner: NodeRunner | None = None
-    ops_dir: str | None = None
     try:
         layouts = node_layouts(args.plan, manifest, [rank] if able else [], threads, True, block,
                                lambda votes: allgather(comm, votes))
         if able:
-            ops_dir = tempfile.mkdtemp(prefix="bbgrap-ops-") if args.trace_ops else None
-            step = Progress(enabled=False) if args.quiet else Progress()  # a rank's stderr is a terminal only where mpirun's is
+            step = Progress(enabled=False if args.quiet else None)  # a rank's stderr is a terminal only where mpirun's is
             step(f"rank {rank}: load", 0, 1)
             runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=device,
                                  iobinding=args.iobinding, layout=layouts[rank],
@@ -483,8 +479,6 @@ def main_mpi(args: argparse.Namespace) -> int:
     profiles = allgather(comm, profile.as_ms(args.repeat))
     traced = allgather(comm, trace_events(args.plan, manifest, rank, rank, profile, offset, runner if ops_dir else None)
                        if args.trace else [])
-    if ops_dir:
-        shutil.rmtree(ops_dir, ignore_errors=True)
     status = 0
     if rank == 0 and args.trace:
         try:
@@ -525,27 +519,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, exit_on_signal)
     args = parse_args(argv)
     if args.version:
-        from importlib.metadata import version
-
         if env_rank() == 0:
-            print(f"bbgrap-run {version('bbgrap')}")
+            print(f"bbgrap-run {package_version()}")
         return 0
-    if under_mpi():
-        from mpi4py import MPI
+    # --trace-ops: onnxruntime's profiling files go here until the trace has them (removed on every way out but a signal)
+    with tempfile.TemporaryDirectory(prefix="bbgrap-ops-") if args.trace_ops else contextlib.nullcontext() as ops_dir:
+        if under_mpi():
+            from mpi4py import MPI
 
-        if MPI.COMM_WORLD.Get_size() > 1:
-            try:
-                return main_mpi(args)
-            except Exception:
-                rank = MPI.COMM_WORLD.Get_rank()
-                print(f"bbgrap-run: rank {rank} failed, aborting the job:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-                MPI.COMM_WORLD.Abort(1)
-                return 1
-    try:
-        return main_embedded(args)
-    except BBGrapError as exc:
-        print(f"bbgrap-run: error: {exc}", file=sys.stderr)
-        return 2
+            if MPI.COMM_WORLD.Get_size() > 1:
+                try:
+                    return main_mpi(args, ops_dir)
+                except Exception:
+                    rank = MPI.COMM_WORLD.Get_rank()
+                    print(f"bbgrap-run: rank {rank} failed, aborting the job:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+                    MPI.COMM_WORLD.Abort(1)
+                    return 1
+        try:
+            return main_embedded(args, ops_dir)
+        except BBGrapError as exc:
+            print(f"bbgrap-run: error: {exc}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

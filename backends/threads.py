@@ -36,8 +36,9 @@ class ProcessThreadPool:
         self.threads = threads
 
     def apply(self, opts: Any, threads: int, spin: bool = True) -> None:
-        """Run the session of `opts` on the process's pool where it has `threads` threads,
-        else on a pool of its own (`spin=False`: its threads sleep when idle)."""
+        """Run the session of `opts` on the process's pool where one was started (`threads` is then
+        the pool's affair), else on a pool of its own of `threads` threads (`spin=False`: its
+        threads sleep when idle)."""
         if self.threads:
             opts.use_per_session_threads = False
             return

@@ -8,9 +8,9 @@ import math
 import os
 import signal
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Sequence
 
+from bbgrap import package_version
 from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import file_target_problem, new_dir_problem, written_whole
@@ -22,13 +22,6 @@ EPILOG = """examples:
   mpirun -n 4 bbgrap-run                                     # runs it on 4 ranks
   bbgrap inspect bbgrap-plan --json
 """
-
-
-def package_version() -> str:
-    try:
-        return version("bbgrap")
-    except PackageNotFoundError:  # run from a source tree that was not installed
-        return "unknown"
 
 
 def _parser() -> argparse.ArgumentParser:
