@@ -9,26 +9,24 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from helpers import assert_exact, compile_plan, save
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
+from tests.rules.helpers import build_model
 
 BIN = os.path.dirname(sys.executable)
 
 
-def conv_then_hardmax() -> object:
+def conv_then_hardmax() -> onnx.ModelProto:
     """A convolution (cut by rows) feeding Hardmax, an op without a region rule (whole on node 0)."""
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Hardmax", ["c"], ["y"], name="hardmax", axis=-1)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    return build_model(nodes, {"x": [1, 3, 16, 16]}, {"w": w}, ["y"], 13)
 
 
 @pytest.mark.parametrize(("name", "nodes", "direction", "search"), [

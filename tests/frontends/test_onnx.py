@@ -95,20 +95,17 @@ def test_reference_output_matches_onnxruntime() -> None:
 def test_a_folded_rank0_index_stays_rank_0(tmp_path, nodes: int) -> None:
     # issue 14: `x[:, 0]` as the exporters write it (Gather with an index computed from constants):
     # the folded index became shape (1,) and the plan failed at its first run ("Invalid rank")
-    import onnx
     from helpers import assert_exact, compile_plan, save
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    from tests.rules.helpers import build_model
+
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
     nodes_ = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
               helper.make_node("Constant", [], ["one"], name="one", value=numpy_helper.from_array(np.array(1, np.int64))),
               helper.make_node("Sub", ["one", "one"], ["zero"], name="zero"),  # a rank-0 value folded by the frontend
               helper.make_node("Gather", ["c", "zero"], ["y"], name="first_channel", axis=1)]
-    graph = helper.make_graph(nodes_, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
+    model = build_model(nodes_, {"x": [1, 3, 8, 8]}, {"w": w}, ["y"], 17)
     plan = str(tmp_path / "plan")
     compile_plan(save(model, str(tmp_path)), plan, nodes=nodes)
     assert_exact(plan)
