@@ -39,8 +39,7 @@ def check_node_count(graph: Graph, nodes: int, direction: str) -> None:
     """Refuse a node count that leaves nodes without work: more nodes than the longest
     extent any tensor has along the cut direction, or along channels (the fallback cut)."""
     def longest(d: str) -> int:
-        extents = [t.shape[axis] for t in graph.tensors.values()
-                   if (axis := direction_axis(d, len(t.shape))) is not None and axis < len(t.shape)]
+        extents = [t.shape[axis] for t in graph.tensors.values() if (axis := direction_axis(d, len(t.shape))) is not None]
         return max(extents, default=1)
 
     useful = max(longest(direction), longest("c"))
@@ -104,7 +103,8 @@ def compile_model(
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         "source": {"path": os.path.abspath(model), "sha256": file_sha256(model)},
     }
-    step(f"write {sum(map(len, files.values())) / 1e6:.0f} MB", 0, 1)
+    writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"
+    step(writing, 0, 1)
     manifest["plan_id"] = write_plan(out_dir, manifest, files, front.sample_inputs, front.reference_outputs)
-    step(f"write {sum(map(len, files.values())) / 1e6:.0f} MB", 1, 1)
+    step(writing, 1, 1)
     return manifest

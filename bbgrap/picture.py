@@ -61,7 +61,7 @@ def plan_svg(manifest: dict[str, Any]) -> str:
         out.append(f'<g><title>{escape(_tooltip(row))}</title>')
         if row["cut"] == "whole":
             out.append(f'<rect x="{x}" y="{TOP}" width="{COLUMN}" height="{PLOT_HEIGHT}" fill="{node_colour(row["whole_on"])}"/>')
-            flag = "#d62728" if row["reason"].startswith("no region rule") else "#ff7f0e"
+            flag = "#d62728" if row["no_rule"] else "#ff7f0e"
             out.append(f'<polygon points="{x},{TOP - 4} {x + COLUMN},{TOP - 4} {x + COLUMN / 2},{TOP - 12}" fill="{flag}"/>')
         else:
             extent = row["extent"] or 1

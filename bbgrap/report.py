@@ -61,11 +61,12 @@ def layer_table(graph: Graph, direction: str, registry: RuleRegistry | None = No
             if part.axis is not None and not out.empty:
                 iv, cv = out.interval(part.axis), computes.bounding_box().interval(part.axis)
                 extent, computed = [iv.start, iv.stop], [cv.start, cv.stop]
+            flops = layer_ops(layer, graph, computes)  # an empty region has no volume: 0
             nodes.append({
                 "range": extent,  # the part it owns (what other nodes receive from)
                 "computes": computed,  # owned, plus recomputed halo rows or whole groups
-                "flops": layer_ops(layer, graph, computes) if not computes.empty else 0.0,
-                "redundant_flops": (layer_ops(layer, graph, computes) - layer_ops(layer, graph, out)) if not computes.empty else 0.0,
+                "flops": flops,
+                "redundant_flops": flops - layer_ops(layer, graph, out),
             })
         row: dict[str, Any] = {
             "name": layer.name, "op_type": layer.op_type, "cut": axis_name(part.axis, rank),
@@ -78,6 +79,7 @@ def layer_table(graph: Graph, direction: str, registry: RuleRegistry | None = No
             active = part.active_nodes()
             row["whole_on"] = active[0] if active else 0
             row["reason"] = whole_reason(graph, layer, direction, registry) if graph.nodes > 1 else "one node"
+            row["no_rule"] = registry.get(layer) is None
         rows.append(row)
     return rows
 

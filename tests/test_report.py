@@ -63,6 +63,7 @@ def test_a_layer_without_rule_is_whole_with_its_reason(tmp_path) -> None:
     assert rows["conv"]["cut"] == "h" and [p["range"] for p in rows["conv"]["per_node"]] == [[0, 8], [8, 16]]
     assert rows["hardmax"]["cut"] == "whole" and rows["hardmax"]["whole_on"] == 0
     assert rows["hardmax"]["reason"] == "no region rule for Hardmax"
+    assert rows["hardmax"]["no_rule"] is True
     text = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan, "--layers"], capture_output=True, text=True, timeout=60).stdout
     assert "whole on node 0: no region rule for Hardmax" in text
     summary = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan], capture_output=True, text=True, timeout=60).stdout
