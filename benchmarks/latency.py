@@ -23,6 +23,7 @@ nodes — no halos at all — else height (`h`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -77,14 +79,23 @@ def run_bbgrap(plan: str, nodes: int, repeat: int, node_cores: int | None) -> di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def time_pinned(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat: int, cores: set[int]) -> list[float]:
-    """time_session with this process pinned to `cores` (its own intra-op threads follow)."""
+@contextlib.contextmanager
+def pinned(cores: set[int]) -> Iterator[None]:
+    """This thread pinned to `cores` for the block. Threads started inside it inherit that (a
+    session's intra-op pool is started when the session is made), threads started before do not."""
     everything = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)
     try:
-        return time_session(sess, feeds, repeat)
+        yield
     finally:
         os.sched_setaffinity(0, everything)
+
+
+def time_pinned(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat: int, cores: set[int]) -> list[float]:
+    """time_session with the calling thread (which takes part in the session's pool) on `cores`;
+    the session must have been made inside pinned(cores), for its pool's threads to be there too."""
+    with pinned(cores):
+        return time_session(sess, feeds, repeat)
 
 
 def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: str, rounds: int, repeat: int,
@@ -99,8 +110,10 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     host = sorted(os.sched_getaffinity(0))
     node_threads = node_cores or threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host
     node_set, all_set = set(host[:node_threads]), set(host[:node_threads * nodes] if node_cores else host)
-    one_node = session(path, node_threads)
-    bigger = session(path, len(all_set))
+    with pinned(node_set):  # the pools' threads keep the affinity they start with
+        one_node = session(path, node_threads)
+    with pinned(all_set):
+        bigger = session(path, len(all_set))
     time_pinned(one_node, feeds, 1, node_set)  # warm-up
     time_pinned(bigger, feeds, 1, all_set)
     # small models: enough inferences per side and round for about MIN_SIDE_SECONDS of the fastest side
