@@ -36,7 +36,8 @@ from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of, pieces
 from bbgrap.pass_manager import Pass, PassError, PassResult
-from bbgrap.rules.registry import Local, RuleRegistry, default_registry
+from bbgrap.rules.base import Local
+from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ class _Walk:
         if any(grown.interval(a) != held.interval(a) for a in range(held.rank) if a != part.axis):
             return None
         local = self.options.registry.get(layer).local(layer, self.graph, grown)  # type: ignore[union-attr]
-        extra = layer_ops(layer, self.graph, local.computes) - layer_ops(layer, self.graph, held)
+        registry = self.options.registry
+        extra = layer_ops(layer, self.graph, local.computes, registry) - layer_ops(layer, self.graph, held, registry)
         cost = extra * self.slowness(node) - self.receive_cost(layer.outputs[0], held, need)
         for t, after in zip(layer.inputs, local.needs):
             if t and after is not None and self.graph.is_activation(t):

@@ -34,7 +34,6 @@ from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
-from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
 from bbgrap.search.procedural import size_band
@@ -86,8 +85,8 @@ class LayerCutCost:
             if need is not None and t in self.held:
                 have = self.held[t][node]
                 data += need.volume - (need.intersect(have).volume if not have.empty else 0)
-        ops = layer_ops(self.layer, self.graph, local.computes)
-        over = ops - layer_ops(self.layer, self.graph, out)
+        ops = layer_ops(self.layer, self.graph, local.computes, self.registry)
+        over = ops - layer_ops(self.layer, self.graph, out, self.registry)
         return NodeCost(ops / self.speeds[node], data, over)
 
     def cost_of(self, part: LayerPartition) -> float:
@@ -123,7 +122,7 @@ class SearchPartitions(Pass):
     def _follow(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> LayerPartition | None:
         """The producer's cut for a pass-through layer of the same output shape, else None."""
         rule = self.registry.get(layer)
-        if not isinstance(rule, (BroadcastRule, BatchNormRule)):
+        if rule is None or not rule.passes_through:
             return None
         producers = graph.producers()
         shape = graph.tensors[layer.outputs[0]].shape
