@@ -60,7 +60,7 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message]) -> 
     manifest = {
         "model": graph.name,
         "nodes": graph.nodes,
-        "movement": graph.movement,
+        "movement": graph.movement.value,
         "layers": len(graph.layers),
         "opaque": [{"name": la.name, "op_type": la.op_type} for la in graph.layers if la.group == "opaque"],
         "inputs": [{"name": t, "shape": list(tensor[t].shape), "dtype": tensor[t].dtype, "value": value_name(t, ShapeMap.full(tensor[t].shape))} for t in graph.inputs],

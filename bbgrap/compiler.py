@@ -97,7 +97,7 @@ def compile_model(
         "threshold": cfg.threshold,
         "speeds": list(cfg.node_speeds()),
         "passes": [p.name for p in manager.passes],
-        "search": dict(graph.search_stats) or None,
+        "search": graph.search_stats.to_json() if graph.search_stats else None,
         "layer_table": layer_table(graph, cfg.direction),
         "compile_seconds": round(time.perf_counter() - t0, 3),
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)

@@ -4,10 +4,13 @@ Operations count multiply-adds as two. An op's operations per output element are
 rule's (`RegionRule.ops_per_element`, in the op's family module: 2·(C_in/group)·∏kernel
 for a convolution, 2·K for Gemm/MatMul, ∏kernel for a window pool, the reduced elements of
 a reduction); an op without a rule counts one per output element. The search's objective
-(thesis eq. 3.7–3.12) and `bbgrap inspect` both use these numbers.
+(thesis eq. 3.7–3.12) and `bbgrap inspect` both use these numbers; `recompute-halos` weighs
+them against what a receive costs (`ReceiveCost`, per execution provider).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -32,3 +35,22 @@ def plan_flops(graph: Graph, owned: bool = False, registry: RuleRegistry | None 
         for n in part.active_nodes():
             flops[n] += layer_ops(layer, graph, part.out[n] if owned else part.computes[n], registry)
     return flops
+
+
+@dataclass(frozen=True)
+class ReceiveCost:
+    """What receiving a halo costs the receiving node, in operations of its own compute: `sync_ops`
+    per receive point (its segment ends, it waits, the next segment starts) plus `byte_ops` per
+    byte of the gathered region and of the activations alive across that point (a segment boundary
+    hands them from one onnxruntime session to the next, converting their layout twice)."""
+
+    sync_ops: float
+    byte_ops: float
+
+    def of(self, region_bytes: float, live_bytes: float) -> float:
+        return self.sync_ops + self.byte_ops * (region_bytes + max(0.0, live_bytes))
+
+
+# onnxruntime's CPU provider does about 1e5 operations per microsecond per core; one receive
+# point costs roughly 50 us there, a byte it moves about 0.1 ns (docs/benchmarks.md).
+CPU_RECEIVE = ReceiveCost(sync_ops=5e6, byte_ops=10.0)

@@ -31,7 +31,7 @@ from bbgrap.passes.naive_partition import partition_layer, split_sizes
 
 from bbgrap.config import Config, direction_axis
 from bbgrap.cost import layer_ops
-from bbgrap.ir import Graph, Interval, Layer, LayerPartition, ShapeMap
+from bbgrap.ir import Graph, Interval, Layer, LayerPartition, Movement, SearchStats, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -105,7 +105,7 @@ class SearchPartitions(Pass):
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
-        if graph.movement != "optimized":
+        if graph.movement is not Movement.OPTIMIZED:
             raise PassError("run eliminate-transfers first")
 
     def _cost(self, graph: Graph, layer: Layer, axis: int, partitions: dict[str, LayerPartition]) -> LayerCutCost:
@@ -223,18 +223,18 @@ class SearchPartitions(Pass):
         kept = "searched" if searched_total <= naive_total else "naive"
         if kept == "naive":
             partitions = dict(graph.partitions)
-        stats = {
-            "strategy": cfg.search,
-            "threshold": cfg.threshold,
-            "layers": searched_layers,
-            "evaluated": evaluated,
-            "cost_calls": cost_calls,
-            "log10_total": log10_total,
-            "total": 10.0 ** log10_total if log10_total < 300 else math.inf,
-            "seconds": time.perf_counter() - t0,
-            "objective": min(searched_total, naive_total),
-            "naive_objective": naive_total,
-            "kept": kept,
-        }
+        stats = SearchStats(
+            strategy=cfg.search,
+            threshold=cfg.threshold,
+            layers=searched_layers,
+            evaluated=evaluated,
+            cost_calls=cost_calls,
+            log10_total=log10_total,
+            total=10.0 ** log10_total if log10_total < 300 else math.inf,
+            seconds=time.perf_counter() - t0,
+            objective=min(searched_total, naive_total),
+            naive_objective=naive_total,
+            kept=kept,
+        )
         new = graph.replace(partitions=partitions)
-        return PassResult(new.replace(gathers=derive_gathers(new, "optimized"), search_stats=stats), kept == "searched")
+        return PassResult(new.replace(gathers=derive_gathers(new, Movement.OPTIMIZED), search_stats=stats), kept == "searched")
