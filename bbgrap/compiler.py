@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from bbgrap.config import Config, direction_axis
+from bbgrap.config import Config, Direction
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
@@ -35,16 +35,16 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
     return passes
 
 
-def check_node_count(graph: Graph, nodes: int, direction: str) -> None:
+def check_node_count(graph: Graph, nodes: int, direction: Direction) -> None:
     """Refuse a node count that leaves nodes without work: more nodes than the longest
     extent any tensor has along the cut direction, or along channels (the fallback cut)."""
-    def longest(d: str) -> int:
-        extents = [t.shape[axis] for t in graph.tensors.values() if (axis := direction_axis(d, len(t.shape))) is not None]
+    def longest(d: Direction) -> int:
+        extents = [t.shape[axis] for t in graph.tensors.values() if (axis := d.axis(len(t.shape))) is not None]
         return max(extents, default=1)
 
-    useful = max(longest(direction), longest("c"))
+    useful = max(longest(direction), longest(Direction.C))
     if nodes > useful:
-        raise BBGrapError(f"--nodes {nodes}: no tensor of '{graph.name}' is longer than {useful} along direction {direction} "
+        raise BBGrapError(f"--nodes {nodes}: no tensor of '{graph.name}' is longer than {useful} along direction {direction.value} "
                           f"or channels, so {nodes - useful} nodes would get no work; use at most {useful} nodes")
 
 
@@ -93,7 +93,7 @@ def compile_model(
     step("lower", 1, 1)
     manifest = {
         **plan,
-        "direction": cfg.direction,
+        "direction": cfg.direction.value,
         "threshold": cfg.threshold,
         "speeds": list(cfg.node_speeds()),
         "passes": [p.name for p in manager.passes],

@@ -5,10 +5,11 @@ Every invalid value gets one error line naming the key and the file.
 
 from __future__ import annotations
 
+import enum
 import math
 import sys
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,7 +19,38 @@ else:  # pragma: no cover
 from bbgrap.ir import BBGrapError
 from bbgrap.search.objective import Weights
 
-DIRECTIONS = ("n", "c", "h", "w")
+
+class Direction(enum.Enum):
+    """The axis a layer is cut along, named as for an NCHW tensor."""
+
+    N = "n"  # batch
+    C = "c"  # channels
+    H = "h"  # height
+    W = "w"  # width (the last axis)
+
+    def axis(self, rank: int) -> int | None:
+        """The output axis this direction names in a tensor of `rank` (None: it has no such axis)."""
+        if self is Direction.N:
+            return 0
+        if self is Direction.C:
+            return 1 if rank >= 2 else None
+        if rank < 3:
+            return None
+        if self is Direction.H:
+            return 2
+        return rank - 1 if rank >= 4 else None
+
+
+DIRECTIONS = tuple(d.value for d in Direction)
+
+
+def parse_direction(text: str, problem: Callable[[str], BBGrapError]) -> Direction:
+    """The direction `text` names; else the error `problem` makes of what is wrong with it."""
+    try:
+        return Direction(text)
+    except ValueError:
+        raise problem(f"must be one of {', '.join(DIRECTIONS)}, not '{text}'") from None
+
 SEARCHES = ("exact", "pruned-tree", "exhaustive")
 # More nodes than any model here has rows or channels to share out; compile time and memory grow with the count.
 MAX_NODES = 1024
@@ -29,7 +61,7 @@ class CustomPartition:
     """A user's own cut of one layer: direction, and optionally the size per node."""
 
     layer: str
-    direction: str
+    direction: Direction
     sizes: tuple[int, ...] | None = None
 
 
@@ -45,7 +77,7 @@ class Config:
     speeds: tuple[float, ...] = ()
     memory_mb: tuple[float, ...] = ()
     threshold: float = 20.0
-    direction: str = "h"
+    direction: Direction = Direction.H
     search: str = "exact"
     objective: Weights = DEFAULT_WEIGHTS
     custom: tuple[CustomPartition, ...] = ()
@@ -57,6 +89,8 @@ class Config:
     def with_overrides(self, **flags: Any) -> Config:
         """CLI flags (None: not given) over the file's values, then re-validated."""
         given = {k: v for k, v in flags.items() if v is not None}
+        if isinstance(given.get("direction"), str):
+            given["direction"] = parse_direction(given["direction"], lambda problem: BBGrapError(f"--direction {problem}"))
         cfg = replace(self, **given)
         if "nodes" in given and "speeds" not in given and len(cfg.speeds) not in (0, cfg.nodes):
             raise BBGrapError(
@@ -128,13 +162,14 @@ def load_config(path: str) -> Config:
         sizes = entry.get("sizes")
         if sizes is not None and (not isinstance(sizes, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes)):
             raise _fail(path, f"{where}.sizes", "must be a list of non-negative integers, one per node")
-        custom.append(CustomPartition(entry["layer"], entry["direction"], tuple(sizes) if sizes is not None else None))
+        direction = parse_direction(entry["direction"], lambda problem: _fail(path, f"custom '{entry['layer']}' direction", problem))
+        custom.append(CustomPartition(entry["layer"], direction, tuple(sizes) if sizes is not None else None))
     cfg = Config(
         nodes=nodes,
         speeds=speeds,
         memory_mb=tuple(float(m) for m in cluster.get("memory_mb", [])),
         threshold=float(part.get("threshold", 20.0)),
-        direction=str(part.get("direction", "h")),
+        direction=parse_direction(part.get("direction", "h"), lambda problem: _fail(path, "partition.direction", problem)),
         search=str(part.get("search", "exact")),
         objective=replace(DEFAULT_WEIGHTS, **{k: float(v) for k, v in obj.items()}),
         custom=tuple(custom),
@@ -171,8 +206,6 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
         raise _fail(cfg.source, "cluster.memory_mb", "must all be positive finite numbers of megabytes")
     if not 0 <= cfg.threshold <= 100:
         raise fail("threshold", "partition.threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
-    if cfg.direction not in DIRECTIONS:
-        raise fail("direction", "partition.direction", f"must be one of {', '.join(DIRECTIONS)}, not '{cfg.direction}'")
     if cfg.search not in SEARCHES:
         raise fail("search", "partition.search", f"must be one of {', '.join(SEARCHES)}, not '{cfg.search}'")
     for name in ("operations_w", "data_w", "over_w", "harmonic_w"):
@@ -184,20 +217,5 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
         if c.layer in seen:
             raise _fail(cfg.source, f"custom '{c.layer}'", "is given twice; keep one [[custom]] table per layer")
         seen.add(c.layer)
-        if c.direction not in DIRECTIONS:
-            raise _fail(cfg.source, f"custom '{c.layer}' direction", f"must be one of {', '.join(DIRECTIONS)}")
         if c.sizes is not None and len(c.sizes) != cfg.nodes:
             raise _fail(cfg.source, f"custom '{c.layer}' sizes", f"has {len(c.sizes)} entries for {cfg.nodes} nodes")
-
-
-def direction_axis(direction: str, rank: int) -> int | None:
-    """Output axis a direction names for a tensor of this rank (None: it has no such axis)."""
-    if direction == "n":
-        return 0
-    if direction == "c":
-        return 1 if rank >= 2 else None
-    if rank < 3:
-        return None
-    if direction == "h":
-        return 2
-    return rank - 1 if rank >= 4 else None

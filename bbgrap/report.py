@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bbgrap.config import direction_axis
+from bbgrap.config import Direction
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer
 from bbgrap.rules.base import is_default_domain
@@ -29,7 +29,7 @@ def axis_name(axis: int | None, rank: int) -> str:
     return AXIS_NAMES_4D[axis] if rank == 4 else f"axis {axis}"
 
 
-def whole_reason(graph: Graph, layer: Layer, direction: str, registry: RuleRegistry) -> str:
+def whole_reason(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> str:
     """Why a layer is computed whole on one node (see naive_partition.choose_axis)."""
     if not is_default_domain(layer.domain):
         return f"no region rule: op of the custom domain '{layer.domain}'"
@@ -37,15 +37,15 @@ def whole_reason(graph: Graph, layer: Layer, direction: str, registry: RuleRegis
     if rule is None:
         return f"no region rule for {layer.op_type}"
     shape = graph.tensors[layer.outputs[0]].shape
-    wanted = [a for d in (direction, "c") if (a := direction_axis(d, len(shape))) is not None]
+    wanted = [a for d in (direction, Direction.C) if (a := d.axis(len(shape))) is not None]
     allowed = rule.axes(layer, graph)
     if not any(a in allowed for a in wanted):
         names = ", ".join(axis_name(a, len(shape)) for a in sorted(allowed)) or "none"
-        return f"its rule cuts only along {names}, not {direction} or channels"
-    return f"its output ({'x'.join(map(str, shape))}) is too short along {direction} and channels to share"
+        return f"its rule cuts only along {names}, not {direction.value} or channels"
+    return f"its output ({'x'.join(map(str, shape))}) is too short along {direction.value} and channels to share"
 
 
-def layer_table(graph: Graph, direction: str, registry: RuleRegistry | None = None) -> list[dict[str, Any]]:
+def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> list[dict[str, Any]]:
     """One row per layer, in the graph's order (see the module docstring)."""
     registry = registry or default_registry()
     crossing: dict[str, int] = {}  # bytes of each tensor that go from one node to another

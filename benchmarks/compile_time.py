@@ -18,7 +18,7 @@ from table import Table  # benchmarks/table.py, beside this script
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
-from bbgrap.config import Config
+from bbgrap.config import Config, Direction
 
 
 def main() -> int:
@@ -39,7 +39,7 @@ def main() -> int:
             path = os.path.join(work, f"{model}.onnx")
             onnx.save(zoo.build(model, resolution=args.resolution), path)
             for nodes in args.nodes:
-                cfg = Config(nodes=nodes, threshold=args.threshold, direction=args.direction, search=args.search)
+                cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search)
                 t0 = time.perf_counter()
                 m = compile_model(path, cfg, os.path.join(work, "plan"))
                 total = time.perf_counter() - t0

@@ -43,7 +43,7 @@ from bbgrap.backends.threads import threads_per_rank
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
-from bbgrap.config import Config
+from bbgrap.config import Config, Direction
 from bbgrap.plan import read_sample
 
 BIN = os.path.dirname(sys.executable)
@@ -105,7 +105,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     plan = os.path.join(workdir, f"plan-{model}-{resolution}-{batch}")
     if direction == "auto":
         direction = "n" if batch >= nodes else "h"
-    manifest = compile_model(path, Config(nodes=nodes, direction=direction), plan, search=search)
+    manifest = compile_model(path, Config(nodes=nodes, direction=Direction(direction)), plan, search=search)
     feeds, _ = read_sample(plan)
     host = sorted(os.sched_getaffinity(0))
     node_threads = node_cores or threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host

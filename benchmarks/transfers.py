@@ -21,13 +21,13 @@ from table import Table  # benchmarks/table.py, beside this script
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
-from bbgrap.config import Config
+from bbgrap.config import Config, Direction
 
 
 def measure(path: str, nodes: int, direction: str, work: str) -> dict[str, Any]:
     row: dict[str, Any] = {"nodes": nodes, "direction": direction}
     for label, optimize, recompute in (("naive", False, False), ("optimized", True, False), ("recomputed", True, True)):
-        m = compile_model(path, Config(nodes=nodes, direction=direction), os.path.join(work, "plan"), optimize=optimize,
+        m = compile_model(path, Config(nodes=nodes, direction=Direction(direction)), os.path.join(work, "plan"), optimize=optimize,
                           search=False, recompute=recompute)
         row[f"{label}_bytes"] = m["stats"]["bytes_transferred"]
         row[f"{label}_sync_points"] = m["stats"]["sync_points"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
-from bbgrap.config import CustomPartition, direction_axis
+from bbgrap.config import CustomPartition, Direction
 from bbgrap.ir import BBGrapError, Graph, Interval, Layer, LayerPartition, ShapeMap
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -80,15 +80,15 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
     return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs))
 
 
-def choose_axis(graph: Graph, layer: Layer, direction: str, registry: RuleRegistry) -> int | None:
+def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:
     """The requested direction's axis if the layer can be cut there, else channels, else None."""
     rule = registry.get(layer)
     if rule is None:
         return None
     allowed = rule.axes(layer, graph)
     shape = graph.tensors[layer.outputs[0]].shape
-    for d in (direction, "c"):
-        axis = direction_axis(d, len(shape))
+    for d in (direction, Direction.C):
+        axis = d.axis(len(shape))
         if axis is not None and axis in allowed and shape[axis] > 1:
             return axis
     return None
@@ -98,7 +98,7 @@ def choose_axis(graph: Graph, layer: Layer, direction: str, registry: RuleRegist
 class NaivePartition(Pass):
     name: ClassVar[str] = "naive-partition"
     nodes: int
-    direction: str = "h"
+    direction: Direction = Direction.H
     speeds: tuple[float, ...] = ()
     custom: tuple[CustomPartition, ...] = ()
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
@@ -122,10 +122,10 @@ class NaivePartition(Pass):
             shape = graph.tensors[layer.outputs[0]].shape
             sizes = None
             if c is not None and c.sizes is not None:
-                if axis is None or direction_axis(c.direction, len(shape)) != axis or sum(c.sizes) != shape[axis]:
+                if axis is None or c.direction.axis(len(shape)) != axis or sum(c.sizes) != shape[axis]:
                     raise BBGrapError(
                         f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} must sum to the "
-                        f"extent along '{c.direction}', and the layer must be cuttable there"
+                        f"extent along '{c.direction.value}', and the layer must be cuttable there"
                     )
                 sizes = list(c.sizes)
             elif axis is not None:

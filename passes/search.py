@@ -29,7 +29,7 @@ from typing import Callable, ClassVar
 
 from bbgrap.passes.naive_partition import partition_layer, split_sizes
 
-from bbgrap.config import Config, direction_axis
+from bbgrap.config import Config
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, Movement, SearchStats, ShapeMap
 from bbgrap.movement import derive_gathers
@@ -185,7 +185,7 @@ class SearchPartitions(Pass):
     def _searchable(self, graph: Graph, layer: Layer) -> bool:
         axis = graph.partitions[layer.name].axis
         rank = len(graph.tensors[layer.outputs[0]].shape)
-        return axis is not None and axis == direction_axis(self.config.direction, rank) and not self._too_wide(graph, layer, axis)
+        return axis is not None and axis == self.config.direction.axis(rank) and not self._too_wide(graph, layer, axis)
 
     def _too_wide(self, graph: Graph, layer: Layer, axis: int) -> bool:
         """Whether the layer's band of candidate sizes is too wide to search in bounded time.

@@ -10,7 +10,7 @@ import onnx
 from bbgrap.backends.runtime import compare, embedded_runners, run_embedded
 
 from bbgrap.compiler import compile_model
-from bbgrap.config import Config
+from bbgrap.config import Config, Direction
 from bbgrap.plan import read_manifest, read_sample
 
 TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2)
@@ -30,6 +30,8 @@ def compile_plan(model_path: str, plan_dir: str, **options: Any) -> dict[str, An
     flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute") if k in options}
     if "search_strategy" in options:
         options["search"] = options.pop("search_strategy")
+    if isinstance(options.get("direction"), str):
+        options["direction"] = Direction(options["direction"])
     cfg = Config(**options)
     return compile_model(model_path, cfg, plan_dir, flags.get("input_shapes"), flags.get("optimize", True), flags.get("search", False),
                          recompute=flags.get("recompute", True))

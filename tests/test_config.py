@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bbgrap.config import Config, load_config
+from bbgrap.config import Config, Direction, load_config
 from bbgrap.ir import BBGrapError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +57,7 @@ def test_bad_config_names_key_and_file(tmp_path, text: str, key: str) -> None:
 
 def test_flags_override_file() -> None:
     cfg = load_config(os.path.join(ROOT, "configs", "homogeneous-2.toml")).with_overrides(direction="w", threshold=10.0)
-    assert cfg.direction == "w" and cfg.threshold == 10.0 and cfg.nodes == 2
+    assert cfg.direction is Direction.W and cfg.threshold == 10.0 and cfg.nodes == 2
     with pytest.raises(BBGrapError, match="--nodes"):
         load_config(os.path.join(ROOT, "configs", "heterogeneous-1-3-1.toml")).with_overrides(nodes=2)
     with pytest.raises(BBGrapError, match="nodes"):

@@ -13,14 +13,14 @@ from bbgrap.passes.naive_partition import NaivePartition
 from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
 
-from bbgrap.config import CustomPartition
+from bbgrap.config import CustomPartition, Direction
 from bbgrap.invariants import check_invariants
 from bbgrap.ir import Part, ShapeMap
 from bbgrap.pass_manager import PassManager
 
 
 def partitioned(model, nodes: int, optimize: bool = True, custom=()):  # -> Graph
-    passes = [NaivePartition(nodes, "h", custom=tuple(custom)), InsertCropConcat()]
+    passes = [NaivePartition(nodes, Direction.H, custom=tuple(custom)), InsertCropConcat()]
     if optimize:
         passes.append(EliminateTransfers())
     return PassManager(passes).run(import_proto(model).graph)
@@ -32,8 +32,8 @@ def rows(lo: int, hi: int, channels: int = 2, width: int = 5) -> ShapeMap:
 
 def test_four_cases_of_fig_3_6() -> None:
     # producer conv0 (1x1) cut [0,2) [2,6) [6,8); consumer conv1 (1x1) and the relu after it cut [0,1) [1,4) [4,8)
-    custom = [CustomPartition("conv0", "h", (2, 4, 2)), CustomPartition("conv1", "h", (1, 3, 4)),
-              CustomPartition("relu", "h", (1, 3, 4))]
+    custom = [CustomPartition("conv0", Direction.H, (2, 4, 2)), CustomPartition("conv1", Direction.H, (1, 3, 4)),
+              CustomPartition("relu", Direction.H, (1, 3, 4))]
     g = partitioned(conv_chain([1, 1], relu_after=True), 3, custom=custom)
     gathers = g.gathers
     # (d) holds more than needed: crop only, no transfer

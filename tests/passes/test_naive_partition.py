@@ -9,7 +9,7 @@ from graphs import conv_chain
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bbgrap.config import CustomPartition
+from bbgrap.config import CustomPartition, Direction
 from bbgrap.ir import BBGrapError
 
 
@@ -41,13 +41,13 @@ def test_narrow_layer_is_split_over_fewer_nodes() -> None:
 
 def test_custom_partition_overrides() -> None:
     graph = import_proto(conv_chain([3, 3], height=8)).graph
-    g = NaivePartition(2, custom=(CustomPartition("conv1", "w", (1, 4)),)).call(graph).graph
+    g = NaivePartition(2, custom=(CustomPartition("conv1", Direction.W, (1, 4)),)).call(graph).graph
     assert g.partitions["conv1"].axis == 3
     assert [r.shape[3] for r in g.partitions["conv1"].out] == [1, 4]
     assert g.partitions["conv0"].axis == 2
 
 
-@pytest.mark.parametrize("custom", [CustomPartition("conv1", "h", (1, 2)), CustomPartition("nope", "h", None)])
+@pytest.mark.parametrize("custom", [CustomPartition("conv1", Direction.H, (1, 2)), CustomPartition("nope", Direction.H, None)])
 def test_bad_custom_partition_is_a_user_error(custom: CustomPartition) -> None:
     graph = import_proto(conv_chain([3, 3], height=8)).graph
     with pytest.raises(BBGrapError):
@@ -56,7 +56,7 @@ def test_bad_custom_partition_is_a_user_error(custom: CustomPartition) -> None:
 
 def test_channel_direction_slices_weights() -> None:
     graph = import_proto(conv_chain([3], channels=6, height=8)).graph
-    g = NaivePartition(4, "c").call(graph).graph
+    g = NaivePartition(4, Direction.C).call(graph).graph
     part = g.partitions["conv0"]
     assert [r.shape[1] for r in part.out] == [2, 2, 1, 1]
     assert [n[1].shape[0] for n in part.needs] == [2, 2, 1, 1]  # weight rows per node

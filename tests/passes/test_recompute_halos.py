@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.config import Direction
 from bbgrap.cost import CPU_RECEIVE, ReceiveCost
 from bbgrap.invariants import check_invariants
 from bbgrap.ir import Graph, Part, ShapeMap
@@ -38,7 +39,7 @@ def rows(lo: int, hi: int, channels: int = 2, width: int = 5) -> ShapeMap:
 def run_pipeline(model: onnx.ModelProto, nodes: int, recompute: RecomputeHalos, plan_dir: str | None = None) -> Graph:
     """The pipeline with the given recompute-halos options; with `plan_dir`, also write the plan."""
     front = import_proto(model)
-    graph = PassManager([NaivePartition(nodes, "h"), InsertCropConcat(), EliminateTransfers(), recompute]).run(front.graph)
+    graph = PassManager([NaivePartition(nodes, Direction.H), InsertCropConcat(), EliminateTransfers(), recompute]).run(front.graph)
     if plan_dir is not None:
         plan, files = emit(graph, *lower(graph))
         write_plan(plan_dir, plan, files, front.sample_inputs, front.reference_outputs)
