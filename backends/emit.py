@@ -8,20 +8,21 @@ from bbgrap.backends.lower import Message, NodeProgram, value_name
 
 from bbgrap.cost import plan_flops
 from bbgrap.ir import Graph, ShapeMap
+from bbgrap.rules.registry import RuleRegistry
 
 
 def region_json(region: Any) -> list[list[int]]:
     return [[a, b] for a, b in zip(region.starts, region.stops)]
 
 
-def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message]) -> dict[str, Any]:
+def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message], registry: RuleRegistry | None = None) -> dict[str, Any]:
     sent = [0] * graph.nodes
     received = [0] * graph.nodes
     for m in messages:
         sent[m.src] += m.nbytes
         received[m.dst] += m.nbytes
-    flops = plan_flops(graph)
-    owned = plan_flops(graph, owned=True)
+    flops = plan_flops(graph, registry=registry)
+    owned = plan_flops(graph, owned=True, registry=registry)
     producers = graph.producers()
     # a synchronisation point: a layer whose output crosses from one node to another
     sync_points = len({producers[m.tensor].name for m in messages})
@@ -38,7 +39,8 @@ def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message
     }
 
 
-def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message]) -> tuple[dict[str, Any], dict[str, bytes]]:
+def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message],
+         registry: RuleRegistry | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest's plan part and the segment files, keyed by path in the plan."""
     files: dict[str, bytes] = {}
     programs_json = []
@@ -71,6 +73,6 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message]) -> 
             for m in messages
         ],
         "programs": programs_json,
-        "stats": plan_stats(graph, programs, messages),
+        "stats": plan_stats(graph, programs, messages, registry),
     }
     return manifest, files

@@ -11,27 +11,31 @@ from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
 from bbgrap.report import layer_table
+from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
-             progress: Callable[[str, int, int], None] | None = None, recompute: bool = True) -> list[Pass]:
+             progress: Callable[[str, int, int], None] | None = None, recompute: bool = True,
+             registry: RuleRegistry | None = None) -> list[Pass]:
     """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search
-    → recompute-halos`, or part of it (`--no-search`, `--no-recompute`, `--no-optimize`)."""
+    → recompute-halos`, or part of it (`--no-search`, `--no-recompute`, `--no-optimize`), with
+    the rules of `registry` (default: every family shipped)."""
     from bbgrap.passes.eliminate_transfers import EliminateTransfers
     from bbgrap.passes.insert_crop_concat import InsertCropConcat
     from bbgrap.passes.naive_partition import NaivePartition
 
-    passes: list[Pass] = [NaivePartition(cfg.nodes, cfg.direction, cfg.node_speeds(), cfg.custom), InsertCropConcat()]
+    registry = registry or default_registry()
+    passes: list[Pass] = [NaivePartition(cfg.nodes, cfg.direction, cfg.node_speeds(), cfg.custom, registry=registry), InsertCropConcat()]
     if optimize:
         passes.append(EliminateTransfers())
         if search and cfg.nodes > 1:
             from bbgrap.passes.search import SearchPartitions
 
-            passes.append(SearchPartitions(cfg, progress=progress))
+            passes.append(SearchPartitions(cfg, progress=progress, registry=registry))
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
 
-            passes.append(RecomputeHalos(speeds=cfg.node_speeds(), progress=progress))
+            passes.append(RecomputeHalos(speeds=cfg.node_speeds(), progress=progress, registry=registry))
     return passes
 
 
@@ -71,8 +75,10 @@ def compile_model(
     progress: Callable[[str, int, int], None] | None = None,
     log: Callable[[str], None] = lambda s: None,
     recompute: bool = True,
+    registry: RuleRegistry | None = None,
 ) -> dict[str, Any]:
-    """Compile `model` for `cfg.nodes` nodes into `out_dir`; returns the manifest."""
+    """Compile `model` for `cfg.nodes` nodes into `out_dir` with the rules of `registry`
+    (default: every family shipped); returns the manifest."""
     from bbgrap.backends.emit import emit
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
@@ -81,15 +87,16 @@ def compile_model(
     check_output_dir(out_dir)
     step = progress or (lambda label, done, total: None)
     step("import", 0, 1)
-    front = import_model(model, input_shapes)
+    registry = registry or default_registry()
+    front = import_model(model, input_shapes, registry=registry)
     step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
-    manager = PassManager(pipeline(cfg, optimize, search, progress, recompute), dump_after=dump_after, dump=dump_ir(dump_dir))
+    manager = PassManager(pipeline(cfg, optimize, search, progress, recompute, registry), dump_after=dump_after, dump=dump_ir(dump_dir))
     graph = manager.run(front.graph)
     step("lower", 0, 1)
-    programs, messages = lower(graph)
-    plan, files = emit(graph, programs, messages)
+    programs, messages = lower(graph, registry)
+    plan, files = emit(graph, programs, messages, registry)
     step("lower", 1, 1)
     manifest = {
         **plan,
@@ -98,7 +105,7 @@ def compile_model(
         "speeds": list(cfg.node_speeds()),
         "passes": [p.name for p in manager.passes],
         "search": graph.search_stats.to_json() if graph.search_stats else None,
-        "layer_table": layer_table(graph, cfg.direction),
+        "layer_table": layer_table(graph, cfg.direction, registry),
         "compile_seconds": round(time.perf_counter() - t0, 3),
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         "source": {"path": os.path.abspath(model), "sha256": file_sha256(model)},
