@@ -32,7 +32,7 @@ def check_invariants(graph: Graph) -> list[str]:
             problems.append(f"layer '{layer.name}': node outputs {[str(r) for r in part.out]} do not tile {full}")
         for i, a in enumerate(regions):
             for b in regions[i + 1 :]:
-                if not a.intersect(b).empty:
+                if a.overlaps(b):
                     problems.append(f"layer '{layer.name}': node outputs {a} and {b} overlap")
     if graph.gathers:
         problems += _check_gathers(graph)

@@ -80,10 +80,25 @@ class ShapeMap:
     # the empty region of a scalar (rank 0), which has no axis to be empty along
     void: bool = False
 
+    # Derived once at construction and kept on the instance (it is immutable; fields, equality and
+    # hashing are unaffected): the passes ask these millions of times on dense graphs.
+    _box: tuple[Interval, ...] | None = field(init=False, repr=False, compare=False)  # the intervals, where a box
+    empty: bool = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         axes = self.axes
-        if type(axes) is not tuple or not all(type(a) is tuple and len(a) == 1 and a[0].stop > a[0].start for a in axes):
-            object.__setattr__(self, "axes", tuple(_normalise(a) for a in axes))  # a box is already normal
+        box: tuple[Interval, ...] | None = None
+        if type(axes) is tuple:
+            box = tuple(a[0] for a in axes if type(a) is tuple and len(a) == 1 and a[0].stop > a[0].start)
+            if len(box) != len(axes):
+                box = None
+        if box is None:  # a box is already normal
+            axes = tuple(_normalise(a) for a in axes)
+            object.__setattr__(self, "axes", axes)
+            if all(len(a) == 1 for a in axes):
+                box = tuple(a[0] for a in axes)
+        object.__setattr__(self, "_box", box)
+        object.__setattr__(self, "empty", self.void or (box is None and any(len(a) == 0 for a in axes)))
 
     # construction -----------------------------------------------------------
     @staticmethod
@@ -103,25 +118,17 @@ class ShapeMap:
     def rank(self) -> int:
         return len(self.axes)
 
-    # The queries below are cached on the instance (it is immutable; fields, equality and
-    # hashing are unaffected): the passes ask them millions of times on dense graphs.
-    @functools.cached_property
-    def empty(self) -> bool:
-        return self.void or any(len(a) == 0 for a in self.axes)
-
     @property
     def volume(self) -> int:
         if self.empty:
             return 0
+        if self._box is not None:
+            return math.prod(i.stop - i.start for i in self._box)
         return math.prod(_axis_len(a) for a in self.axes)
 
-    @functools.cached_property
+    @property
     def is_box(self) -> bool:
-        return all(len(a) == 1 for a in self.axes)
-
-    @functools.cached_property
-    def _box(self) -> tuple[Interval, ...] | None:
-        return tuple(a[0] for a in self.axes) if self.is_box else None
+        return self._box is not None
 
     def _box_axes(self) -> tuple[Interval, ...]:
         if self._box is None:
@@ -148,9 +155,19 @@ class ShapeMap:
             return True
         if self.void:
             return False
+        if self._box is not None and other._box is not None:
+            return all(a.start <= b.start and b.stop <= a.stop for a, b in zip(self._box, other._box))
         return all(
             all(any(mine.contains(o) for mine in a) for o in b) for a, b in zip(self.axes, other.axes)
         )
+
+    def overlaps(self, other: ShapeMap) -> bool:
+        """Whether the two regions share an element (`not intersect(other).empty`, without
+        building the intersection: the passes ask it for every pair of nodes)."""
+        if self._box is not None and other._box is not None:
+            return not self.void and not other.void and all(
+                max(a.start, b.start) < min(a.stop, b.stop) for a, b in zip(self._box, other._box))
+        return not self.intersect(other).empty
 
     # algebra ----------------------------------------------------------------
     def intersect(self, other: ShapeMap) -> ShapeMap:

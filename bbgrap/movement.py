@@ -76,10 +76,10 @@ def assemble(region: ShapeMap, node: int, held: dict[int, ShapeMap], owned: list
     in order along the cut axis."""
     mine = held.get(node)
     parts, rest = [], [region]
-    if mine is not None and not region.intersect(mine).empty:
+    if mine is not None and region.overlaps(mine):
         parts.append(Part(region.intersect(mine), node))
         rest = region.difference(mine)
     for box in rest:
-        parts += [Part(box.intersect(r), p) for p, r in owned if p != node and not box.intersect(r).empty]
+        parts += [Part(box.intersect(r), p) for p, r in owned if p != node and box.overlaps(r)]
     parts.sort(key=lambda part: part.region.starts[axis] if part.region.rank > axis else 0)  # a scalar has no axis
     return parts

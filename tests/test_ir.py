@@ -40,6 +40,7 @@ def regions(draw, rank: int = 2, size: int = 7) -> ShapeMap:
 def test_general_regions_match_point_sets(a: ShapeMap, b: ShapeMap) -> None:
     # the general path, and boxes meeting non-boxes (boxes alone take a faster path)
     assert points(a.intersect(b)) == points(a) & points(b) == points(b.intersect(a))
+    assert a.overlaps(b) == bool(points(a) & points(b)) == b.overlaps(a)
     assert a.volume == len(points(a)) and a.empty == (not points(a))
     assert a.contains(b) == (points(b) <= points(a))
     assert all(len(ax) == 1 for ax in a.axes) == a.is_box
@@ -51,6 +52,7 @@ def test_general_regions_match_point_sets(a: ShapeMap, b: ShapeMap) -> None:
 @given(boxes(), boxes())
 def test_set_operations_match_point_sets(a: ShapeMap, b: ShapeMap) -> None:
     assert points(a.intersect(b)) == points(a) & points(b)
+    assert a.overlaps(b) == bool(points(a) & points(b))
     assert a.volume == len(points(a))
     assert a.contains(b) == (points(b) <= points(a))
     diff = a.difference(b)
