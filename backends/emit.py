@@ -48,6 +48,7 @@ def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message
 
 
 def message_spec(m: Message) -> MessageSpec:
+    """A lowered message as the manifest's (its region as [start, stop) per axis)."""
     return MessageSpec(m.id, m.src, m.dst, m.tensor, tuple(zip(m.region.starts, m.region.stops)), tuple(m.region.shape), m.dtype, m.value)
 
 
