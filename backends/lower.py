@@ -31,9 +31,10 @@ from onnx import helper, numpy_helper
 
 from bbgrap.ir import Gather, Graph, Interval, Layer, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, pieces
+from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import Window, kernel_of
 
-ALIAS_OPS = {"Identity", "Dropout"}
+CROP_OP = "Slice"  # how lowering crops a value; like the ops with `moves_data`, it computes nothing
 
 
 def value_name(tensor: str, region: ShapeMap) -> str:
@@ -109,8 +110,8 @@ def messages_of(graph: Graph) -> list[Message]:
 class _Builder:
     """Builds one node's program (see module docstring)."""
 
-    def __init__(self, graph: Graph, node: int, messages: list[Message]) -> None:
-        self.graph, self.node = graph, node
+    def __init__(self, graph: Graph, node: int, messages: list[Message], registry: RuleRegistry) -> None:
+        self.graph, self.node, self.registry = graph, node, registry
         self.meta: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.available: set[str] = set()
         self.alias: dict[str, str] = {}
@@ -164,9 +165,9 @@ class _Builder:
             names = [self._fresh(f"{name}/{k}") for k in ("starts", "ends", "axes")]
             for n, v in zip(names, (starts, ends, axes)):
                 init[n] = np.asarray(v, dtype=np.int64)
-            node = helper.make_node("Slice", [source, *names], [name], name=self._fresh("crop"))
+            node = helper.make_node(CROP_OP, [source, *names], [name], name=self._fresh("crop"))
         else:
-            node = helper.make_node("Slice", [source], [name], name=self._fresh("crop"), starts=starts, ends=ends, axes=axes)
+            node = helper.make_node(CROP_OP, [source], [name], name=self._fresh("crop"), starts=starts, ends=ends, axes=axes)
         self.current.nodes.append(node)
         self.available.add(name)
         return name
@@ -242,6 +243,8 @@ class _Builder:
                     self.gather(graph.gathers[(t, n)])
             inputs: list[str] = []
             n_explicit = len(layer.explicit_inputs)
+            rule = self.registry.get(layer)
+            windowed = rule is not None and rule.windowed
             for k, (t, need) in enumerate(zip(layer.inputs, part.needs[n])):
                 if k >= n_explicit:
                     self.bind_captured(t, need)
@@ -254,7 +257,7 @@ class _Builder:
                 else:
                     g = graph.gathers[(t, n)]
                     self.gather(g)
-                    if t == layer.inputs[0]:
+                    if windowed and t == layer.inputs[0]:
                         need = _window_slack(graph, layer, part.attrs[n], g.region, need)
                     inputs.append(self.crop(t, g.region, need))
             computes = part.computes[n]
@@ -269,7 +272,7 @@ class _Builder:
                 outputs.pop()
             if not outputs:
                 pass  # nothing reads what this layer computes here
-            elif layer.op_type in ALIAS_OPS and layer.domain in ("", "ai.onnx") and len(outputs) == 1:
+            elif self.registry.traits(layer.op_type, layer.domain).alias and len(outputs) == 1:
                 if outputs[0] != inputs[0]:
                     self.alias[outputs[0]] = inputs[0]
             else:
@@ -294,16 +297,14 @@ class _Builder:
         return outputs
 
 
-WINDOW_OPS = {"Conv", "MaxPool", "AveragePool"}
-
-
 def _window_slack(graph: Graph, layer: Layer, local_attrs: Mapping[str, Any], have: ShapeMap, need: ShapeMap) -> ShapeMap:
     """What a windowed op can read of `have` (⊇ `need`) and still compute exactly what it
     computes from `need`: `need` grown to the end of `have` along a spatial axis where the
     extra rows start no further window (fewer than the stride) and replace no padding (the
     local op pads nothing at that end). A stride-2 layer's input then needs no crop of the
-    row that only its neighbour's windows read (resnet50's downsampling convolutions)."""
-    if layer.op_type not in WINDOW_OPS or layer.domain not in ("", "ai.onnx") or not (have.is_box and need.is_box):
+    row that only its neighbour's windows read (resnet50's downsampling convolutions). The
+    layer's rule must be `windowed`."""
+    if not (have.is_box and need.is_box):
         return need
     kernel = kernel_of(graph, layer)
     window = Window.of(layer, need.shape, kernel)
@@ -354,10 +355,7 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any, captured: Mappin
     return kept
 
 
-COPY_OPS = {"Slice", "Concat", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
-
-
-def _merge_copy_segments(steps: list[Step]) -> list[Step]:
+def _merge_copy_segments(steps: list[Step], registry: RuleRegistry) -> list[Step]:
     """Fold a segment that only moves data (crops, concats, reshapes) into the segment before it
     when only sends stand between them: one onnxruntime run less, and the sends wait only for
     copies. (Folding it into the next segment instead would delay that segment's sends.)"""
@@ -368,7 +366,7 @@ def _merge_copy_segments(steps: list[Step]) -> list[Step]:
             last_run = None
         elif step.op == "run":
             seg = step.seg
-            if last_run is not None and all(node.op_type in COPY_OPS for node in seg.nodes):
+            if last_run is not None and all(_moves_data(node, registry) for node in seg.nodes):
                 into = last_run.seg
                 into.nodes += seg.nodes
                 into.initializers.update(seg.initializers)
@@ -379,13 +377,14 @@ def _merge_copy_segments(steps: list[Step]) -> list[Step]:
     return merged
 
 
-# ops onnxruntime's CPU provider runs in its blocked NCHWc layout (a Slice is not one of them)
-NCHWC_PRODUCERS = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "Relu", "Clip", "Add", "Sum"}
-NCHWC_CONSUMERS = {"Conv", "MaxPool", "AveragePool", "Add", "Sum"}
+def _moves_data(node: onnx.NodeProto, registry: RuleRegistry) -> bool:
+    return node.op_type == CROP_OP or registry.traits(node.op_type, node.domain).moves_data
+
+
 SELECT_MAX_TAPS = 4
 
 
-def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]], registry: RuleRegistry) -> None:
     """Rewrite a crop of rows/columns between two convolution-like ops of one segment as a
     depthwise convolution with one tap set to 1 (a "select" kernel).
 
@@ -404,14 +403,15 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
         for i in node.input:
             consumers.setdefault(i, []).append(node)
     for k, node in enumerate(seg.nodes):
-        if node.op_type != "Slice" or len(node.input) != 4 or node.output[0] in seg.outputs:  # no `steps`
+        if node.op_type != CROP_OP or len(node.input) != 4 or node.output[0] in seg.outputs:  # no `steps`
             continue
         source, out = node.input[0], node.output[0]
         producer = producers.get(source)
         dtype, shape = meta[source]
-        if producer is None or producer.op_type not in NCHWC_PRODUCERS or dtype != "float32" or len(shape) != 4:
+        if producer is None or not registry.traits(producer.op_type, producer.domain).layout.produces_blocked \
+                or dtype != "float32" or len(shape) != 4:
             continue
-        if not all(c.op_type in NCHWC_CONSUMERS for c in consumers.get(out, [])):
+        if not all(registry.traits(c.op_type, c.domain).layout.reads_blocked for c in consumers.get(out, [])):
             continue
         starts, ends, axes = (seg.initializers.get(i) for i in node.input[1:4])
         if starts is None or ends is None or axes is None or not set(axes.tolist()) <= {2, 3}:
@@ -448,25 +448,26 @@ def _segment_model(graph: Graph, seg: Segment, meta: dict[str, tuple[str, tuple[
     return model
 
 
-def lower(graph: Graph) -> tuple[list[NodeProgram], list[Message]]:
+def lower(graph: Graph, registry: RuleRegistry | None = None) -> tuple[list[NodeProgram], list[Message]]:
     """One program per node, and the messages between them."""
+    registry = registry or default_registry()
     messages = messages_of(graph)
     live = set(graph.outputs) | {t for layer in graph.layers for t in layer.inputs if t}
     programs = []
     for n in range(graph.nodes):
-        b = _Builder(graph, n, messages)
+        b = _Builder(graph, n, messages, registry)
         for layer in graph.layers:
             b.layer(layer, live)
         outputs = {t: b.resolve(v) for t, v in b.finish().items()}
         captured = {layer.name: layer.captured for layer in graph.layers if layer.captured}
         steps = _liveness(b.steps, set(outputs.values()), b.resolve, captured)
-        steps = _liveness(_merge_copy_segments(steps), set(outputs.values()), b.resolve, captured)
+        steps = _liveness(_merge_copy_segments(steps, registry), set(outputs.values()), b.resolve, captured)
         weight_bytes = 0
         k = 0
         for step in steps:
             if step.op == "run":
                 seg = step.seg
-                _crops_as_convolutions(seg, b.meta)
+                _crops_as_convolutions(seg, b.meta, registry)
                 seg.model = _segment_model(graph, seg, b.meta, f"{graph.name}_node{n}_seg{k}")
                 weight_bytes += sum(np.asarray(v).nbytes for name, v in seg.initializers.items() if name in seg.weights)
                 k += 1

@@ -142,7 +142,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "layers": plan.layers,
         "direction": plan.compiled.direction,
         "threshold": plan.compiled.threshold,
-        "movement": plan.movement,
+        "movement": plan.movement.value,
         "passes": list(plan.compiled.passes),
         "bytes_transferred": stats.bytes_transferred,
         "sync_points": stats.sync_points,

@@ -10,7 +10,7 @@ from bbgrap.config import Config, direction_axis
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import CompileRecord, Plan, SearchStats, Source
+from bbgrap.plan_schema import CompileRecord, Plan, Source
 from bbgrap.report import layer_table
 
 
@@ -95,7 +95,7 @@ def compile_model(
         threshold=cfg.threshold,
         speeds=tuple(cfg.node_speeds()),
         passes=tuple(p.name for p in manager.passes),
-        search=SearchStats(**graph.search_stats) if graph.search_stats else None,
+        search=graph.search_stats,
         layer_table=layer_table(graph, cfg.direction),
         compile_seconds=round(time.perf_counter() - t0, 3),
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)

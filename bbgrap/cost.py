@@ -1,50 +1,56 @@
 """The cost model: operations of a layer's local op, and the plan's traffic.
 
-Operations count multiply-adds as two: a convolution output element costs
-2·(C_in/group)·∏kernel, a Gemm/MatMul element 2·K, a window pool element ∏kernel, a
-reduction element the elements it reduces, anything else one per output element. The search's objective (thesis eq. 3.7–3.12)
-and `bbgrap inspect` both use these numbers.
+Operations count multiply-adds as two. An op's operations per output element are its
+rule's (`RegionRule.ops_per_element`, in the op's family module: 2·(C_in/group)·∏kernel
+for a convolution, 2·K for Gemm/MatMul, ∏kernel for a window pool, the reduced elements of
+a reduction); an op without a rule counts one per output element. The search's objective
+(thesis eq. 3.7–3.12) and `bbgrap inspect` both use these numbers; `recompute-halos` weighs
+them against what a receive costs (`ReceiveCost`, per execution provider).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 from bbgrap.ir import Graph, Layer, ShapeMap
-from bbgrap.rules.reduce import REDUCE_OPS, reduced_elements
+from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
-def ops_per_element(layer: Layer, graph: Graph) -> float:
-    op = layer.op_type
-    if op == "Conv":
-        w = graph.tensors[layer.inputs[1]].shape
-        return 2.0 * w[1] * math.prod(w[2:])
-    if op in ("Gemm", "MatMul"):
-        a = graph.tensors[layer.inputs[0]].shape
-        k = a[0] if op == "Gemm" and int(layer.attrs.get("transA", 0)) else a[-1]
-        return 2.0 * k
-    if op in ("MaxPool", "AveragePool", "LpPool"):
-        return float(math.prod(layer.attrs.get("kernel_shape", [1])))
-    if op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
-        return float(math.prod(graph.tensors[layer.inputs[0]].shape[2:]))
-    if op == "LRN":
-        return float(layer.attrs.get("size", 1))
-    if op in REDUCE_OPS:
-        return float(reduced_elements(layer, graph))
-    return 1.0
+def ops_per_element(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) -> float:
+    rule = (registry or default_registry()).get(layer)
+    return rule.ops_per_element(layer, graph) if rule is not None else 1.0
 
 
-def layer_ops(layer: Layer, graph: Graph, region: ShapeMap) -> float:
+def layer_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
     """Operations to compute `region` of the layer's output."""
-    return ops_per_element(layer, graph) * region.volume
+    return ops_per_element(layer, graph, registry) * region.volume
 
 
-def plan_flops(graph: Graph, owned: bool = False) -> list[float]:
+def plan_flops(graph: Graph, owned: bool = False, registry: RuleRegistry | None = None) -> list[float]:
     """Operations each node performs per inference (with `owned`: only for the outputs it owns,
     leaving out what it computes beyond them, such as recomputed halos)."""
     flops = [0.0] * graph.nodes
     for layer in graph.layers:
         part = graph.partitions[layer.name]
         for n in part.active_nodes():
-            flops[n] += layer_ops(layer, graph, part.out[n] if owned else part.computes[n])
+            flops[n] += layer_ops(layer, graph, part.out[n] if owned else part.computes[n], registry)
     return flops
+
+
+@dataclass(frozen=True)
+class ReceiveCost:
+    """What receiving a halo costs the receiving node, in operations of its own compute: `sync_ops`
+    per receive point (its segment ends, it waits, the next segment starts) plus `byte_ops` per
+    byte of the gathered region and of the activations alive across that point (a segment boundary
+    hands them from one onnxruntime session to the next, converting their layout twice)."""
+
+    sync_ops: float
+    byte_ops: float
+
+    def of(self, region_bytes: float, live_bytes: float) -> float:
+        return self.sync_ops + self.byte_ops * (region_bytes + max(0.0, live_bytes))
+
+
+# onnxruntime's CPU provider does about 1e5 operations per microsecond per core; one receive
+# point costs roughly 50 us there, a byte it moves about 0.1 ns (docs/benchmarks.md).
+CPU_RECEIVE = ReceiveCost(sync_ops=5e6, byte_ops=10.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from bbgrap.ir import Graph, ShapeMap
+from bbgrap.ir import Graph, Movement, ShapeMap
 from bbgrap.movement import hull_of, needs_by_node, pieces
 
 
@@ -61,7 +61,7 @@ def _check_gathers(graph: Graph) -> list[str]:
             source = held.get(p.src) if held else ShapeMap.full(graph.tensors[t].shape)
             if source is None or not source.contains(p.region) or not gather.region.contains(p.region):
                 problems.append(f"gather of {t} on node {n}: part {p.region} is not held by node {p.src}")
-        if graph.movement == "optimized":
+        if graph.movement is Movement.OPTIMIZED:
             hull = hull_of(needs[(t, n)])
             for tr in gather.transfers:
                 if not hull.contains(tr.region):

@@ -9,6 +9,7 @@ axis); the general form is kept for set algebra and for the invariant checks.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 from dataclasses import dataclass, field
@@ -343,6 +344,35 @@ class LayerPartition:
         return [n for n, r in enumerate(self.out) if not r.empty]
 
 
+class Movement(enum.Enum):
+    """The data movement a graph's gathers implement: how far the pipeline has come."""
+
+    NONE = "none"  # not partitioned yet: no gathers
+    NAIVE = "naive"  # every reading node gathers the whole tensor (thesis fig. 3.6a; insert-crop-concat)
+    OPTIMIZED = "optimized"  # only the hull of what it reads (fig. 3.6b–e; eliminate-transfers and after)
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """What the search pass did: layers searched, candidates evaluated, the plan objective
+    it reached and the naive plan's, and which of the two it kept."""
+
+    strategy: str
+    threshold: float
+    layers: int
+    evaluated: int
+    cost_calls: int
+    log10_total: float  # log10 of the candidates an exhaustive search would evaluate
+    total: float
+    seconds: float
+    objective: float
+    naive_objective: float
+    kept: str  # "searched" or "naive"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass(frozen=True)
 class Graph:
     """The whole model: layers in topological order, tensors, constants, and (once
@@ -358,9 +388,8 @@ class Graph:
     nodes: int = 1
     partitions: Mapping[str, LayerPartition] = field(default_factory=dict)
     gathers: Mapping[tuple[str, int], Gather] = field(default_factory=dict)
-    # gather mode that produced `gathers` ("naive" or "optimized"); "" before insert-crop-concat
-    movement: str = ""
-    search_stats: Mapping[str, Any] = field(default_factory=dict)
+    movement: Movement = Movement.NONE
+    search_stats: SearchStats | None = None
 
     def replace(self, **changes: Any) -> Graph:
         return dataclasses.replace(self, **changes)

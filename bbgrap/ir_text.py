@@ -6,7 +6,7 @@ from bbgrap.ir import Graph
 
 
 def format_graph(graph: Graph) -> str:
-    lines = [f"graph {graph.name}: {len(graph.layers)} layers, {graph.nodes} nodes, movement={graph.movement or '-'}"]
+    lines = [f"graph {graph.name}: {len(graph.layers)} layers, {graph.nodes} nodes, movement={graph.movement.value}"]
     for layer in graph.layers:
         shapes = ", ".join(f"{t}{list(graph.tensors[t].shape)}" for t in layer.outputs if t in graph.tensors)
         lines.append(f"{layer.name}: {layer.op_type} [{layer.group}] ({', '.join(layer.inputs)}) -> {shapes}")

@@ -14,11 +14,8 @@ optimized plan gathers just the hull of what the node's consumers read (fig.
 
 from __future__ import annotations
 
-from typing import Literal
+from bbgrap.ir import Gather, Graph, Movement, Part, ShapeMap
 
-from bbgrap.ir import Gather, Graph, Part, ShapeMap
-
-Mode = Literal["naive", "optimized"]
 OUTPUT_NODE = 0  # the node that collects the model's outputs
 
 
@@ -58,10 +55,10 @@ def hull_of(regions: list[ShapeMap]) -> ShapeMap:
     return hull
 
 
-def derive_gathers(graph: Graph, mode: Mode) -> dict[tuple[str, int], Gather]:
+def derive_gathers(graph: Graph, mode: Movement) -> dict[tuple[str, int], Gather]:
     gathers: dict[tuple[str, int], Gather] = {}
     for (t, n), needs in needs_by_node(graph).items():
-        if mode == "naive":
+        if mode is Movement.NAIVE:
             region = ShapeMap.full(graph.tensors[t].shape)
         else:
             region = hull_of(needs)

@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, TypeVar, Union
 
 import numpy as np
 
-from bbgrap.ir import BBGrapError
+from bbgrap.ir import BBGrapError, Movement, SearchStats
 
 PLAN_FORMAT = "bbgrap-plan"
 PLAN_VERSION = 3
@@ -121,6 +121,11 @@ def _range(rec: Mapping[str, Any], where: str, key: str) -> tuple[int, int] | No
 def _record(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, str], T]) -> T:
     """A record, read by `parse(value, 'key')`."""
     return parse(_take(rec, where, key, lambda v: True, ""), _path(where, key))
+
+
+def _movement(rec: Mapping[str, Any], where: str) -> Movement:
+    names = [m.value for m in Movement]
+    return Movement(_take(rec, where, "movement", lambda v: v in names, f"one of {', '.join(names)}"))
 
 
 def _records(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, str], T]) -> tuple[T, ...]:
@@ -413,36 +418,13 @@ class LayerRow:
                    whole)
 
 
-@dataclass(frozen=True)
-class SearchStats:
-    """What the search pass did: the strategy and threshold, layers searched, candidates evaluated
-    (and cost-model calls) of 10^log10_total, its time, the objective it reached against the
-    naive cut's, and which plan it kept ("searched" or "naive")."""
-
-    strategy: str
-    threshold: float
-    layers: int
-    evaluated: int
-    cost_calls: int
-    log10_total: float
-    total: float
-    seconds: float
-    objective: float
-    naive_objective: float
-    kept: str
-
-    def to_json(self) -> Json:
-        return {"strategy": self.strategy, "threshold": self.threshold, "layers": self.layers, "evaluated": self.evaluated,
-                "cost_calls": self.cost_calls, "log10_total": self.log10_total, "total": self.total, "seconds": self.seconds,
-                "objective": self.objective, "naive_objective": self.naive_objective, "kept": self.kept}
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> SearchStats:
-        rec = _object(value, where)
-        return cls(_str(rec, where, "strategy"), _number(rec, where, "threshold"), _int(rec, where, "layers"),
-                   _int(rec, where, "evaluated"), _int(rec, where, "cost_calls"), _number(rec, where, "log10_total"),
-                   _number(rec, where, "total"), _number(rec, where, "seconds"), _number(rec, where, "objective"),
-                   _number(rec, where, "naive_objective"), _str(rec, where, "kept"))
+def search_stats_from_json(value: Any, where: str) -> SearchStats:
+    """The search pass's statistics (bbgrap.ir.SearchStats, which writes itself with to_json)."""
+    rec = _object(value, where)
+    return SearchStats(_str(rec, where, "strategy"), _number(rec, where, "threshold"), _int(rec, where, "layers"),
+                       _int(rec, where, "evaluated"), _int(rec, where, "cost_calls"), _number(rec, where, "log10_total"),
+                       _number(rec, where, "total"), _number(rec, where, "seconds"), _number(rec, where, "objective"),
+                       _number(rec, where, "naive_objective"), _str(rec, where, "kept"))
 
 
 @dataclass(frozen=True)
@@ -490,7 +472,7 @@ class CompileRecord:
                        "a list of positive numbers")
         search = None
         if _take(rec, where, "search", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
-            search = _record(rec, where, "search", SearchStats.from_json)
+            search = _record(rec, where, "search", search_stats_from_json)
         source = _record(rec, where, "source", Source.from_json) if "source" in rec else None  # absent: a model in memory
         return cls(_str(rec, where, "direction"), _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source)
@@ -505,7 +487,7 @@ class Plan:
 
     model: str
     nodes: int
-    movement: str
+    movement: Movement
     layers: int
     opaque: tuple[OpaqueLayer, ...]
     inputs: tuple[InputSpec, ...]
@@ -523,7 +505,7 @@ class Plan:
 
     def to_json(self) -> Json:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": self.plan_id, "files": dict(self.files),
-                "model": self.model, "nodes": self.nodes, "movement": self.movement, "layers": self.layers,
+                "model": self.model, "nodes": self.nodes, "movement": self.movement.value, "layers": self.layers,
                 "opaque": [o.to_json() for o in self.opaque], "inputs": [i.to_json() for i in self.inputs],
                 "outputs": [o.to_json() for o in self.outputs], "messages": [m.to_json() for m in self.messages],
                 "programs": [p.to_json() for p in self.programs], "stats": self.stats.to_json(), **self.compiled.to_json()}
@@ -548,7 +530,7 @@ class Plan:
         for key, specs in (("inputs", inputs), ("outputs", outputs)):
             if not specs:
                 raise PlanSchemaError(f"'{key}' is empty")
-        plan = cls(model=_str(rec, where, "model"), nodes=nodes, movement=_str(rec, where, "movement"), layers=_int(rec, where, "layers"),
+        plan = cls(model=_str(rec, where, "model"), nodes=nodes, movement=_movement(rec, where), layers=_int(rec, where, "layers"),
                    opaque=_records(rec, where, "opaque", OpaqueLayer.from_json), inputs=inputs, outputs=outputs,
                    messages=_records(rec, where, "messages", MessageSpec.from_json),
                    programs=_records(rec, where, "programs", Program.from_json), stats=_record(rec, where, "stats", Stats.from_json),

@@ -15,6 +15,7 @@ from bbgrap.config import direction_axis
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer
 from bbgrap.plan_schema import LayerNodeRow, LayerRow, WholeLayer
+from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 AXIS_NAMES_4D = ("n", "c", "h", "w")
@@ -29,7 +30,7 @@ def axis_name(axis: int | None, rank: int) -> str:
 
 def whole_reason(graph: Graph, layer: Layer, direction: str, registry: RuleRegistry) -> str:
     """Why a layer is computed whole on one node (see naive_partition.choose_axis)."""
-    if layer.domain not in ("", "ai.onnx"):
+    if not is_default_domain(layer.domain):
         return f"no region rule: op of the custom domain '{layer.domain}'"
     rule = registry.get(layer)
     if rule is None:
@@ -60,12 +61,12 @@ def layer_table(graph: Graph, direction: str, registry: RuleRegistry | None = No
             if part.axis is not None and not out.empty:
                 iv, cv = out.interval(part.axis), computes.bounding_box().interval(part.axis)
                 extent, computed = (iv.start, iv.stop), (cv.start, cv.stop)
-            flops = layer_ops(layer, graph, computes)  # an empty region has no volume: 0
+            flops = layer_ops(layer, graph, computes, registry)  # an empty region has no volume: 0
             nodes.append(LayerNodeRow(
                 range=extent,  # the part it owns (what other nodes receive from)
                 computes=computed,  # owned, plus recomputed halo rows or whole groups
                 flops=flops,
-                redundant_flops=flops - layer_ops(layer, graph, out),
+                redundant_flops=flops - layer_ops(layer, graph, out, registry),
             ))
         whole = None
         if part.axis is None:

@@ -24,11 +24,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from bbgrap.ir import BBGrapError, Graph, Layer, Tensor
+from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 SHAPE_ONLY = {"Shape", "Size"}
-WINDOWED = {"Conv", "MaxPool", "AveragePool", "LpPool", "ConvInteger", "QLinearConv"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def load_model(path: str) -> onnx.ModelProto:
         raise BBGrapError(f"'{path}' declares no graph outputs, so there is nothing to compute; re-export the model with its outputs")
     latest = onnx.defs.onnx_opset_version()
     for o in model.opset_import:
-        if o.domain in ("", "ai.onnx") and not 1 <= o.version <= latest:
+        if is_default_domain(o.domain) and not 1 <= o.version <= latest:
             raise BBGrapError(
                 f"'{path}' imports ONNX opset {o.version}, but this onnx knows opsets 1 to {latest}; "
                 f"re-export the model with a released opset (for example 17)"
@@ -188,7 +188,7 @@ def _foldable(model: onnx.ModelProto) -> set[str]:
     const = {i.name for i in model.graph.initializer}
     for node in model.graph.node:
         has_graph_attr = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or has_graph_attr:
+        if not is_default_domain(node.domain) or node.op_type in NONDETERMINISTIC or has_graph_attr:
             continue
         if node.op_type in SHAPE_ONLY or all(not t or t in const for t in node.input):
             const.update(t for t in node.output if t)
@@ -433,22 +433,21 @@ def import_proto(
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-        if node.op_type in WINDOWED and node.domain in ("", "ai.onnx"):
+        captured = captured_inputs(node)
+        rule = registry.rule_of(node.op_type, node.domain) if not captured else None  # a node with a body is computed whole
+        if rule is not None and rule.windowed:
             x = tensors[node.input[0]].shape
             kernel = attrs.get("kernel_shape") or list(tensors[node.input[1]].shape[2:])
             attrs["kernel_shape"] = list(kernel)
             _explicit_pads(attrs, x[2:], kernel)
-        captured = captured_inputs(node)
         layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input) + captured, tuple(node.output), captured=captured)
-        rule = registry.get(layer) if not captured else None  # a node with a body is computed whole
         group = rule.group if rule is not None else "opaque"
         layers.append(replace(layer, group=group))
 
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}
     tensors = {k: v for k, v in tensors.items() if k in used or k in feeds or any(k in la.outputs for la in layers)}
-    # the default domain may be spelled "" or "ai.onnx"
-    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version) for o in model.opset_import}
+    opsets = {("" if is_default_domain(o.domain) else o.domain): int(o.version) for o in model.opset_import}
     graph = Graph(
         name=name,
         layers=tuple(layers),

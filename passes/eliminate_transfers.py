@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bbgrap.ir import Graph
+from bbgrap.ir import Graph, Movement
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 
@@ -25,5 +25,5 @@ class EliminateTransfers(Pass):
             raise PassError("run insert-crop-concat first")
 
     def call(self, graph: Graph) -> PassResult:
-        gathers = derive_gathers(graph, "optimized")
-        return PassResult(graph.replace(gathers=gathers, movement="optimized"), gathers != graph.gathers)
+        gathers = derive_gathers(graph, Movement.OPTIMIZED)
+        return PassResult(graph.replace(gathers=gathers, movement=Movement.OPTIMIZED), gathers != graph.gathers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bbgrap.ir import Graph
+from bbgrap.ir import Graph, Movement
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 
@@ -24,4 +24,4 @@ class InsertCropConcat(Pass):
             raise PassError("run naive-partition first")
 
     def call(self, graph: Graph) -> PassResult:
-        return PassResult(graph.replace(gathers=derive_gathers(graph, "naive"), movement="naive"), True)
+        return PassResult(graph.replace(gathers=derive_gathers(graph, Movement.NAIVE), movement=Movement.NAIVE), True)

@@ -16,11 +16,10 @@ receives keeps its segment boundary: it sends there), when, summed over them,
 
     extra operations + change in their inputs' receive costs  <  receive costs of the halos
 
-with operations weighted by the node's slowness, and where a receive costs `sync_ops`
-(one receive point: a segment boundary, waiting) plus `byte_ops` per byte of the
-gathered region (the concat copies all of it) and of the other activations alive
-across that point (each segment boundary hands them from one onnxruntime session to
-the next, converting their memory layout twice). A layer looks `depth` layers up for
+with operations weighted by the node's slowness, and where a receive costs what the cost
+model's `ReceiveCost` says: a fixed cost per receive point (a segment boundary, waiting)
+plus a cost per byte of the gathered region (the concat copies all of it) and of the
+other activations alive across that point. A layer looks `depth` layers up for
 the cheapest place to receive. Owned regions stay disjoint and tile every tensor;
 only what nodes compute grows, so every result is still exact.
 """
@@ -32,27 +31,25 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from bbgrap.cost import layer_ops
-from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
+from bbgrap.cost import CPU_RECEIVE, ReceiveCost, layer_ops
+from bbgrap.ir import Graph, Layer, LayerPartition, Movement, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of, pieces
 from bbgrap.pass_manager import Pass, PassError, PassResult
-from bbgrap.rules.registry import Local, RuleRegistry, default_registry
+from bbgrap.rules.base import Local
+from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
 @dataclass(frozen=True)
 class RecomputeHalos(Pass):
     name: ClassVar[str] = "recompute-halos"
-    # Calibrated on onnxruntime's CPU provider (about 1e5 operations per microsecond
-    # per core): one receive point costs roughly 50 us, a byte it moves about 0.1 ns.
-    sync_ops: float = 5e6
-    byte_ops: float = 10.0
+    receive: ReceiveCost = CPU_RECEIVE
     depth: int = 12  # layers looked up from a halo for a cheaper place to receive it
     speeds: tuple[float, ...] = ()  # relative node speeds: a slow node's extra operations cost it more time
     progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)  # (pass, done, total)
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
-        if graph.movement != "optimized":
+        if graph.movement is not Movement.OPTIMIZED:
             raise PassError("run eliminate-transfers first")
 
     def call(self, graph: Graph) -> PassResult:
@@ -85,7 +82,7 @@ class RecomputeHalos(Pass):
         if not changed:
             return PassResult(graph, False)
         graph = graph.replace(partitions=walk.partitions)
-        return PassResult(graph.replace(gathers=derive_gathers(graph, "optimized")), True)
+        return PassResult(graph.replace(gathers=derive_gathers(graph, Movement.OPTIMIZED)), True)
 
 
 class _Walk:
@@ -143,7 +140,7 @@ class _Walk:
         spec = self.graph.tensors[tensor]
         itemsize = np.dtype(spec.dtype).itemsize
         others = self.live[self.first_use[tensor]] - spec.nbytes / self.graph.nodes
-        return self.options.sync_ops + self.options.byte_ops * (region.volume * itemsize + max(0.0, others))
+        return self.options.receive.of(region.volume * itemsize, others)
 
     def slowness(self, node: int) -> float:
         """Time per operation on `node`, relative to the average node."""
@@ -159,7 +156,8 @@ class _Walk:
         if any(grown.interval(a) != held.interval(a) for a in range(held.rank) if a != part.axis):
             return None
         local = self.options.registry.get(layer).local(layer, self.graph, grown)  # type: ignore[union-attr]
-        extra = layer_ops(layer, self.graph, local.computes) - layer_ops(layer, self.graph, held)
+        registry = self.options.registry
+        extra = layer_ops(layer, self.graph, local.computes, registry) - layer_ops(layer, self.graph, held, registry)
         cost = extra * self.slowness(node) - self.receive_cost(layer.outputs[0], held, need)
         for t, after in zip(layer.inputs, local.needs):
             if t and after is not None and self.graph.is_activation(t):

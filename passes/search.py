@@ -31,10 +31,9 @@ from bbgrap.passes.naive_partition import partition_layer, split_sizes
 
 from bbgrap.config import Config, direction_axis
 from bbgrap.cost import layer_ops
-from bbgrap.ir import Graph, Interval, Layer, LayerPartition, ShapeMap
+from bbgrap.ir import Graph, Interval, Layer, LayerPartition, Movement, SearchStats, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
-from bbgrap.rules.elementwise import BatchNormRule, BroadcastRule
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import NodeCost, Weights, objective
 from bbgrap.search.procedural import size_band
@@ -86,8 +85,8 @@ class LayerCutCost:
             if need is not None and t in self.held:
                 have = self.held[t][node]
                 data += need.volume - (need.intersect(have).volume if not have.empty else 0)
-        ops = layer_ops(self.layer, self.graph, local.computes)
-        over = ops - layer_ops(self.layer, self.graph, out)
+        ops = layer_ops(self.layer, self.graph, local.computes, self.registry)
+        over = ops - layer_ops(self.layer, self.graph, out, self.registry)
         return NodeCost(ops / self.speeds[node], data, over)
 
     def cost_of(self, part: LayerPartition) -> float:
@@ -106,7 +105,7 @@ class SearchPartitions(Pass):
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
-        if graph.movement != "optimized":
+        if graph.movement is not Movement.OPTIMIZED:
             raise PassError("run eliminate-transfers first")
 
     def _cost(self, graph: Graph, layer: Layer, axis: int, partitions: dict[str, LayerPartition]) -> LayerCutCost:
@@ -123,7 +122,7 @@ class SearchPartitions(Pass):
     def _follow(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> LayerPartition | None:
         """The producer's cut for a pass-through layer of the same output shape, else None."""
         rule = self.registry.get(layer)
-        if not isinstance(rule, (BroadcastRule, BatchNormRule)):
+        if rule is None or not rule.passes_through:
             return None
         producers = graph.producers()
         shape = graph.tensors[layer.outputs[0]].shape
@@ -224,18 +223,18 @@ class SearchPartitions(Pass):
         kept = "searched" if searched_total <= naive_total else "naive"
         if kept == "naive":
             partitions = dict(graph.partitions)
-        stats = {
-            "strategy": cfg.search,
-            "threshold": cfg.threshold,
-            "layers": searched_layers,
-            "evaluated": evaluated,
-            "cost_calls": cost_calls,
-            "log10_total": log10_total,
-            "total": 10.0 ** log10_total if log10_total < 300 else math.inf,
-            "seconds": time.perf_counter() - t0,
-            "objective": min(searched_total, naive_total),
-            "naive_objective": naive_total,
-            "kept": kept,
-        }
+        stats = SearchStats(
+            strategy=cfg.search,
+            threshold=cfg.threshold,
+            layers=searched_layers,
+            evaluated=evaluated,
+            cost_calls=cost_calls,
+            log10_total=log10_total,
+            total=10.0 ** log10_total if log10_total < 300 else math.inf,
+            seconds=time.perf_counter() - t0,
+            objective=min(searched_total, naive_total),
+            naive_objective=naive_total,
+            kept=kept,
+        )
         new = graph.replace(partitions=partitions)
-        return PassResult(new.replace(gathers=derive_gathers(new, "optimized"), search_stats=stats), kept == "searched")
+        return PassResult(new.replace(gathers=derive_gathers(new, Movement.OPTIMIZED), search_stats=stats), kept == "searched")

@@ -18,7 +18,7 @@ import pytest
 from helpers import compile_plan, run_plan, save
 
 from bbgrap import zoo
-from bbgrap.ir import BBGrapError
+from bbgrap.ir import BBGrapError, Movement
 from bbgrap.plan import (
     MANIFEST,
     REPLACING,
@@ -38,7 +38,7 @@ BIN = os.path.dirname(sys.executable)
 def tiny_plan(nodes: int = 1) -> Plan:
     """The smallest plan the readers accept (one segment per node, no messages)."""
     return Plan(
-        model="m", nodes=nodes, movement="optimized", layers=1, opaque=(),
+        model="m", nodes=nodes, movement=Movement.OPTIMIZED, layers=1, opaque=(),
         inputs=(InputSpec("x", (1,), "float32", "x"),), outputs=(TensorSpec("y", (1,), "float32"),), messages=(),
         programs=tuple(Program(n, (SegmentSpec(f"node{n}/seg000.onnx", ("x",), ("y",)),), (RunStep(0),), {"y": "y"})
                        for n in range(nodes)),

@@ -7,13 +7,21 @@ touches and crops (a group conv needs the groups' input channels whole).
 
 from __future__ import annotations
 
+import math
+
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, shape
+from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
 class ConvRule(RegionRule):
     group = "convolutions"
+    windowed = True
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """A multiply-add per weight of one output channel: 2·(C_in/group)·∏kernel."""
+        w = shape(graph, layer.inputs[1])
+        return 2.0 * w[1] * math.prod(w[2:])
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         return all_axes(layer, graph)
@@ -45,4 +53,4 @@ class ConvRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Conv"], ConvRule())
+    registry.register(["Conv"], ConvRule(), OpTraits(layout=Layout.BLOCKED))

@@ -7,20 +7,23 @@ position, so regions pass through; constant operands are sliced along with them.
 from __future__ import annotations
 
 from bbgrap.ir import Graph, Layer, ShapeMap
-from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
+from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
 
 ACTIVATIONS = (
-    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Clip",
+    "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
     "Elu", "Selu", "Celu", "Softplus", "Softsign", "ThresholdedRelu", "Gelu", "Mish", "Erf",
     "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
-    "Sin", "Cos", "Not", "Cast", "Identity", "Dropout", "Shrink",
+    "Sin", "Cos", "Not", "Cast", "Shrink",
 )
-ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Sum", "Pow", "Max", "Min", "Mean", "Where",
-              "Equal", "Greater", "Less", "And", "Or")
+KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through them
+ARITHMETIC = ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
+BLOCKED_ARITHMETIC = ("Add", "Sum")  # onnxruntime's NCHWc layout runs them blocked
 
 
 class BroadcastRule(RegionRule):
     """Ops whose inputs broadcast (numpy rules) to the output."""
+
+    passes_through = True
 
     def __init__(self, group: str) -> None:
         self.group = group
@@ -39,6 +42,7 @@ class BatchNormRule(RegionRule):
     """BatchNormalization (inference): per-channel parameters follow the channel axis."""
 
     group = "others"
+    passes_through = True
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         if len([t for t in layer.outputs if t]) > 1 or int(layer.attrs.get("spatial", 1)) != 1:
@@ -52,6 +56,12 @@ class BatchNormRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(ACTIVATIONS, BroadcastRule("others"))
-    registry.register(ARITHMETIC, BroadcastRule("arithmetic"))
-    registry.register(["BatchNormalization"], BatchNormRule())
+    activation, arithmetic = BroadcastRule("others"), BroadcastRule("arithmetic")
+    registry.register(ACTIVATIONS, activation)
+    # the output is the input (Dropout at inference): lowering binds it instead of emitting a node
+    registry.register(["Identity"], activation, OpTraits(alias=True, moves_data=True))
+    registry.register(["Dropout"], activation, OpTraits(alias=True))
+    registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS))
+    registry.register(ARITHMETIC, arithmetic)
+    registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED))
+    registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS))

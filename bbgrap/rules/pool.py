@@ -7,13 +7,20 @@ window, so a channel cut reads a channel halo and crops it away after.
 
 from __future__ import annotations
 
+import math
+
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, full, shape
+from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
 class WindowPoolRule(RegionRule):
     group = "pools"
+    windowed = True
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """One operation per window element: ∏kernel."""
+        return float(math.prod(layer.attrs.get("kernel_shape", [1])))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         if len([t for t in layer.outputs if t]) > 1:  # MaxPool's Indices: opaque
@@ -31,6 +38,10 @@ class WindowPoolRule(RegionRule):
 class GlobalPoolRule(RegionRule):
     group = "pools"
 
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """One operation per input element of the channel: ∏spatial."""
+        return float(math.prod(shape(graph, layer.inputs[0])[2:]))
+
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         return frozenset({0, 1})
 
@@ -41,6 +52,10 @@ class GlobalPoolRule(RegionRule):
 
 class LRNRule(RegionRule):
     group = "pools"
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """One operation per channel of the window: `size`."""
+        return float(layer.attrs.get("size", 1))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         return all_axes(layer, graph)
@@ -56,6 +71,7 @@ class LRNRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["MaxPool", "AveragePool", "LpPool"], WindowPoolRule())
+    registry.register(["MaxPool", "AveragePool"], WindowPoolRule(), OpTraits(layout=Layout.BLOCKED))
+    registry.register(["LpPool"], WindowPoolRule())
     registry.register(["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"], GlobalPoolRule())
     registry.register(["LRN"], LRNRule())

@@ -5,12 +5,13 @@ any axis it does not reduce."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from bbgrap.ir import Graph, Layer, ShapeMap
-from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, full, shape
+from bbgrap.rules.base import Local, RegionRule, RuleRegistry, full, shape
 
 REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
               "ReduceLogSumExp", "ReduceSumSquare")
@@ -24,6 +25,12 @@ class ReduceRule(RegionRule):
     """Reduce* over `axes` (an attribute, or from opset 18 — 13 for ReduceSum — a constant input;
     none: every axis, or none at all with noop_with_empty_axes). With keepdims the output keeps
     the input's axes (the reduced ones of size 1), else it drops the reduced ones."""
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """One operation per input element reduced into the output element."""
+        reduced = self.reduced(layer, graph)
+        dims = shape(graph, layer.inputs[0])
+        return float(math.prod(dims[a] for a in (reduced if reduced is not None else range(len(dims)))))
 
     def reduced(self, layer: Layer, graph: Graph) -> frozenset[int] | None:
         """The input axes reduced; None where they are not known at compile time."""
@@ -83,16 +90,6 @@ class LayerNormRule(RegionRule):
         for a in range(min(self._axis(layer, graph), out.rank)):
             need = need.with_axis(a, out.interval(a))
         return Local((need, *(full(graph, t) if t else None for t in layer.inputs[1:])), out)
-
-
-def reduced_elements(layer: Layer, graph: Graph) -> int:
-    """Input elements each output element of a Reduce* reads (for the cost model)."""
-    reduced = ReduceRule().reduced(layer, graph)
-    dims = shape(graph, layer.inputs[0])
-    count = 1
-    for a in reduced if reduced is not None else range(len(dims)):
-        count *= dims[a]
-    return count
 
 
 def register(registry: RuleRegistry) -> None:

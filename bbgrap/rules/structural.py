@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.registry import Local, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
+from bbgrap.rules.base import Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
 
 
 def _axis(layer: Layer, rank: int, default: int) -> int:
@@ -73,6 +73,11 @@ class FlattenRule(RegionRule):
 class GemmRule(RegionRule):
     """Y = A'·B' + C: rows of Y read rows of A', columns read columns of B' (and C broadcast)."""
 
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """A multiply-add per element of the shared axis: 2·K."""
+        a = shape(graph, layer.inputs[0])
+        return 2.0 * (a[0] if int(layer.attrs.get("transA", 0)) else a[-1])
+
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         return frozenset({0, 1})
 
@@ -93,6 +98,10 @@ class MatMulRule(RegionRule):
     its columns the same columns of B (a channel cut keeps only those weight columns), its batch
     entries the matching entries of A and B (all of an axis that broadcasts, of size 1); the
     shared axis K is read whole. 1-D operands (a vector product) are computed whole."""
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """A multiply-add per element of the shared axis: 2·K."""
+        return 2.0 * shape(graph, layer.inputs[0])[-1]
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
@@ -148,10 +157,11 @@ class WholeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Concat"], ConcatRule())
+    moves = OpTraits(moves_data=True)
+    registry.register(["Concat"], ConcatRule(), moves)
     registry.register(["Transpose"], TransposeRule())
-    registry.register(["Flatten"], FlattenRule())
+    registry.register(["Flatten"], FlattenRule(), moves)
     registry.register(["Gemm"], GemmRule())
     registry.register(["MatMul"], MatMulRule())
     registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
-    registry.register(["Reshape", "Squeeze", "Unsqueeze"], WholeRule())
+    registry.register(["Reshape", "Squeeze", "Unsqueeze"], WholeRule(), moves)

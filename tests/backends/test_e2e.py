@@ -8,6 +8,7 @@ import pytest
 from helpers import assert_exact, compile_plan, save
 
 from bbgrap import zoo
+from bbgrap.ir import Movement
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_device_values_path_is_exact(zoo_models: dict[str, str], tmp_path, name:
 @pytest.mark.parametrize("name", ["resnet18", "inception"])
 def test_naive_plan_is_exact(zoo_models: dict[str, str], tmp_path, name: str) -> None:
     manifest = compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=3, direction="w", optimize=False)
-    assert manifest.movement == "naive"
+    assert manifest.movement == Movement.NAIVE
     assert_exact(str(tmp_path / "plan"))
 
 

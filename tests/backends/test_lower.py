@@ -10,13 +10,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from bbgrap.backends.lower import (
-    COPY_OPS,
     SELECT_MAX_TAPS,
     Message,
     Segment,
     Step,
     _crops_as_convolutions,
     _merge_copy_segments,
+    _moves_data,
     _segment_model,
     _window_slack,
     lower,
@@ -32,6 +32,7 @@ from bbgrap.compiler import compile_model, pipeline
 from bbgrap.config import Config
 from bbgrap.ir import Layer, ShapeMap
 from bbgrap.pass_manager import PassManager
+from bbgrap.rules.registry import default_registry
 
 
 def run(*ops: str) -> Step:
@@ -49,7 +50,7 @@ def layout(steps: list[Step]) -> list[str]:
 def test_copy_segment_folds_back_over_sends_but_not_over_a_wait() -> None:
     steps = [run("Conv"), Step("send", message=message(0)), run("Slice", "Concat"), Step("wait", message=message(1)),
              run("Concat"), run("Conv"), Step("send", message=message(2)), run("Relu")]
-    assert layout(_merge_copy_segments(steps)) == ["Conv,Slice,Concat", "send", "wait", "Concat", "Conv", "send", "Relu"]
+    assert layout(_merge_copy_segments(steps, default_registry())) == ["Conv,Slice,Concat", "send", "wait", "Concat", "Conv", "send", "Relu"]
 
 
 def test_plans_keep_no_copy_segment_after_sends_and_stay_exact(tmp_path) -> None:
@@ -62,7 +63,7 @@ def test_plans_keep_no_copy_segment_after_sends_and_stay_exact(tmp_path) -> None
     for prog in programs:
         before = ""  # the last step that is not a send
         for step in prog.steps:
-            if step.op == "run" and all(n.op_type in COPY_OPS for n in step.segment.nodes):
+            if step.op == "run" and all(_moves_data(n, default_registry()) for n in step.segment.nodes):
                 assert before != "run", f"node {prog.node}: a copy-only segment follows a segment with only sends between"
             if step.op != "send":
                 before = step.op
@@ -104,7 +105,7 @@ def test_a_crop_between_nchwc_ops_becomes_an_exact_one_tap_convolution(channels:
     top, left = data.draw(st.integers(0, drop_h)), data.draw(st.integers(0, drop_w))
     starts, stops = [top, left], [height - drop_h + top, width - drop_w + left]
     seg, meta = crop_segment((1, channels, height, width), starts, stops)
-    _crops_as_convolutions(seg, meta)
+    _crops_as_convolutions(seg, meta, default_registry())
     assert [n.op_type for n in seg.nodes] == ["Relu", "Conv", "MaxPool"]
     assert set(seg.initializers) == {"b/select"}, "the Slice's index tensors must go with it"
     x = np.random.default_rng(channels * 100 + height * 10 + width).standard_normal((1, channels, height, width)).astype(np.float32)
@@ -122,7 +123,7 @@ def test_a_crop_between_nchwc_ops_becomes_an_exact_one_tap_convolution(channels:
 def test_crops_that_would_not_gain_stay_slices(case: dict) -> None:
     args = {"starts": [1, 0], "stops": [5, 5], **case}
     seg, meta = crop_segment((1, 8, 6, 5), args.pop("starts"), args.pop("stops"), **args)
-    _crops_as_convolutions(seg, meta)
+    _crops_as_convolutions(seg, meta, default_registry())
     assert [n.op_type for n in seg.nodes][1] == "Slice"
 
 
@@ -131,7 +132,7 @@ def test_a_crop_of_a_segment_input_stays_a_slice() -> None:
     seg.nodes = seg.nodes[1:]
     seg.nodes[0].input[0] = "x"
     meta["x"] = meta["a"]
-    _crops_as_convolutions(seg, meta)
+    _crops_as_convolutions(seg, meta, default_registry())
     assert [n.op_type for n in seg.nodes] == ["Slice", "MaxPool"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.cost import CPU_RECEIVE, ReceiveCost
 from bbgrap.invariants import check_invariants
 from bbgrap.ir import Graph, Part, ShapeMap
 from bbgrap.movement import assemble
@@ -28,7 +30,7 @@ from bbgrap.plan import write_plan
 from bbgrap.plan_schema import CompileRecord
 from bbgrap.report import layer_table
 
-NEVER, ALWAYS = RecomputeHalos(sync_ops=0.0, byte_ops=0.0), RecomputeHalos(sync_ops=1e12)
+NEVER, ALWAYS = RecomputeHalos(receive=ReceiveCost(0.0, 0.0)), RecomputeHalos(receive=replace(CPU_RECEIVE, sync_ops=1e12))
 
 
 def rows(lo: int, hi: int, channels: int = 2, width: int = 5) -> ShapeMap:
@@ -88,7 +90,7 @@ def test_wide_halo_is_replaced_by_recomputing_the_cheap_layer(tmp_path) -> None:
     model = expand_then_window()
     kept = run_pipeline(model, 2, NEVER)
     assert "wide" in {t.tensor for t in kept.transfers()}
-    g = run_pipeline(model, 2, RecomputeHalos(sync_ops=0.0, byte_ops=1000.0), str(tmp_path / "plan"))
+    g = run_pipeline(model, 2, RecomputeHalos(receive=ReceiveCost(0.0, 1000.0)), str(tmp_path / "plan"))
     assert "wide" not in {t.tensor for t in g.transfers()}
     assert g.partitions["expand"].computes == (rows(0, 5, 16), rows(3, 8, 16))
     assert_exact(str(tmp_path / "plan"))
@@ -97,9 +99,9 @@ def test_wide_halo_is_replaced_by_recomputing_the_cheap_layer(tmp_path) -> None:
 def test_slow_node_vetoes_a_recompute_that_only_pays_on_average_nodes() -> None:
     # both nodes read a halo of `wide`: they recompute it together or not at all, and one
     # 100x slower node makes the pair's extra operations cost more than the receives
-    options = dict(sync_ops=0.0, byte_ops=1.0)
-    even = run_pipeline(expand_then_window(), 2, RecomputeHalos(**options))
-    uneven = run_pipeline(expand_then_window(), 2, RecomputeHalos(**options, speeds=(1.0, 0.01)))
+    receive = ReceiveCost(0.0, 1.0)
+    even = run_pipeline(expand_then_window(), 2, RecomputeHalos(receive=receive))
+    uneven = run_pipeline(expand_then_window(), 2, RecomputeHalos(receive=receive, speeds=(1.0, 0.01)))
     assert even.partitions["expand"].computes == (rows(0, 5, 16), rows(3, 8, 16))
     assert uneven.partitions["expand"].computes == (rows(0, 4, 16), rows(4, 8, 16))
     assert "wide" in {t.tensor for t in uneven.transfers()}
@@ -174,5 +176,5 @@ def test_recomputed_plans_of_random_window_chains_are_exact(tmp_path_factory, ch
     layers, height = chain
     assert layers
     plan = str(tmp_path_factory.mktemp("chain") / "plan")
-    run_pipeline(window_chain(layers, 3, height, height), nodes, RecomputeHalos(sync_ops=sync), plan)
+    run_pipeline(window_chain(layers, 3, height, height), nodes, RecomputeHalos(receive=replace(CPU_RECEIVE, sync_ops=sync)), plan)
     assert_exact(plan)

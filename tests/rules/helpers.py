@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
-from bbgrap.rules.registry import Local, RegionRule, default_registry
+from bbgrap.rules.base import Local, RegionRule
+from bbgrap.rules.registry import default_registry
 from bbgrap.rules.window import Window
 
 WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")

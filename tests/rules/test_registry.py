@@ -8,7 +8,8 @@ from bbgrap.frontends.onnx import import_proto
 from onnx import helper
 
 from bbgrap.ir import GROUPS, Layer
-from bbgrap.rules.registry import RegionRule, RuleRegistry, default_registry
+from bbgrap.rules.base import RegionRule, RuleRegistry
+from bbgrap.rules.registry import default_registry
 from bbgrap.rules.structural import WholeRule
 from tests.rules.helpers import build_model, single_op
 

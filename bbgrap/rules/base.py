@@ -1,0 +1,158 @@
+"""What every op family's module builds on: a rule's interface, the op traits the
+runtime cares about, and the region helpers the families share.
+
+Everything BBGraP knows of an op lives in its family's module (`conv.py`, `pool.py`,
+`elementwise.py`, `structural.py`, `reduce.py`): the region rule (output region → input
+regions), the operations per output element the cost model counts, whether it passes a
+region through unchanged (the search lets it follow its producer's cut), whether it has a
+kernel window (explicit pads in the frontend, window slack in lowering), and, given when
+the family registers it, what the runtime does with it (`OpTraits`). The registry
+(`RuleRegistry`, here) is filled by `registry.default_registry`, which imports the families;
+the families import only this module.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Mapping
+
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def is_default_domain(domain: str) -> bool:
+    """The ONNX default domain, which a model may spell "" or "ai.onnx"."""
+    return domain in DEFAULT_DOMAINS
+
+
+@dataclass(frozen=True)
+class Local:
+    """What a node's local op needs to produce one output region.
+
+    `needs[i]` is the region of input i it reads (None: input absent, or dropped
+    from the local op, as Concat drops inputs outside the region); `computes` is
+    what the local op produces (a superset of the requested region when the op
+    cannot produce exactly that, e.g. LRN's channel halo); `attrs` overrides the
+    layer's attributes for the local op.
+    """
+
+    needs: tuple[ShapeMap | None, ...]
+    computes: ShapeMap
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Layout(enum.Enum):
+    """How onnxruntime's CPU provider treats an op in its blocked NCHWc layout (what lowering
+    must know to keep a crop between two such ops inside the layout)."""
+
+    PLAIN = "plain"  # runs on plain NCHW: the layout is left before it
+    KEEPS = "keeps"  # its output stays blocked when its input is (an activation, BatchNormalization)
+    BLOCKED = "blocked"  # reads and writes the blocked layout (Conv, the window pools, Add, Sum)
+
+    @property
+    def produces_blocked(self) -> bool:
+        return self is not Layout.PLAIN
+
+    @property
+    def reads_blocked(self) -> bool:
+        return self is Layout.BLOCKED
+
+
+@dataclass(frozen=True)
+class OpTraits:
+    """What the backend does with an op, registered with its rule.
+
+    `alias`: one output equal to the input, which lowering binds instead of emitting a node
+    (Identity, inference Dropout). `moves_data`: computes nothing, only moves elements (a
+    segment of such ops is folded into the segment before it). `layout`: see `Layout`."""
+
+    alias: bool = False
+    moves_data: bool = False
+    layout: Layout = Layout.PLAIN
+
+
+class RegionRule(ABC):
+    """How one op family maps an output region to the input regions it reads, and what
+    else the compiler knows of the family's ops.
+
+    `passes_through`: every output element reads only the input elements at the same
+    (broadcast) position, so a layer may take its producer's cut unchanged. `windowed`: the op
+    slides a kernel over the spatial axes (attributes kernel_shape, strides, dilations, pads;
+    `rules/window.py`)."""
+
+    group: str = "others"
+    passes_through: ClassVar[bool] = False
+    windowed: ClassVar[bool] = False
+
+    @abstractmethod
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        """Output axes along which this layer can be cut (empty: whole only)."""
+
+    @abstractmethod
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        """Input regions and local attributes to compute the box `out`."""
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """Operations per output element, multiply-adds counted as two (the cost model's unit)."""
+        return 1.0
+
+
+class RuleRegistry:
+    """Op type → rule and traits, with duplicate registration an error (as onnxslim's shape
+    handlers do), so two families cannot silently disagree. Ops of a domain other than ONNX's
+    default have no rule and default traits, whatever their name."""
+
+    def __init__(self) -> None:
+        self._rules: dict[str, RegionRule] = {}
+        self._traits: dict[str, OpTraits] = {}
+
+    def register(self, op_types: Iterable[str], rule: RegionRule, traits: OpTraits = OpTraits()) -> None:
+        for op in op_types:
+            if op in self._rules:
+                raise ValueError(f"region rule for {op} registered twice")
+            self._rules[op] = rule
+            self._traits[op] = traits
+
+    def get(self, layer: Layer) -> RegionRule | None:
+        return self.rule_of(layer.op_type, layer.domain)
+
+    def rule_of(self, op_type: str, domain: str = "") -> RegionRule | None:
+        return self._rules.get(op_type) if is_default_domain(domain) else None
+
+    def traits(self, op_type: str, domain: str = "") -> OpTraits:
+        """The op's runtime traits (the defaults for an op without a rule)."""
+        return self._traits.get(op_type, OpTraits()) if is_default_domain(domain) else OpTraits()
+
+    def __contains__(self, op_type: str) -> bool:
+        return op_type in self._rules
+
+    def op_types(self) -> list[str]:
+        return sorted(self._rules)
+
+
+# region helpers shared by the rule families ------------------------------------------
+
+
+def shape(graph: Graph, tensor: str) -> tuple[int, ...]:
+    return graph.tensors[tensor].shape
+
+
+def full(graph: Graph, tensor: str) -> ShapeMap:
+    return ShapeMap.full(shape(graph, tensor))
+
+
+def broadcast_need(out: ShapeMap, in_shape: tuple[int, ...]) -> ShapeMap:
+    """Region of a (numpy-)broadcast input that an output region reads."""
+    offset = out.rank - len(in_shape)
+    axes = []
+    for k, dim in enumerate(in_shape):
+        iv = out.interval(k + offset)
+        axes.append(Interval(0, 1) if dim == 1 else iv)
+    return ShapeMap(tuple((a,) for a in axes))
+
+
+def all_axes(layer: Layer, graph: Graph) -> frozenset[int]:
+    return frozenset(range(len(shape(graph, layer.outputs[0]))))
