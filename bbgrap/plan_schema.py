@@ -5,8 +5,10 @@ Every record is a frozen dataclass with `to_json()` (the JSON value written, key
 fixed order) and `from_json(value, where)` (which checks the structure and raises one
 `PlanSchemaError` naming the field, e.g. `'messages[3].dst' is not a node (0 to 1)`), so
 no reader indexes a raw dictionary and a damaged manifest is refused where it is read,
-not half-way through a run. `Plan.from_json` also checks what crosses records: one
-program per node, every step's segment and message, every segment's file.
+not half-way through a run. Steps are read by `step_from_json`; the search pass's record is
+the IR's own `bbgrap.ir.SearchStats` (read by `search_stats_from_json`), and the movement
+the IR's `Movement`. `Plan.from_json` also checks what crosses records: one program per
+node, every step's segment and message, every segment's file, one stats entry per node.
 
 A plan of another format version is refused (`PlanVersionError`): compile it again.
 Version 3 is the typed schema (version 2 wrote the same keys, checked less).
