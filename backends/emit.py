@@ -1,21 +1,30 @@
-"""Lowered programs → the plan's manifest and files, with the per-node accounting."""
+"""Lowered programs → the plan's manifest (a typed Plan) and files, with the per-node accounting."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from bbgrap.backends.lower import Message, NodeProgram, value_name
+from bbgrap.backends.lower import Message, NodeProgram, Step, value_name
 
 from bbgrap.cost import plan_flops
 from bbgrap.ir import Graph, ShapeMap
+from bbgrap.plan_schema import (
+    CompileRecord,
+    InputSpec,
+    MessageSpec,
+    NodeStats,
+    OpaqueLayer,
+    Plan,
+    Program,
+    RunStep,
+    SegmentSpec,
+    SendStep,
+    Stats,
+    TensorSpec,
+    WaitStep,
+)
 from bbgrap.rules.registry import RuleRegistry
 
 
-def region_json(region: Any) -> list[list[int]]:
-    return [[a, b] for a, b in zip(region.starts, region.stops)]
-
-
-def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message], registry: RuleRegistry | None = None) -> dict[str, Any]:
+def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message], registry: RuleRegistry | None = None) -> Stats:
     sent = [0] * graph.nodes
     received = [0] * graph.nodes
     for m in messages:
@@ -26,53 +35,61 @@ def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message
     producers = graph.producers()
     # a synchronisation point: a layer whose output crosses from one node to another
     sync_points = len({producers[m.tensor].name for m in messages})
-    return {
-        "bytes_transferred": sum(sent),
-        "messages": len(messages),
-        "sync_points": sync_points,
-        "segments": sum(1 for p in programs for s in p.steps if s.op == "run"),
-        "per_node": [
-            {"flops": flops[n], "redundant_flops": flops[n] - owned[n], "bytes_sent": sent[n], "bytes_received": received[n],
-             "weight_bytes": programs[n].weight_bytes}
+    return Stats(
+        bytes_transferred=sum(sent),
+        messages=len(messages),
+        sync_points=sync_points,
+        segments=sum(1 for p in programs for s in p.steps if s.op == "run"),
+        per_node=tuple(
+            NodeStats(flops=flops[n], redundant_flops=flops[n] - owned[n], bytes_sent=sent[n], bytes_received=received[n],
+                      weight_bytes=programs[n].weight_bytes)
             for n in range(graph.nodes)
-        ],
-    }
+        ),
+    )
 
 
-def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message],
-         registry: RuleRegistry | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest's plan part and the segment files, keyed by path in the plan."""
+def message_spec(m: Message) -> MessageSpec:
+    """A lowered message as the manifest's (its region as [start, stop) per axis)."""
+    return MessageSpec(m.id, m.src, m.dst, m.tensor, tuple(zip(m.region.starts, m.region.stops)), tuple(m.region.shape), m.dtype, m.value)
+
+
+def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], compiled: CompileRecord,
+         registry: RuleRegistry | None = None) -> tuple[Plan, dict[str, bytes]]:
+    """The plan (its identity left to bbgrap.plan.write_plan) and the segment files, keyed by path in the plan."""
     files: dict[str, bytes] = {}
-    programs_json = []
+    typed = []
     for prog in programs:
-        segments: list[dict[str, Any]] = []
-        steps: list[list[Any]] = []
+        segments: list[SegmentSpec] = []
+        steps: list[RunStep | SendStep | WaitStep] = []
         for step in prog.steps:
-            if step.op == "run":
-                path = f"node{prog.node}/seg{len(segments):03d}.onnx"
-                files[path] = step.segment.model.SerializeToString()
-                segments.append({"file": path, "inputs": step.segment.inputs, "outputs": step.segment.outputs})
-                steps.append(["run", len(segments) - 1])
-            elif step.op == "send":
-                steps.append(["send", step.message.id, step.value])
-            else:
-                steps.append(["wait", step.message.id])
-        programs_json.append({"node": prog.node, "segments": segments, "steps": steps, "outputs": prog.outputs})
+            steps.append(_step(step, prog.node, segments, files))
+        typed.append(Program(prog.node, tuple(segments), tuple(steps), dict(prog.outputs)))
     tensor = graph.tensors
-    manifest = {
-        "model": graph.name,
-        "nodes": graph.nodes,
-        "movement": graph.movement.value,
-        "layers": len(graph.layers),
-        "opaque": [{"name": la.name, "op_type": la.op_type} for la in graph.layers if la.group == "opaque"],
-        "inputs": [{"name": t, "shape": list(tensor[t].shape), "dtype": tensor[t].dtype, "value": value_name(t, ShapeMap.full(tensor[t].shape))} for t in graph.inputs],
-        "outputs": [{"name": t, "shape": list(tensor[t].shape), "dtype": tensor[t].dtype} for t in graph.outputs],
-        "messages": [
-            {"id": m.id, "src": m.src, "dst": m.dst, "tensor": m.tensor, "region": region_json(m.region),
-             "shape": list(m.region.shape), "dtype": m.dtype, "value": m.value}
-            for m in messages
-        ],
-        "programs": programs_json,
-        "stats": plan_stats(graph, programs, messages, registry),
-    }
-    return manifest, files
+    plan = Plan(
+        model=graph.name,
+        nodes=graph.nodes,
+        movement=graph.movement,
+        layers=len(graph.layers),
+        opaque=tuple(OpaqueLayer(la.name, la.op_type) for la in graph.layers if la.group == "opaque"),
+        inputs=tuple(InputSpec(t, tuple(tensor[t].shape), tensor[t].dtype, value_name(t, ShapeMap.full(tensor[t].shape)))
+                     for t in graph.inputs),
+        outputs=tuple(TensorSpec(t, tuple(tensor[t].shape), tensor[t].dtype) for t in graph.outputs),
+        messages=tuple(message_spec(m) for m in messages),
+        programs=tuple(typed),
+        stats=plan_stats(graph, programs, messages, registry),
+        compiled=compiled,
+    )
+    return plan, files
+
+
+def _step(step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes]) -> RunStep | SendStep | WaitStep:
+    """One lowered step as the manifest's; a run step's segment is serialised into `files` and listed in `segments`."""
+    if step.op == "run":
+        path = f"node{node}/seg{len(segments):03d}.onnx"
+        assert step.seg.model is not None, "a lowered segment has its model"
+        files[path] = step.seg.model.SerializeToString()
+        segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs)))
+        return RunStep(len(segments) - 1)
+    if step.op == "send":
+        return SendStep(step.msg.id, step.value)
+    return WaitStep(step.msg.id)

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 from bbgrap.backends import nchwc
-from bbgrap.backends.executor import MessageSpec, NodeRunner
+from bbgrap.backends.executor import NodeRunner
 from bbgrap.backends.threads import PROCESS_THREAD_POOL
 
 from bbgrap.ir import BBGrapError
+from bbgrap.plan_schema import Plan, Program
 
 
 class HostValues:
@@ -164,24 +165,26 @@ def layout_name(block: int) -> str:
     return f"nchwc{block}" if block else "nchw"
 
 
-def node_layouts(plan_dir: str, manifest: dict[str, Any], nodes: Sequence[int], threads: int, spin: bool, block: int,
+def node_layouts(plan_dir: str, plan: Plan | None, nodes: Sequence[int], threads: int, spin: bool, block: int,
                  gather: Callable[[dict[str, bool]], list[dict[str, bool]]] = lambda votes: [votes]
                  ) -> dict[int, nchwc.NodeLayout | None]:
     """The blocked layout of these nodes' segment edges (None for all where `block` is 0), agreed
     with the other nodes' votes through `gather` (under MPI: comm.allgather, which every rank
-    must reach, with `nodes` empty where the rank failed to start)."""
+    must reach, with `nodes` empty where the rank failed to start, and `plan` None where it
+    could not read the plan)."""
     error: str | None = None
     layouts: dict[int, nchwc.NodeLayout | None] = {n: None for n in nodes}
     try:
         for n in nodes if block else []:
+            assert plan is not None, "a rank that could not read the plan lays out no node"
             # The model's inputs and outputs stay NCHW: users hand them in and read them.
-            keep = {i["value"] for i in manifest["inputs"]} | {v for p in manifest["programs"] for v in p["outputs"].values()}
-            models = segment_models(plan_dir, manifest["programs"][n])
+            keep = {i.value for i in plan.inputs} | {v for p in plan.programs for v in p.outputs.values()}
+            models = segment_models(plan_dir, plan.programs[n])
             try:
                 with quiet_stdout():
                     layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
             except Exception as exc:
-                unloadable_segment(plan_dir, manifest["programs"][n])  # a segment onnxruntime cannot load is no layout problem
+                unloadable_segment(plan_dir, plan.programs[n])  # a segment onnxruntime cannot load is no layout problem
                 raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
                                   f"({type(exc).__name__}: {first_line(exc)}); run bbgrap-run with --layout nchw") from None
     except BBGrapError as exc:  # reported after the collective below
@@ -199,13 +202,13 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def segment_models(plan_dir: str, program: dict[str, Any]) -> list[Any]:
+def segment_models(plan_dir: str, program: Program) -> list[Any]:
     """A node's segments as ONNX models."""
     import onnx
 
     models = []
-    for seg in program["segments"]:
-        path = os.path.join(plan_dir, seg["file"])
+    for seg in program.segments:
+        path = os.path.join(plan_dir, seg.file)
         try:
             models.append(onnx.load(path))
         except Exception as exc:
@@ -213,12 +216,12 @@ def segment_models(plan_dir: str, program: dict[str, Any]) -> list[Any]:
     return models
 
 
-def unloadable_segment(plan_dir: str, program: dict[str, Any]) -> None:
+def unloadable_segment(plan_dir: str, program: Program) -> None:
     """Raise, naming the file, where onnxruntime cannot load one of a node's segments as it is."""
     import onnxruntime as ort
 
-    for seg in program["segments"]:
-        path = os.path.join(plan_dir, seg["file"])
+    for seg in program.segments:
+        path = os.path.join(plan_dir, seg.file)
         try:
             with quiet_stdout():
                 ort.InferenceSession(path, session_options(1, spin=False, shared_arena=False), providers=["CPUExecutionProvider"])
@@ -226,7 +229,7 @@ def unloadable_segment(plan_dir: str, program: dict[str, Any]) -> None:
             raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
 
 
-def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int, provider: str,
+def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: str,
                 device_id: int = 0, spin: bool = True, iobinding: str = "auto",
                 layout: nchwc.NodeLayout | None = None, profile_prefix: str | None = None) -> NodeRunner:
     """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
@@ -235,7 +238,7 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     per-op profile into files of that prefix (`end_profiling` gives each one's path)."""
     import onnxruntime as ort
 
-    prog = manifest["programs"][node]
+    prog = plan.programs[node]
     if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
         raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
     providers = providers_for(provider, device_id)
@@ -245,8 +248,8 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
     plain = session_options(threads, spin)
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
     sessions = []
-    for k, seg in enumerate(prog["segments"]):
-        path = os.path.join(plan_dir, seg["file"])
+    for k, seg in enumerate(prog.segments):
+        path = os.path.join(plan_dir, seg.file)
         for o in (opts, plain) if profile_prefix else ():
             o.enable_profiling = True
             o.profile_file_prefix = f"{profile_prefix}-seg{k:03d}"  # a file per session (onnxruntime names them by the ms)
@@ -264,23 +267,19 @@ def load_runner(plan_dir: str, manifest: dict[str, Any], node: int, threads: int
         if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":
             providers = ["CPUExecutionProvider"]  # no usable GPU: stop trying CUDA for the other segments
         sessions.append(sess)
-    messages = {
-        m["id"]: MessageSpec(m["id"], m["src"], m["dst"], tuple(m["shape"]), m["dtype"], m["value"])
-        for m in manifest["messages"]
-        if node in (m["src"], m["dst"])
-    }
+    messages = {m.id: m for m in plan.messages if node in (m.src, m.dst)}
     on_gpu = bool(sessions) and sessions[0].get_providers()[0] == "CUDAExecutionProvider"
     values: HostValues | DeviceValues = HostValues()
     if iobinding == "on" or (iobinding == "auto" and on_gpu):
         values = DeviceValues("cuda" if on_gpu else "cpu", device_id if on_gpu else 0)
     return NodeRunner(
         node=node,
-        steps=[(step[0], step[1], step[2] if len(step) > 2 else "") for step in prog["steps"]],
+        steps=prog.steps,
         sessions=sessions,
-        seg_inputs=[s["inputs"] for s in prog["segments"]],
-        seg_outputs=[s["outputs"] for s in prog["segments"]],
-        outputs=prog["outputs"],
-        input_values={i["name"]: i["value"] for i in manifest["inputs"]},
+        seg_inputs=[list(s.inputs) for s in prog.segments],
+        seg_outputs=[list(s.outputs) for s in prog.segments],
+        outputs=prog.outputs,
+        input_values={i.name: i.value for i in plan.inputs},
         messages=messages,
         providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
         values=values,

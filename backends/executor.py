@@ -12,7 +12,7 @@ adds up where a node's time goes (and, for --trace, records every step).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,15 +20,8 @@ import numpy as np
 from bbgrap.backends.trace import Step
 from bbgrap.backends.transports import Mailbox
 
-
-@dataclass(frozen=True)
-class MessageSpec:
-    id: int
-    src: int
-    dst: int
-    shape: tuple[int, ...]
-    dtype: str
-    value: str
+from bbgrap.plan_schema import MessageSpec, RunStep, SendStep
+from bbgrap.plan_schema import Step as PlanStep
 
 
 class Values(Protocol):
@@ -45,13 +38,13 @@ class NodeRunner:
     """One node's program with its onnxruntime sessions (created once)."""
 
     node: int
-    steps: list[tuple[str, int, str]]  # (op, segment or message id, local value sent)
+    steps: Sequence[PlanStep]
     sessions: list[Any]
     seg_inputs: list[list[str]]
     seg_outputs: list[list[str]]
-    outputs: dict[str, str]
-    input_values: dict[str, str]
-    messages: dict[int, MessageSpec]
+    outputs: Mapping[str, str]  # model output name -> local value
+    input_values: dict[str, str]  # model input name -> local value
+    messages: dict[int, MessageSpec]  # the messages this node sends or receives, by id
     values: Values
     providers: list[str] = field(default_factory=list)
     block: int = 0  # NCHWc block of the activations between segments; 0: NCHW
@@ -96,15 +89,18 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
     store = runner.values
     values: dict[str, Any] = {runner.input_values[k]: store.to_device(v) for k, v in inputs.items()}
     clock = time.perf_counter
-    for op, k, sent in runner.steps:
+    for step in runner.steps:
         t0 = clock()
-        if op == "run":
+        if isinstance(step, RunStep):
+            k = step.segment
             transport.progress()
             outs = store.run(runner.sessions[k], runner.seg_inputs[k], runner.seg_outputs[k], values)
             values.update(zip(runner.seg_outputs[k], outs))
-        elif op == "send":
-            transport.send(runner.messages[k], store.to_host(values[sent]))
+        elif isinstance(step, SendStep):
+            k = step.message
+            transport.send(runner.messages[k], store.to_host(values[step.value]))
         else:
+            k = step.message
             msg = runner.messages[k]
             data = transport.receive(msg)
             while data is None:
@@ -112,7 +108,7 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
                 data = transport.receive(msg)
             values[msg.value] = store.to_device(data)
         if profile is not None:
-            profile.record(op, k, t0, clock())
+            profile.record(step.op, k, t0, clock())
     runner_outputs = {name: store.to_host(values[v]) for name, v in runner.outputs.items()}
     inputs.clear()
     inputs.update(runner_outputs)

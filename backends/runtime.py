@@ -55,7 +55,8 @@ from bbgrap.backends.transports import MPITransport, allgather, poll
 from bbgrap import package_version
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import file_target_problem, written_whole
-from bbgrap.plan import file_sha256, node_files, read_manifest, read_sample, verify_files
+from bbgrap.plan import file_sha256, read_manifest, read_sample, verify_files
+from bbgrap.plan_schema import Plan
 from bbgrap.progress import Progress
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
@@ -175,43 +176,43 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_inputs(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def load_inputs(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The inputs to run on and the plan's reference outputs for them (none for --input)."""
     if not args.input:
-        return read_sample(args.plan, manifest)
+        return read_sample(args.plan, plan)
     try:
         with np.load(args.input) as data:
             given = {k: data[k] for k in data.files}
     except Exception as exc:
         raise BBGrapError(f"--input {args.input}: not a readable .npz file ({type(exc).__name__}); save the inputs with numpy.savez") from None
-    for spec in manifest["inputs"]:
-        arr = given.get(spec["name"])
+    for spec in plan.inputs:
+        arr = given.get(spec.name)
         if arr is None:
-            raise BBGrapError(f"--input {args.input} has no array '{spec['name']}' (it has {sorted(given)}); save it under that name")
+            raise BBGrapError(f"--input {args.input} has no array '{spec.name}' (it has {sorted(given)}); save it under that name")
         if arr.dtype.kind not in "biuf":
-            raise BBGrapError(f"--input {args.input}: '{spec['name']}' holds {arr.dtype} values, the model takes {spec['dtype']}; "
+            raise BBGrapError(f"--input {args.input}: '{spec.name}' holds {arr.dtype} values, the model takes {spec.dtype}; "
                               f"save it as a numeric array")
-        if list(arr.shape) != spec["shape"]:
-            raise BBGrapError(f"--input {args.input}: '{spec['name']}' has shape {list(arr.shape)}, the plan was compiled for {spec['shape']}; "
+        if arr.shape != spec.shape:
+            raise BBGrapError(f"--input {args.input}: '{spec.name}' has shape {list(arr.shape)}, the plan was compiled for {list(spec.shape)}; "
                               f"give that shape or compile again")
-        given[spec["name"]] = arr.astype(spec["dtype"], copy=False)
-    return {s["name"]: given[s["name"]] for s in manifest["inputs"]}, {}
+        given[spec.name] = arr.astype(spec.dtype, copy=False)
+    return {s.name: given[s.name] for s in plan.inputs}, {}
 
 
-def model_reference(args: argparse.Namespace, manifest: dict[str, Any], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def model_reference(args: argparse.Namespace, plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """--check: the original model's outputs on `inputs`, from onnxruntime on the CPU. The model is
     --model as given, or the file the plan was compiled from, refused if its sha256 changed since."""
     import onnxruntime as ort
 
     path = args.model
     if path is None:
-        source = manifest.get("source")
-        if not isinstance(source, dict) or not isinstance(source.get("path"), str):
+        source = plan.compiled.source
+        if source is None:
             raise BBGrapError(f"--check: plan '{args.plan}' does not record the model it was compiled from; give it with --model FILE")
-        path = source["path"]
+        path = source.path
         if not os.path.isfile(path):
             raise BBGrapError(f"--check: the plan's model {path} is gone; give it with --model FILE")
-        if file_sha256(path) != source.get("sha256"):
+        if file_sha256(path) != source.sha256:
             raise BBGrapError(f"--check: {path} has changed since the plan was compiled (another sha256); compile the plan again, "
                               f"or give --model {path} to check against it as it is now")
     elif not os.path.isfile(path):
@@ -234,7 +235,7 @@ def model_reference(args: argparse.Namespace, manifest: dict[str, Any], inputs: 
         raise BBGrapError(f"--check: onnxruntime cannot run {path} ({type(exc).__name__}: {first_line(exc)}); give the model the plan was "
                           f"compiled from with --model FILE") from None
     reference = dict(zip(names, outputs))
-    planned = {spec["name"] for spec in manifest["outputs"]}
+    planned = {spec.name for spec in plan.outputs}
     if not planned <= set(reference):
         raise BBGrapError(f"--check: {path} has outputs {sorted(reference)}, the plan {sorted(planned)}; give the model the plan was "
                           f"compiled from")
@@ -250,7 +251,7 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
         raise BBGrapError(f"cannot write --output {path} ({exc.strerror or exc}); write elsewhere") from None
 
 
-def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str, np.ndarray],
+def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
            profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None,
            shared_gpus: tuple[int, int] | None = None) -> int:
@@ -262,8 +263,8 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         write_outputs(args.output, outputs)
     result = {
         "plan": args.plan,
-        "model": manifest["model"],
-        "nodes": manifest["nodes"],
+        "model": plan.model,
+        "nodes": plan.nodes,
         "ranks": ranks,
         "mode": "mpi" if ranks > 1 else "embedded",
         "provider": providers[0] if providers else "CPUExecutionProvider",
@@ -286,51 +287,51 @@ def report(args: argparse.Namespace, manifest: dict[str, Any], outputs: dict[str
         against = "against the model" if args.check else "against the sample's reference"
         check = ("no reference (--check compares with the model)" if rel_err is None
                  else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} {against} ({'ok' if ok else 'MISMATCH'})")
-        print(f"{manifest['model']}: {manifest['nodes']} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
+        print(f"{plan.model}: {plan.nodes} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
               f"{result['layout']} between segments")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         for r, prof in enumerate(profiles or []):
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms")
         if crowded is not None:
             print(f"note: {crowded[0]} ranks share {crowded[1]} cores on this host, so they take turns on them (their waiting "
-                  f"is mostly that): the latency of {manifest['nodes']} separate nodes would be lower")
+                  f"is mostly that): the latency of {plan.nodes} separate nodes would be lower")
         if shared_gpus is not None:
             print(f"note: {shared_gpus[0]} ranks share {shared_gpus[1]} GPU(s) on this host (rank k uses GPU k mod "
-                  f"{shared_gpus[1]}), so they take turns on them: the latency of {manifest['nodes']} separate GPUs would be lower")
+                  f"{shared_gpus[1]}), so they take turns on them: the latency of {plan.nodes} separate GPUs would be lower")
     if not ok:
         print(f"bbgrap-run: error: result differs from the {'model' if args.check else 'reference'} by {rel_err:.3g} "
               f"> --tolerance {args.tolerance:g}", file=sys.stderr)
     return 0 if ok else 1
 
 
-def embedded_runners(plan_dir: str, manifest: dict[str, Any], threads: int, provider: str, spin: bool, iobinding: str,
+def embedded_runners(plan_dir: str, plan: Plan, threads: int, provider: str, spin: bool, iobinding: str,
                      layout: str, profile_dir: str | None = None, progress: Progress | None = None) -> list[NodeRunner]:
     """Every node of the plan, to run in this one process (as `layout` and the other
     bbgrap-run flags say; `profile_dir`: onnxruntime's per-op profiles go there, --trace-ops)."""
-    nodes = range(manifest["nodes"])
+    nodes = range(plan.nodes)
     step = progress or Progress(enabled=False)
     step("lay out", 0, 1)
-    layouts = node_layouts(plan_dir, manifest, nodes, threads, spin, boundary_block(layout, provider, 0))
+    layouts = node_layouts(plan_dir, plan, nodes, threads, spin, boundary_block(layout, provider, 0))
     step("lay out", 1, 1)
     runners = []
     for n in nodes:
         step("load sessions", n, len(nodes))
-        runners.append(load_runner(plan_dir, manifest, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n],
+        runners.append(load_runner(plan_dir, plan, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n],
                                    profile_prefix=os.path.join(profile_dir, f"node{n}") if profile_dir else None))
     step("load sessions", len(nodes), len(nodes))
     return runners
 
 
 def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
-    manifest = read_manifest(args.plan)
-    verify_files(args.plan, manifest, range(manifest["nodes"]))
-    inputs, reference = load_inputs(args, manifest)
+    plan = read_manifest(args.plan)
+    verify_files(args.plan, plan, range(plan.nodes))
+    inputs, reference = load_inputs(args, plan)
     threads = args.threads or len(os.sched_getaffinity(0))
     PROCESS_THREAD_POOL.start(threads)  # one pool for every node's segments, before the first session
     if args.check:
-        reference = model_reference(args, manifest, inputs)
-    spin = manifest["nodes"] == 1
-    runners = embedded_runners(args.plan, manifest, threads, args.provider, spin, args.iobinding, args.layout, ops_dir,
+        reference = model_reference(args, plan, inputs)
+    spin = plan.nodes == 1
+    runners = embedded_runners(args.plan, plan, threads, args.provider, spin, args.iobinding, args.layout, ops_dir,
                                Progress(enabled=False if args.quiet else None))
     latencies = []
     outputs: dict[str, np.ndarray] = {}
@@ -343,20 +344,18 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
         if k >= args.warmup:
             latencies.append(time.perf_counter() - t0)
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
-        save_trace(args, manifest, [trace_events(args.plan, manifest, r.node, r.node, p, 0.0, r if ops_dir else None)
+        save_trace(args, plan, [trace_events(args.plan, plan, r.node, r.node, p, 0.0, r if ops_dir else None)
                                     for r, p in zip(runners, profiles)])
-    return report(args, manifest, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
+    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
 
 
-def trace_events(plan: str, manifest: dict[str, Any], rank: int, node: int, profile: Profile, offset: float,
+def trace_events(plan_dir: str, plan: Plan, rank: int, node: int, profile: Profile, offset: float,
                  runner: NodeRunner | None = None) -> list[dict[str, Any]]:
     """This rank's (or in-process node's) recorded steps as trace events; with `runner` (whose
     sessions profiled every run, --trace-ops) also onnxruntime's ops of the last inference."""
-    files = node_files(manifest, [node])
-    messages = {m["id"]: {"src": m["src"], "dst": m["dst"], "tensor": m["tensor"],
-                          "bytes": int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize}
-                for m in manifest["messages"]}
-    events = rank_events(rank, node, profile.steps or [], offset, segment_layers(plan, files), files, messages)
+    files = plan.node_files([node])
+    messages = {m.id: m for m in plan.messages}
+    events = rank_events(rank, node, profile.steps or [], offset, segment_layers(plan_dir, files), files, messages)
     if runner is not None:
         paths = [s.end_profiling() for s in runner.sessions]
         try:
@@ -369,10 +368,10 @@ def trace_events(plan: str, manifest: dict[str, Any], rank: int, node: int, prof
     return events
 
 
-def save_trace(args: argparse.Namespace, manifest: dict[str, Any], per_rank: Sequence[Sequence[dict[str, Any]]]) -> None:
+def save_trace(args: argparse.Namespace, plan: Plan, per_rank: Sequence[Sequence[dict[str, Any]]]) -> None:
     try:
-        write_trace(args.trace, per_rank, {"plan": args.plan, "model": manifest["model"], "nodes": manifest["nodes"],
-                                           "plan_id": manifest["plan_id"], "repeat": args.repeat})
+        write_trace(args.trace, per_rank, {"plan": args.plan, "model": plan.model, "nodes": plan.nodes,
+                                           "plan_id": plan.plan_id, "repeat": args.repeat})
     except OSError as exc:
         raise BBGrapError(f"--trace {args.trace}: cannot write it ({exc.strerror or type(exc).__name__}); write elsewhere") from None
 
@@ -417,28 +416,28 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
     affinities = allgather(local, sorted(os.sched_getaffinity(0)))
     error: str | None = None
-    manifest: dict[str, Any] = {}
+    plan: Plan | None = None
     inputs: dict[str, np.ndarray] = {}
     reference: dict[str, np.ndarray] = {}
     threads = 1
     try:
-        manifest = read_manifest(args.plan)
-        if manifest["nodes"] != size:
+        plan = read_manifest(args.plan)
+        if plan.nodes != size:
             raise BBGrapError(
-                f"plan '{args.plan}' has {manifest['nodes']} nodes but mpirun started {size} ranks; "
-                f"run 'mpirun -n {manifest['nodes']} bbgrap-run' (or bbgrap-run alone, all nodes in one process)"
+                f"plan '{args.plan}' has {plan.nodes} nodes but mpirun started {size} ranks; "
+                f"run 'mpirun -n {plan.nodes} bbgrap-run' (or bbgrap-run alone, all nodes in one process)"
             )
     except BBGrapError as exc:
         error = str(exc)
-    error = error or plan_id_problem(args.plan, allgather(comm, manifest.get("plan_id") if error is None else None))
+    error = error or plan_id_problem(args.plan, allgather(comm, plan.plan_id if plan is not None and error is None else None))
     try:
-        if error is None:
-            verify_files(args.plan, manifest, [rank])
-            inputs, reference = load_inputs(args, manifest)
+        if error is None and plan is not None:
+            verify_files(args.plan, plan, [rank])
+            inputs, reference = load_inputs(args, plan)
             threads = args.threads or threads_for_rank(affinities, local.Get_rank())
             PROCESS_THREAD_POOL.start(threads)  # before the first session, --check's included
             if args.check:
-                reference = model_reference(args, manifest, inputs) if rank == 0 else {}
+                reference = model_reference(args, plan, inputs) if rank == 0 else {}
     except BBGrapError as exc:
         error = str(exc)
     able = not any(allgather(comm, error))  # a plan some rank cannot use is not laid out or loaded anywhere
@@ -447,19 +446,19 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     block = agreed_boundary_block(comm, args.layout, args.provider, device, able=able)
     runner: NodeRunner | None = None
     try:
-        layouts = node_layouts(args.plan, manifest, [rank] if able else [], threads, True, block,
+        layouts = node_layouts(args.plan, plan, [rank] if able else [], threads, True, block,
                                lambda votes: allgather(comm, votes))
-        if able:
+        if able and plan is not None:
             step = Progress(enabled=False if args.quiet else None)  # a rank's stderr is a terminal only where mpirun's is
             step(f"rank {rank}: load", 0, 1)
-            runner = load_runner(args.plan, manifest, rank, threads, args.provider, device_id=device,
+            runner = load_runner(args.plan, plan, rank, threads, args.provider, device_id=device,
                                  iobinding=args.iobinding, layout=layouts[rank],
                                  profile_prefix=os.path.join(ops_dir, f"node{rank}") if ops_dir else None)
             step(f"rank {rank}: load", 1, 1)
     except BBGrapError as exc:
         error = error or str(exc)
     errors = allgather(comm, error)
-    if any(errors) or runner is None:
+    if any(errors) or runner is None or plan is None:
         if rank == 0:
             print(f"bbgrap-run: error: {next(e for e in errors if e)}", file=sys.stderr)
         return 2
@@ -477,12 +476,12 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if k >= args.warmup:
             latencies.append(elapsed)
     profiles = allgather(comm, profile.as_ms(args.repeat))
-    traced = allgather(comm, trace_events(args.plan, manifest, rank, rank, profile, offset, runner if ops_dir else None)
+    traced = allgather(comm, trace_events(args.plan, plan, rank, rank, profile, offset, runner if ops_dir else None)
                        if args.trace else [])
     status = 0
     if rank == 0 and args.trace:
         try:
-            save_trace(args, manifest, traced)
+            save_trace(args, plan, traced)
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)
             status = 2
@@ -491,7 +490,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
         try:
             sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
-            status = report(args, manifest, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded,
+            status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded,
                             (local.Get_size(), devices) if sharing > 1 else None)
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)

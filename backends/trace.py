@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bbgrap.paths import written_whole
+from bbgrap.plan_schema import MessageSpec
 
 COMPUTE, MESSAGES = 0, 1
 
@@ -61,7 +62,7 @@ def segment_layers(plan_dir: str, files: Sequence[str]) -> list[list[str]]:
 
 
 def rank_events(rank: int, node: int, steps: Sequence[Step], offset: float, layers: Sequence[Sequence[str]],
-                segment_files: Sequence[str], messages: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+                segment_files: Sequence[str], messages: Mapping[int, MessageSpec]) -> list[dict[str, Any]]:
     """The trace events of one rank (times still in seconds on rank 0's clock)."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} (node {node})"}},
@@ -83,9 +84,9 @@ def rank_events(rank: int, node: int, steps: Sequence[Step], offset: float, laye
                        "args": {"file": segment_files[s.k], "layers": list(layers[s.k]) if layers else []}}
             elif s.op in ("send", "wait"):
                 m = messages[s.k]
-                peer = m["dst"] if s.op == "send" else m["src"]
+                peer = m.dst if s.op == "send" else m.src
                 ev |= {"name": f"{s.op} {'→' if s.op == 'send' else '←'} rank {peer}", "tid": MESSAGES,
-                       "args": {"message": s.k, "peer": peer, "bytes": m["bytes"], "tensor": m["tensor"]}}
+                       "args": {"message": s.k, "peer": peer, "bytes": m.nbytes, "tensor": m.tensor}}
             else:
                 ev |= {"name": "post receives" if s.op == "start" else "complete sends", "tid": MESSAGES, "args": {}}
             events.append(ev)

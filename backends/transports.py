@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from bbgrap.backends.executor import MessageSpec, NodeRunner
+    from bbgrap.backends.executor import NodeRunner
+
+    from bbgrap.plan_schema import MessageSpec
 
 
 class Mailbox:

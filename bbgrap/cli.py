@@ -14,6 +14,7 @@ from bbgrap import package_version
 from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import file_target_problem, new_dir_problem, written_whole
+from bbgrap.plan_schema import Plan
 from bbgrap.progress import Progress
 
 EPILOG = """examples:
@@ -121,64 +122,63 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from bbgrap.compiler import compile_model
     from bbgrap.frontends.onnx import parse_input_shapes
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
-    manifest = compile_model(
+    plan = compile_model(
         args.model, cfg, args.output, parse_input_shapes(args.input_shape),
         optimize=not args.no_optimize, search=not (args.no_search or args.no_optimize),
         dump_after=args.dump_ir_after, dump_dir=args.dump_dir,
         progress=None if args.quiet else Progress(), log=log, recompute=not args.no_recompute,
     )
     if not args.quiet:
-        print(summary(manifest, args.output))
-        print(f"run it: mpirun -n {manifest['nodes']} bbgrap-run {'' if args.output == 'bbgrap-plan' else args.output}".rstrip())
+        print(summary(plan, args.output))
+        print(f"run it: mpirun -n {plan.nodes} bbgrap-run {'' if args.output == 'bbgrap-plan' else args.output}".rstrip())
     return 0
 
 
-def inspect_json(manifest: dict[str, Any]) -> dict[str, Any]:
-    stats = manifest["stats"]
-    search = manifest.get("search")
+def inspect_json(plan: Plan) -> dict[str, Any]:
+    stats = plan.stats
     return {
-        "model": manifest["model"],
-        "nodes": manifest["nodes"],
-        "layers": manifest["layers"],
-        "direction": manifest.get("direction"),
-        "threshold": manifest.get("threshold"),
-        "movement": manifest.get("movement"),
-        "passes": manifest.get("passes"),
-        "bytes_transferred": stats["bytes_transferred"],
-        "sync_points": stats["sync_points"],
-        "messages": stats["messages"],
-        "segments": stats["segments"],
-        "per_node": stats["per_node"],
-        "opaque": manifest.get("opaque", []),
-        "whole": whole_layers(manifest),
-        "search": search,
+        "model": plan.model,
+        "nodes": plan.nodes,
+        "layers": plan.layers,
+        "direction": plan.compiled.direction.value,
+        "threshold": plan.compiled.threshold,
+        "movement": plan.movement.value,
+        "passes": list(plan.compiled.passes),
+        "bytes_transferred": stats.bytes_transferred,
+        "sync_points": stats.sync_points,
+        "messages": stats.messages,
+        "segments": stats.segments,
+        "per_node": [n.to_json() for n in stats.per_node],
+        "opaque": [o.to_json() for o in plan.opaque],
+        "whole": whole_layers(plan),
+        "search": plan.compiled.search.to_json() if plan.compiled.search is not None else None,
     }
 
 
-def whole_layers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def whole_layers(plan: Plan) -> list[dict[str, Any]]:
     """The layers computed whole on one node, with their share of the model's operations and why."""
-    rows = manifest.get("layer_table") or []
-    total = sum(r["flops"] for r in rows) or 1.0
-    return [{"name": r["name"], "op_type": r["op_type"], "node": r["whole_on"], "share": r["flops"] / total, "reason": r["reason"]}
-            for r in rows if r["cut"] == "whole" and manifest["nodes"] > 1]
+    rows = plan.compiled.layer_table
+    total = sum(r.flops for r in rows) or 1.0
+    return [{"name": r.name, "op_type": r.op_type, "node": r.whole.node, "share": r.flops / total, "reason": r.whole.reason}
+            for r in rows if r.whole is not None and plan.nodes > 1]
 
 
-def layers_text(manifest: dict[str, Any]) -> str:
+def layers_text(plan: Plan) -> str:
     """`bbgrap inspect --layers`: one row per layer."""
-    rows = manifest.get("layer_table") or []
-    total = sum(r["flops"] for r in rows) or 1.0
+    rows = plan.compiled.layer_table
+    total = sum(r.flops for r in rows) or 1.0
     lines = [f"{'layer':<28} {'op':<18} {'cut':<6} {'ranges per node':<28} {'MFLOP':>9} {'% model':>7} {'% recomp':>8} {'KB sent':>8}  note"]
     for r in rows:
-        ranges = " ".join(f"{n}:{p['range'][0]}-{p['range'][1]}" for n, p in enumerate(r["per_node"]) if p["range"])
-        recomputed = sum(p["redundant_flops"] for p in r["per_node"]) / r["flops"] if r["flops"] else 0.0
-        note = f"whole on node {r['whole_on']}: {r['reason']}" if r["cut"] == "whole" else ""
-        lines.append(f"{r['name'][:28]:<28} {r['op_type'][:18]:<18} {r['cut']:<6} {ranges[:28]:<28} {r['flops'] / 1e6:>9.2f} "
-                     f"{100 * r['flops'] / total:>7.2f} {100 * recomputed:>8.1f} {r['bytes_sent'] / 1e3:>8.1f}  {note}".rstrip())
+        ranges = " ".join(f"{n}:{p.range[0]}-{p.range[1]}" for n, p in enumerate(r.per_node) if p.range)
+        recomputed = sum(p.redundant_flops for p in r.per_node) / r.flops if r.flops else 0.0
+        note = f"whole on node {r.whole.node}: {r.whole.reason}" if r.whole is not None else ""
+        lines.append(f"{r.name[:28]:<28} {r.op_type[:18]:<18} {r.cut:<6} {ranges[:28]:<28} {r.flops / 1e6:>9.2f} "
+                     f"{100 * r.flops / total:>7.2f} {100 * recomputed:>8.1f} {r.bytes_sent / 1e3:>8.1f}  {note}".rstrip())
     return "\n".join(lines)
 
 
-def summary(manifest: dict[str, Any], where: str) -> str:
-    info = inspect_json(manifest)
+def summary(plan: Plan, where: str) -> str:
+    info = inspect_json(plan)
     lines = [
         f"plan {where}: {info['model']}, {info['layers']} layers on {info['nodes']} nodes "
         f"(direction {info['direction']}, {info['movement']} transfers)",
@@ -211,7 +211,7 @@ def summary(manifest: dict[str, Any], where: str) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from bbgrap.plan import read_manifest
 
-    manifest = read_manifest(args.plan)
+    plan = read_manifest(args.plan)
     if args.svg:
         from bbgrap.picture import plan_svg
 
@@ -220,19 +220,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise BBGrapError(problem)
         try:
             with written_whole(args.svg) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(plan_svg(manifest))
+                fh.write(plan_svg(plan))
         except OSError as exc:
             raise BBGrapError(f"cannot write {args.svg} ({exc.strerror or type(exc).__name__}); choose another path") from None
         return 0
     if args.json:
-        info = inspect_json(manifest)
+        info = inspect_json(plan)
         if args.layers:
-            info["layers_table"] = manifest.get("layer_table") or []
+            info["layers_table"] = [r.to_json() for r in plan.compiled.layer_table]
         print(json.dumps(info, indent=1))
     elif args.layers:
-        print(layers_text(manifest))
+        print(layers_text(plan))
     else:
-        print(summary(manifest, args.plan))
+        print(summary(plan, args.plan))
     return 0
 
 

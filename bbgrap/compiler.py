@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from bbgrap.config import Config, Direction
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
+from bbgrap.plan_schema import CompileRecord, Plan, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
@@ -76,9 +77,9 @@ def compile_model(
     log: Callable[[str], None] = lambda s: None,
     recompute: bool = True,
     registry: RuleRegistry | None = None,
-) -> dict[str, Any]:
+) -> Plan:
     """Compile `model` for `cfg.nodes` nodes into `out_dir` with the rules of `registry`
-    (default: every family shipped); returns the manifest."""
+    (default: every family shipped); returns the plan as written."""
     from bbgrap.backends.emit import emit
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
@@ -96,22 +97,21 @@ def compile_model(
     graph = manager.run(front.graph)
     step("lower", 0, 1)
     programs, messages = lower(graph, registry)
-    plan, files = emit(graph, programs, messages, registry)
-    step("lower", 1, 1)
-    manifest = {
-        **plan,
-        "direction": cfg.direction.value,
-        "threshold": cfg.threshold,
-        "speeds": list(cfg.node_speeds()),
-        "passes": [p.name for p in manager.passes],
-        "search": graph.search_stats.to_json() if graph.search_stats else None,
-        "layer_table": layer_table(graph, cfg.direction, registry),
-        "compile_seconds": round(time.perf_counter() - t0, 3),
+    compiled = CompileRecord(
+        direction=cfg.direction,
+        threshold=cfg.threshold,
+        speeds=tuple(cfg.node_speeds()),
+        passes=tuple(p.name for p in manager.passes),
+        search=graph.search_stats,
+        layer_table=layer_table(graph, cfg.direction, registry),
+        compile_seconds=round(time.perf_counter() - t0, 3),
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
-        "source": {"path": os.path.abspath(model), "sha256": file_sha256(model)},
-    }
+        source=Source(os.path.abspath(model), file_sha256(model)),
+    )
+    plan, files = emit(graph, programs, messages, compiled, registry)
+    step("lower", 1, 1)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"
     step(writing, 0, 1)
-    manifest["plan_id"] = write_plan(out_dir, manifest, files, front.sample_inputs, front.reference_outputs)
+    written = write_plan(out_dir, plan, files, front.sample_inputs, front.reference_outputs)
     step(writing, 1, 1)
-    return manifest
+    return written

@@ -10,7 +10,8 @@ with the layer's details. Built from the plan's layer table (bbgrap/report.py).
 from __future__ import annotations
 
 from html import escape
-from typing import Any
+
+from bbgrap.plan_schema import LayerRow, Plan
 
 # distinguishable on white and for the common colour-vision deficiencies (Okabe-Ito, then Tol)
 NODE_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#332288",
@@ -28,30 +29,30 @@ def size(layers: int) -> tuple[int, int]:
     return max(LEFT + max(layers, 1) * COLUMN + RIGHT, 840), TOP + PLOT_HEIGHT + 200  # at least the legend's width
 
 
-def _tooltip(row: dict[str, Any]) -> str:
-    parts = [f"{row['name']} ({row['op_type']}), output {'x'.join(map(str, row['output_shape']))}, cut {row['cut']}"]
-    for n, p in enumerate(row["per_node"]):
-        if p["range"]:
-            extra = f", computes {p['computes'][0]}-{p['computes'][1]}" if p.get("computes") and p["computes"] != p["range"] else ""
-            parts.append(f"node {n}: {p['range'][0]}-{p['range'][1]}{extra}, {p['flops'] / 1e6:.2f} MFLOP")
-    if row["cut"] == "whole":
-        parts.append(f"whole on node {row['whole_on']}: {row['reason']}")
-    if row["bytes_sent"]:
-        parts.append(f"output crosses nodes: {row['bytes_sent'] / 1e3:.1f} KB")
+def _tooltip(row: LayerRow) -> str:
+    parts = [f"{row.name} ({row.op_type}), output {'x'.join(map(str, row.output_shape))}, cut {row.cut}"]
+    for n, p in enumerate(row.per_node):
+        if p.range:
+            extra = f", computes {p.computes[0]}-{p.computes[1]}" if p.computes and p.computes != p.range else ""
+            parts.append(f"node {n}: {p.range[0]}-{p.range[1]}{extra}, {p.flops / 1e6:.2f} MFLOP")
+    if row.whole is not None:
+        parts.append(f"whole on node {row.whole.node}: {row.whole.reason}")
+    if row.bytes_sent:
+        parts.append(f"output crosses nodes: {row.bytes_sent / 1e3:.1f} KB")
     return "\n".join(parts)
 
 
-def plan_svg(manifest: dict[str, Any]) -> str:
+def plan_svg(plan: Plan) -> str:
     """The picture of a plan, as SVG text."""
-    rows: list[dict[str, Any]] = manifest.get("layer_table") or []
-    nodes: int = manifest["nodes"]
+    rows = plan.compiled.layer_table
+    nodes = plan.nodes
     width, height = size(len(rows))
     base = TOP + PLOT_HEIGHT
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
            f'font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{LEFT}" y="20" font-size="14">{escape(manifest["model"])}: {len(rows)} layers on {nodes} nodes '
-           f'(direction {escape(str(manifest.get("direction")))})</text>',
+           f'<text x="{LEFT}" y="20" font-size="14">{escape(plan.model)}: {len(rows)} layers on {nodes} nodes '
+           f'(direction {escape(plan.compiled.direction.value)})</text>',
            f'<text x="8" y="{TOP + 12}">share of each</text><text x="8" y="{TOP + 26}">layer\'s output</text>',
            f'<text x="8" y="{TOP + 40}">along its cut</text>',
            f'<text x="8" y="{base + 14}">cut</text><text x="8" y="{base + 32}">output crosses</text>',
@@ -59,30 +60,30 @@ def plan_svg(manifest: dict[str, Any]) -> str:
     for i, row in enumerate(rows):
         x = LEFT + i * COLUMN
         out.append(f'<g><title>{escape(_tooltip(row))}</title>')
-        if row["cut"] == "whole":
-            out.append(f'<rect x="{x}" y="{TOP}" width="{COLUMN}" height="{PLOT_HEIGHT}" fill="{node_colour(row["whole_on"])}"/>')
-            flag = "#d62728" if row["no_rule"] else "#ff7f0e"
+        if row.whole is not None:
+            out.append(f'<rect x="{x}" y="{TOP}" width="{COLUMN}" height="{PLOT_HEIGHT}" fill="{node_colour(row.whole.node)}"/>')
+            flag = "#d62728" if row.whole.no_rule else "#ff7f0e"
             out.append(f'<polygon points="{x},{TOP - 4} {x + COLUMN},{TOP - 4} {x + COLUMN / 2},{TOP - 12}" fill="{flag}"/>')
         else:
-            extent = row["extent"] or 1
-            for n, p in enumerate(row["per_node"]):
-                if not p["range"]:
+            extent = row.extent or 1
+            for n, p in enumerate(row.per_node):
+                if not p.range:
                     continue
-                y0, y1 = (TOP + PLOT_HEIGHT * v / extent for v in p["range"])
+                y0, y1 = (TOP + PLOT_HEIGHT * v / extent for v in p.range)
                 out.append(f'<rect x="{x}" y="{y0:.2f}" width="{COLUMN}" height="{max(y1 - y0, 0.5):.2f}" fill="{node_colour(n)}"/>')
-                c = p.get("computes")
-                if c and c != p["range"]:  # recomputed halo rows: a thin strip of the node's colour beside its band
+                c = p.computes
+                if c and c != p.range:  # recomputed halo rows: a thin strip of the node's colour beside its band
                     c0, c1 = (TOP + PLOT_HEIGHT * v / extent for v in c)
                     out.append(f'<rect x="{x + COLUMN - 2}" y="{c0:.2f}" width="2" height="{max(c1 - c0, 0.5):.2f}" '
                                f'fill="{node_colour(n)}" stroke="black" stroke-width="0.3"/>')
-        out.append(f'<rect x="{x}" y="{base + 4}" width="{COLUMN}" height="12" fill="{CUT_COLOURS.get(row["cut"], CUT_COLOURS["other axis"])}"/>')
-        if row["bytes_sent"]:
+        out.append(f'<rect x="{x}" y="{base + 4}" width="{COLUMN}" height="12" fill="{CUT_COLOURS.get(row.cut, CUT_COLOURS["other axis"])}"/>')
+        if row.bytes_sent:
             out.append(f'<circle cx="{x + COLUMN / 2}" cy="{base + 30}" r="2.5" fill="black"/>')
         out.append("</g>")
     step = max(1, len(rows) // 40)
     for i in range(0, len(rows), step):
         label_x = LEFT + i * COLUMN + COLUMN / 2
-        out.append(f'<text transform="translate({label_x},{base + 48}) rotate(90)" font-size="8">{escape(rows[i]["name"][:28])}</text>')
+        out.append(f'<text transform="translate({label_x},{base + 48}) rotate(90)" font-size="8">{escape(rows[i].name[:28])}</text>')
     legend_y = height - 14
     lx = LEFT
     for n in range(nodes):

@@ -2,7 +2,7 @@
 sample input with the original model's output on it.
 
 ```
-plan.json            manifest (format, version, plan_id, files, nodes, programs, messages, stats)
+plan.json            manifest: a Plan (bbgrap/plan_schema.py) as JSON
 sample.npz           inputs (`input:NAME`) and reference outputs (`output:NAME`)
 node<N>/seg<K>.onnx  node N's segments, holding only the weights node N uses
 ```
@@ -36,15 +36,15 @@ import shutil
 import tempfile
 import uuid
 import zipfile
+from dataclasses import replace
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import new_dir_problem
+from bbgrap.plan_schema import PLAN_FORMAT, PLAN_VERSION, Plan, PlanSchemaError, PlanVersionError, safe_relative
 
-PLAN_FORMAT = "bbgrap-plan"
-PLAN_VERSION = 2
 MANIFEST = "plan.json"
 SAMPLE = "sample.npz"
 STAGING_PREFIX = ".bbgrap-plan-"
@@ -104,7 +104,7 @@ def _scan_plan_files(target: str) -> set[str] | None:
     owned: set[str] = set()
     if REPLACING in entries:
         listed = _read_json(os.path.join(target, REPLACING))
-        if not isinstance(listed, list) or not all(isinstance(p, str) and _safe_relative(p) for p in listed):
+        if not isinstance(listed, list) or not all(isinstance(p, str) and safe_relative(p) for p in listed):
             return None
         owned |= set(listed) | {REPLACING}
     if MANIFEST in entries:
@@ -135,12 +135,7 @@ def _manifest_paths(manifest: Mapping[str, Any]) -> set[str]:
         for seg in prog.get("segments", []) if isinstance(prog, dict) else []:
             if isinstance(seg, dict) and isinstance(seg.get("file"), str):
                 paths.add(seg["file"])
-    return {p for p in paths if _safe_relative(p)}
-
-
-def _safe_relative(path: str) -> bool:
-    """A plain relative path that stays inside the plan directory."""
-    return bool(path) and not os.path.isabs(path) and ".." not in path.split("/") and "\\" not in path
+    return {p for p in paths if safe_relative(p)}
 
 
 @contextlib.contextmanager
@@ -177,9 +172,10 @@ def sweep_stale(directory: str) -> list[str]:
     return removed
 
 
-def write_plan(directory: str, manifest: Mapping[str, Any], files: Mapping[str, bytes],
-               inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> str:
-    """Write the plan into `directory` (see the module docstring); returns its plan_id."""
+def write_plan(directory: str, plan: Plan, files: Mapping[str, bytes],
+               inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> Plan:
+    """Write the plan into `directory` (see the module docstring); returns the plan as written
+    (with its new plan_id and the sha256 of every file)."""
     target = check_output_dir(directory)
     created = not os.path.exists(target)
     try:
@@ -191,7 +187,7 @@ def write_plan(directory: str, manifest: Mapping[str, Any], files: Mapping[str, 
                 staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target)
                 alive.enter_context(_flock(staging))  # locked before any other sweeper can look at it
             try:
-                plan_id = _stage(staging, manifest, files, inputs, outputs)
+                written = _stage(staging, plan, files, inputs, outputs)
                 with _flock(target):
                     _commit(staging, target, directory)
             finally:
@@ -204,11 +200,11 @@ def write_plan(directory: str, manifest: Mapping[str, Any], files: Mapping[str, 
             raise
         what = "no space left on the device" if exc.errno == errno.ENOSPC else (exc.strerror or type(exc).__name__)
         raise BBGrapError(f"cannot write the plan to '{directory}': {what}; free space or choose another -o DIR") from None
-    return plan_id
+    return written
 
 
-def _stage(staging: str, manifest: Mapping[str, Any], files: Mapping[str, bytes],
-           inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> str:
+def _stage(staging: str, plan: Plan, files: Mapping[str, bytes],
+           inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> Plan:
     sums: dict[str, str] = {}
     for rel, data in files.items():
         path = os.path.join(staging, rel)
@@ -219,11 +215,10 @@ def _stage(staging: str, manifest: Mapping[str, Any], files: Mapping[str, bytes]
     arrays = {f"input:{k}": v for k, v in inputs.items()} | {f"output:{k}": v for k, v in outputs.items()}
     np.savez(os.path.join(staging, SAMPLE), **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     sums[SAMPLE] = file_sha256(os.path.join(staging, SAMPLE))
-    plan_id = uuid.uuid4().hex
-    body = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": plan_id, "files": dict(sorted(sums.items())), **manifest}
+    written = replace(plan, plan_id=uuid.uuid4().hex, files=dict(sorted(sums.items())))
     with open(os.path.join(staging, MANIFEST), "w") as fh:
-        json.dump(body, fh, indent=1)
-    return plan_id
+        json.dump(written.to_json(), fh, indent=1)
+    return written
 
 
 def _commit(staging: str, target: str, directory: str) -> None:
@@ -251,8 +246,8 @@ def _commit(staging: str, target: str, directory: str) -> None:
 # ---------------------------------------------------------------- reading
 
 
-def read_manifest(directory: str) -> dict[str, Any]:
-    """The plan's manifest, checked for everything the runtime and `inspect` read."""
+def read_manifest(directory: str) -> Plan:
+    """The plan's manifest, checked against the schema (bbgrap/plan_schema.py)."""
     path = os.path.join(directory, MANIFEST)
     if os.path.isfile(directory):
         raise BBGrapError(f"'{directory}' is a file, not a bbgrap plan directory; give the directory 'bbgrap compile -o' wrote")
@@ -266,140 +261,40 @@ def read_manifest(directory: str) -> dict[str, Any]:
         raise BBGrapError(f"{path} is unreadable ({reason}); compile the plan again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != PLAN_FORMAT:
         raise BBGrapError(f"{path} is not a bbgrap plan manifest; compile the plan again")
-    if manifest.get("version") != PLAN_VERSION:
-        raise BBGrapError(
-            f"plan '{directory}' has format version {manifest.get('version')}, this bbgrap reads version {PLAN_VERSION}; "
-            f"compile it again with this bbgrap"
-        )
-    problem = manifest_problem(manifest)
-    if problem:
-        raise BBGrapError(f"{path} is damaged ({problem}); compile the plan again")
-    return manifest
+    try:
+        return Plan.from_json(manifest)
+    except PlanVersionError as exc:
+        raise BBGrapError(f"plan '{directory}' has format version {exc.found}, this bbgrap reads version {PLAN_VERSION}; "
+                          f"compile it again with this bbgrap") from None
+    except PlanSchemaError as exc:
+        raise BBGrapError(f"{path} is damaged ({exc}); compile the plan again") from None
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_shape(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_int(d) and d >= 0 for d in v)
-
-
-def _is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(s, str) for s in v)
-
-
-def _record_problem(rec: Any, where: str, fields: Mapping[str, Any]) -> str | None:
-    """`rec` must be an object whose `fields` pass their checks."""
-    if not isinstance(rec, dict):
-        return f"{where} is not an object"
-    for key, ok in fields.items():
-        if key not in rec or not ok(rec[key]):
-            return f"{where}.{key} is missing or malformed"
-    return None
-
-
-def manifest_problem(m: Mapping[str, Any]) -> str | None:
-    """What is wrong with a manifest of this version (None: nothing the readers depend on)."""
-    nodes = m.get("nodes")
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        return "'nodes' is not a positive integer"
-    if not isinstance(m.get("plan_id"), str) or not isinstance(m.get("model"), str):
-        return "'plan_id' or 'model' is missing"
-    # the model file compiled (absent where a plan was built from a model in memory)
-    if "source" in m and _record_problem(m["source"], "source", {"path": lambda v: isinstance(v, str), "sha256": lambda v: isinstance(v, str)}):
-        return "'source' (the compiled model's path and checksum) is malformed"
-    files = m.get("files")
-    if not isinstance(files, dict) or not all(_safe_relative(k) and isinstance(v, str) for k, v in files.items()):
-        return "'files' is not a map of plan files to checksums"
-    value_fields = {"name": lambda v: isinstance(v, str), "shape": _is_shape, "dtype": lambda v: isinstance(v, str)}
-    for key in ("inputs", "outputs"):
-        if not isinstance(m.get(key), list) or not m[key]:
-            return f"'{key}' is not a non-empty list"
-        fields = {**value_fields, "value": lambda v: isinstance(v, str)} if key == "inputs" else value_fields
-        for k, rec in enumerate(m[key]):
-            problem = _record_problem(rec, f"{key}[{k}]", fields)
-            if problem:
-                return problem
-    if not isinstance(m.get("messages"), list):
-        return "'messages' is not a list"
-    def in_range(v: Any) -> bool:
-        return _is_int(v) and 0 <= v < nodes
-
-    for k, rec in enumerate(m["messages"]):
-        problem = _record_problem(rec, f"messages[{k}]", {"id": _is_int, "src": in_range, "dst": in_range, "shape": _is_shape,
-                                                          "dtype": lambda v: isinstance(v, str), "value": lambda v: isinstance(v, str)})
-        if problem:
-            return problem
-    message_ids = {rec["id"] for rec in m["messages"]}
-    programs = m.get("programs")
-    if not isinstance(programs, list) or len(programs) != nodes:
-        return f"'programs' does not hold one program for each of the {nodes} nodes"
-    for n, prog in enumerate(programs):
-        problem = _record_problem(prog, f"programs[{n}]", {"segments": lambda v: isinstance(v, list), "steps": lambda v: isinstance(v, list),
-                                                           "outputs": lambda v: isinstance(v, dict)})
-        if problem:
-            return problem
-        for k, seg in enumerate(prog["segments"]):
-            problem = _record_problem(seg, f"programs[{n}].segments[{k}]", {"file": lambda v: isinstance(v, str) and v in files,
-                                                                              "inputs": _is_str_list, "outputs": _is_str_list})
-            if problem:
-                return problem
-        for k, step in enumerate(prog["steps"]):
-            ok = isinstance(step, list) and len(step) in (2, 3) and _is_int(step[1]) and (
-                (step[0] == "run" and 0 <= step[1] < len(prog["segments"]))
-                or (step[0] in ("send", "wait") and step[1] in message_ids)) and (len(step) == 2 or isinstance(step[2], str))
-            if not ok:
-                return f"programs[{n}].steps[{k}] is malformed"
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in prog["outputs"].items()):
-            return f"programs[{n}].outputs is malformed"
-    stats = m.get("stats")
-
-    def numbers(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-    if not isinstance(stats, dict) or not all(numbers(stats.get(k)) for k in ("bytes_transferred", "messages", "sync_points", "segments")):
-        return "'stats' is missing or malformed"
-    per_node = stats.get("per_node")
-    if not isinstance(per_node, list) or len(per_node) != nodes:
-        return "'stats.per_node' does not hold one entry per node"
-    for n, rec in enumerate(per_node):
-        problem = _record_problem(rec, f"stats.per_node[{n}]", {k: numbers for k in ("flops", "bytes_sent", "bytes_received", "weight_bytes")})
-        if problem:
-            return problem
-    return None
-
-
-def node_files(manifest: Mapping[str, Any], nodes: Iterable[int]) -> list[str]:
-    """The segment files of these nodes, in the manifest's order."""
-    return [seg["file"] for n in nodes for seg in manifest["programs"][n]["segments"]]
-
-
-def verify_files(directory: str, manifest: Mapping[str, Any], nodes: Iterable[int]) -> None:
+def verify_files(directory: str, plan: Plan, nodes: Iterable[int]) -> None:
     """Check the segment files of `nodes` against the manifest's checksums: a damaged file,
     or one copied from another compile, is named in one line."""
-    for rel in node_files(manifest, nodes):
-        _verify(directory, manifest, rel)
+    for rel in plan.node_files(nodes):
+        _verify(directory, plan, rel)
 
 
-def _verify(directory: str, manifest: Mapping[str, Any], rel: str) -> None:
+def _verify(directory: str, plan: Plan, rel: str) -> None:
     path = os.path.join(directory, rel)
     try:
         digest = file_sha256(path)
     except OSError as exc:
         raise BBGrapError(f"cannot read {path} ({exc.strerror or type(exc).__name__}); copy the whole plan directory "
                           f"or compile the plan again") from None
-    if digest != manifest["files"].get(rel):
+    if digest != plan.files.get(rel):
         raise BBGrapError(f"{path} does not match the plan's manifest (damaged, or from another compile); "
                           f"copy the whole plan directory or compile the plan again")
 
 
-def read_sample(directory: str, manifest: Mapping[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def read_sample(directory: str, plan: Plan | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The sample inputs and the original model's outputs on them (checked against the
     manifest's checksum where it is given)."""
     path = os.path.join(directory, SAMPLE)
-    if manifest is not None:
-        _verify(directory, manifest, SAMPLE)
+    if plan is not None:
+        _verify(directory, plan, SAMPLE)
     try:
         with np.load(path, allow_pickle=False) as data:
             inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
@@ -408,9 +303,9 @@ def read_sample(directory: str, manifest: Mapping[str, Any] | None = None) -> tu
         raise BBGrapError(f"{path} is missing; copy the whole plan directory or compile the plan again") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise BBGrapError(f"{path} is unreadable ({type(exc).__name__}); compile the plan again") from None
-    if manifest is not None:
-        missing = [s["name"] for s in manifest["inputs"] if s["name"] not in inputs]
-        missing += [s["name"] for s in manifest["outputs"] if s["name"] not in outputs]
+    if plan is not None:
+        missing = [s.name for s in plan.inputs if s.name not in inputs]
+        missing += [s.name for s in plan.outputs if s.name not in outputs]
         if missing:
             raise BBGrapError(f"{path} lacks '{missing[0]}'; compile the plan again")
     return inputs, outputs

@@ -9,13 +9,12 @@ direction or channels).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from bbgrap.config import Direction
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer
+from bbgrap.plan_schema import LayerNodeRow, LayerRow, WholeLayer
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
@@ -45,7 +44,7 @@ def whole_reason(graph: Graph, layer: Layer, direction: Direction, registry: Rul
     return f"its output ({'x'.join(map(str, shape))}) is too short along {direction.value} and channels to share"
 
 
-def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> list[dict[str, Any]]:
+def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> tuple[LayerRow, ...]:
     """One row per layer, in the graph's order (see the module docstring)."""
     registry = registry or default_registry()
     crossing: dict[str, int] = {}  # bytes of each tensor that go from one node to another
@@ -61,26 +60,25 @@ def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | Non
             extent = computed = None
             if part.axis is not None and not out.empty:
                 iv, cv = out.interval(part.axis), computes.bounding_box().interval(part.axis)
-                extent, computed = [iv.start, iv.stop], [cv.start, cv.stop]
+                extent, computed = (iv.start, iv.stop), (cv.start, cv.stop)
             flops = layer_ops(layer, graph, computes, registry)  # an empty region has no volume: 0
-            nodes.append({
-                "range": extent,  # the part it owns (what other nodes receive from)
-                "computes": computed,  # owned, plus recomputed halo rows or whole groups
-                "flops": flops,
-                "redundant_flops": flops - layer_ops(layer, graph, out, registry),
-            })
-        row: dict[str, Any] = {
-            "name": layer.name, "op_type": layer.op_type, "cut": axis_name(part.axis, rank),
-            "output_shape": list(graph.tensors[layer.outputs[0]].shape),
-            "extent": graph.tensors[layer.outputs[0]].shape[part.axis] if part.axis is not None else None,
-            "flops": sum(n["flops"] for n in nodes), "bytes_sent": sum(crossing.get(t, 0) for t in layer.outputs if t),
-            "per_node": nodes,
-        }
+            nodes.append(LayerNodeRow(
+                range=extent,  # the part it owns (what other nodes receive from)
+                computes=computed,  # owned, plus recomputed halo rows or whole groups
+                flops=flops,
+                redundant_flops=flops - layer_ops(layer, graph, out, registry),
+            ))
+        whole = None
         if part.axis is None:
             active = part.active_nodes()
-            row["whole_on"] = active[0] if active else 0
-            row["reason"] = whole_reason(graph, layer, direction, registry) if graph.nodes > 1 else "one node"
-            row["no_rule"] = registry.get(layer) is None
-        rows.append(row)
-    return rows
-
+            whole = WholeLayer(node=active[0] if active else 0,
+                               reason=whole_reason(graph, layer, direction, registry) if graph.nodes > 1 else "one node",
+                               no_rule=registry.get(layer) is None)
+        rows.append(LayerRow(
+            name=layer.name, op_type=layer.op_type, cut=axis_name(part.axis, rank),
+            output_shape=tuple(graph.tensors[layer.outputs[0]].shape),
+            extent=graph.tensors[layer.outputs[0]].shape[part.axis] if part.axis is not None else None,
+            flops=sum(n.flops for n in nodes), bytes_sent=sum(crossing.get(t, 0) for t in layer.outputs if t),
+            per_node=tuple(nodes), whole=whole,
+        ))
+    return tuple(rows)

@@ -102,7 +102,7 @@ def main() -> int:
     from bbgrap.plan import read_manifest
 
     try:
-        nodes = {plan: read_manifest(plan)["nodes"] for plan in args.plans}
+        nodes = {plan: read_manifest(plan).nodes for plan in args.plans}
     except BBGrapError as exc:
         p.error(str(exc))
     if len(set(nodes.values())) != 1:

@@ -43,11 +43,11 @@ def main() -> int:
                 t0 = time.perf_counter()
                 m = compile_model(path, cfg, os.path.join(work, "plan"))
                 total = time.perf_counter() - t0
-                s = m["search"] or {}
-                row = {"model": model, "nodes": nodes, "compile_s": total, "search_s": s.get("seconds", 0.0),
-                       "evaluated": s.get("evaluated", 0), "log10_total": s.get("log10_total", 0.0),
-                       "objective": s.get("objective"), "naive_objective": s.get("naive_objective"),
-                       "bytes_transferred": m["stats"]["bytes_transferred"]}
+                s = m.compiled.search
+                row = {"model": model, "nodes": nodes, "compile_s": total, "search_s": s.seconds if s else 0.0,
+                       "evaluated": s.evaluated if s else 0, "log10_total": s.log10_total if s else 0.0,
+                       "objective": s.objective if s else None, "naive_objective": s.naive_objective if s else None,
+                       "bytes_transferred": m.stats.bytes_transferred}
                 rows.append(row)
                 if not args.json:
                     ratio = (row["objective"] / row["naive_objective"]) if row["naive_objective"] else float("nan")

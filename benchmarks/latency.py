@@ -134,11 +134,11 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
                for rank in range(nodes)]
     return {
         "model": model, "resolution": resolution, "batch": batch, "nodes": nodes, "direction": direction,
-        "profile_ms": profile, "sync_points": manifest["stats"]["sync_points"], "segments": manifest["stats"]["segments"],
+        "profile_ms": profile, "sync_points": manifest.stats.sync_points, "segments": manifest.stats.segments,
         "searched": search, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
-        "bytes_transferred": manifest["stats"]["bytes_transferred"], "threads_A": node_threads, "threads_B": len(all_set),
+        "bytes_transferred": manifest.stats.bytes_transferred, "threads_A": node_threads, "threads_B": len(all_set),
         "pinned": bool(node_cores),
         "repeat": repeat, "layout": ",".join(sorted(layouts)),
     }

@@ -29,8 +29,8 @@ def measure(path: str, nodes: int, direction: str, work: str) -> dict[str, Any]:
     for label, optimize, recompute in (("naive", False, False), ("optimized", True, False), ("recomputed", True, True)):
         m = compile_model(path, Config(nodes=nodes, direction=Direction(direction)), os.path.join(work, "plan"), optimize=optimize,
                           search=False, recompute=recompute)
-        row[f"{label}_bytes"] = m["stats"]["bytes_transferred"]
-        row[f"{label}_sync_points"] = m["stats"]["sync_points"]
+        row[f"{label}_bytes"] = m.stats.bytes_transferred
+        row[f"{label}_sync_points"] = m.stats.sync_points
     row["ratio"] = row["naive_bytes"] / max(1, row["optimized_bytes"])
     return row
 

@@ -12,6 +12,7 @@ from bbgrap.backends.runtime import compare, embedded_runners, run_embedded
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config, Direction
 from bbgrap.plan import read_manifest, read_sample
+from bbgrap.plan_schema import Plan
 
 TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2)
 # where the in-process runs execute: cpu (the default), or cuda on a machine with a GPU
@@ -24,7 +25,7 @@ def save(model: onnx.ModelProto, directory: str, name: str = "model") -> str:
     return path
 
 
-def compile_plan(model_path: str, plan_dir: str, **options: Any) -> dict[str, Any]:
+def compile_plan(model_path: str, plan_dir: str, **options: Any) -> Plan:
     """Compile with Config fields from `options` (nodes, direction, speeds, custom, ...) and
     the compile flags optimize/search/input_shapes/recompute."""
     flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute") if k in options}

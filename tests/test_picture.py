@@ -33,7 +33,7 @@ def test_every_zoo_model_has_a_picture_and_a_layer_table(tmp_path, name: str) ->
     svg = str(tmp_path / "plan.svg")
     proc = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan, "--svg", svg], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    rows = read_manifest(plan)["layer_table"]
+    rows = read_manifest(plan).compiled.layer_table
     image = rendered(svg)
     assert image.size == size(len(rows))
     colours = {tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in map(node_colour, range(4))}

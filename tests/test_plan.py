@@ -18,7 +18,7 @@ import pytest
 from helpers import compile_plan, run_plan, save
 
 from bbgrap import zoo
-from bbgrap.ir import BBGrapError
+from bbgrap.ir import BBGrapError, Movement
 from bbgrap.plan import (
     MANIFEST,
     REPLACING,
@@ -30,35 +30,35 @@ from bbgrap.plan import (
     verify_files,
     write_plan,
 )
+from bbgrap.plan_schema import CompileRecord, InputSpec, NodeStats, Plan, Program, RunStep, SegmentSpec, Source, Stats, TensorSpec
 
 BIN = os.path.dirname(sys.executable)
 
 
-def tiny_manifest(nodes: int = 1) -> dict:
-    """The smallest manifest the readers accept (one segment per node, no messages)."""
-    return {
-        "model": "m", "nodes": nodes, "source": {"path": "/m.onnx", "sha256": "0"},
-        "inputs": [{"name": "x", "shape": [1], "dtype": "float32", "value": "x"}],
-        "outputs": [{"name": "y", "shape": [1], "dtype": "float32"}],
-        "messages": [],
-        "programs": [{"node": n, "segments": [{"file": f"node{n}/seg000.onnx", "inputs": ["x"], "outputs": ["y"]}],
-                      "steps": [["run", 0]], "outputs": {"y": "y"}} for n in range(nodes)],
-        "stats": {"bytes_transferred": 0, "messages": 0, "sync_points": 0, "segments": nodes,
-                  "per_node": [{"flops": 0, "bytes_sent": 0, "bytes_received": 0, "weight_bytes": 0}] * nodes},
-    }
+def tiny_plan(nodes: int = 1) -> Plan:
+    """The smallest plan the readers accept (one segment per node, no messages)."""
+    return Plan(
+        model="m", nodes=nodes, movement=Movement.OPTIMIZED, layers=1, opaque=(),
+        inputs=(InputSpec("x", (1,), "float32", "x"),), outputs=(TensorSpec("y", (1,), "float32"),), messages=(),
+        programs=tuple(Program(n, (SegmentSpec(f"node{n}/seg000.onnx", ("x",), ("y",)),), (RunStep(0),), {"y": "y"})
+                       for n in range(nodes)),
+        stats=Stats(0, 0, 0, nodes, (NodeStats(0, 0, 0, 0, 0),) * nodes),
+        compiled=CompileRecord("h", 20.0, (1.0,) * nodes, (), None, (), 0.0, Source("/m.onnx", "0")),
+    )
 
 
 def write_tiny(directory: str, nodes: int = 1, payload: bytes = b"segment") -> str:
+    """Write the tiny plan; returns its plan_id."""
     files = {f"node{n}/seg000.onnx": payload + bytes([n]) for n in range(nodes)}
-    return write_plan(directory, tiny_manifest(nodes), files, {"x": np.zeros(1, np.float32)}, {"y": np.ones(1, np.float32)})
+    return write_plan(directory, tiny_plan(nodes), files, {"x": np.zeros(1, np.float32)}, {"y": np.ones(1, np.float32)}).plan_id
 
 
 def test_written_plan_reads_back_with_identity_and_checksums(tmp_path) -> None:
     plan = str(tmp_path / "plan")
     plan_id = write_tiny(plan, nodes=2)
     manifest = read_manifest(plan)
-    assert manifest["plan_id"] == plan_id and len(plan_id) == 32
-    assert set(manifest["files"]) == {"node0/seg000.onnx", "node1/seg000.onnx", "sample.npz"}
+    assert manifest.plan_id == plan_id and len(plan_id) == 32
+    assert set(manifest.files) == {"node0/seg000.onnx", "node1/seg000.onnx", "sample.npz"}
     verify_files(plan, manifest, [0, 1])
     inputs, outputs = read_sample(plan, manifest)
     assert set(inputs) == {"x"} and set(outputs) == {"y"}
@@ -78,7 +78,7 @@ def test_recompiling_keeps_the_users_files(tmp_path) -> None:
     assert (plan / "notes" / "a.txt").read_text() == "mine"
     assert (plan / "node2" / "mine.txt").read_text() == "mine too"
     assert not (plan / "node2" / "seg000.onnx").exists(), "the old plan's third node stayed"
-    assert read_manifest(str(plan))["nodes"] == 2
+    assert read_manifest(str(plan)).nodes == 2
     assert sorted(os.listdir(plan)) == ["m.onnx", "node0", "node1", "node2", "notes", "plan.json", "sample.npz"]
 
 
@@ -129,7 +129,7 @@ def test_a_symlinked_output_is_followed(tmp_path) -> None:
     os.symlink(str(real), str(tmp_path / "link"))
     plan_id = write_tiny(str(tmp_path / "link"), payload=b"new")
     assert os.path.islink(tmp_path / "link")
-    assert read_manifest(str(real))["plan_id"] == plan_id
+    assert read_manifest(str(real)).plan_id == plan_id
     assert (real / "node0" / "seg000.onnx").read_bytes() == b"new\x00"
 
 
@@ -150,7 +150,7 @@ def test_a_failed_write_keeps_the_old_plan_and_leaves_nothing(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=small_files, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "cannot write the plan" in proc.stdout and "Traceback" not in proc.stderr
-    assert read_manifest(str(plan))["plan_id"] == old_id
+    assert read_manifest(str(plan)).plan_id == old_id
     assert not [e for e in os.listdir(plan) if e.startswith(".bbgrap")], os.listdir(plan)
     # a new directory that could not be written is not left behind either
     proc = subprocess.run([sys.executable, "-c", code.replace(str(plan), str(tmp_path / "fresh"))], capture_output=True,
@@ -208,8 +208,8 @@ def test_concurrent_writers_leave_one_whole_plan(tmp_path) -> None:
         t.join()
     assert not errors, errors
     manifest = read_manifest(plan)
-    verify_files(plan, manifest, range(manifest["nodes"]))
-    assert sorted(os.listdir(plan)) == sorted(["plan.json", "sample.npz"] + [f"node{n}" for n in range(manifest["nodes"])])
+    verify_files(plan, manifest, range(manifest.nodes))
+    assert sorted(os.listdir(plan)) == sorted(["plan.json", "sample.npz"] + [f"node{n}" for n in range(manifest.nodes)])
 
 
 def test_plan_directories_follow_the_umask(tmp_path) -> None:
@@ -228,10 +228,11 @@ def test_plan_directories_follow_the_umask(tmp_path) -> None:
     (lambda m: {**m, "nodes": 3}, "'programs' does not hold one program"),
     (lambda m: {**m, "nodes": "2"}, "'nodes'"),
     (lambda m: {**m, "files": {"../../etc/passwd": "0"}}, "'files'"),
-    (lambda m: {**m, "messages": [{"id": 0, "src": 0, "dst": 5, "shape": [1], "dtype": "float32", "value": "v"}]}, "messages[0].dst"),
+    (lambda m: {**m, "messages": [{"id": 0, "src": 0, "dst": 5, "tensor": "t", "region": [[0, 1]], "shape": [1], "dtype": "float32",
+                                   "value": "v"}]}, "messages[0].dst"),
     (lambda m: {**m, "programs": [{**m["programs"][0], "steps": [["run", 7]]}, m["programs"][1]]}, "programs[0].steps[0]"),
     (lambda m: {**m, "programs": [{**m["programs"][0], "steps": [["wait", 3]]}, m["programs"][1]]}, "programs[0].steps[0]"),
-    (lambda m: {**m, "source": {"path": 3}}, "'source'"),
+    (lambda m: {**m, "source": {"path": 3}}, "'source.path'"),
 ])
 def test_damaged_manifests_are_one_line(tmp_path, edit, words: str) -> None:
     # defect 10: plan.json not an object, without programs, with the wrong node count, ...

@@ -38,17 +38,17 @@ def test_rows_add_up_to_the_plan(tmp_path, name: str, nodes: int, direction: str
     plan = str(tmp_path / "plan")
     compile_plan(model, plan, nodes=nodes, direction=direction, search=search)
     manifest = read_manifest(plan)
-    rows = manifest["layer_table"]
-    assert len(rows) == manifest["layers"]
+    rows = manifest.compiled.layer_table
+    assert len(rows) == manifest.layers
     for n in range(nodes):
-        per_node = sum(r["per_node"][n]["flops"] for r in rows)
-        assert per_node == pytest.approx(manifest["stats"]["per_node"][n]["flops"], rel=1e-9)
-        redundant = sum(r["per_node"][n]["redundant_flops"] for r in rows)
-        assert redundant == pytest.approx(manifest["stats"]["per_node"][n]["redundant_flops"], rel=1e-9, abs=1e-6)
-    assert sum(r["bytes_sent"] for r in rows) == manifest["stats"]["bytes_transferred"]
+        per_node = sum(r.per_node[n].flops for r in rows)
+        assert per_node == pytest.approx(manifest.stats.per_node[n].flops, rel=1e-9)
+        redundant = sum(r.per_node[n].redundant_flops for r in rows)
+        assert redundant == pytest.approx(manifest.stats.per_node[n].redundant_flops, rel=1e-9, abs=1e-6)
+    assert sum(r.bytes_sent for r in rows) == manifest.stats.bytes_transferred
     for r in rows:
-        ranges = [p["range"] for p in r["per_node"] if p["range"]]
-        if r["cut"] != "whole":  # the owned ranges tile the extent along the cut
+        ranges = [p.range for p in r.per_node if p.range]
+        if r.cut != "whole":  # the owned ranges tile the extent along the cut
             assert sorted(ranges)[0][0] == 0 and all(a[1] == b[0] for a, b in zip(sorted(ranges), sorted(ranges)[1:]))
     assert_exact(plan)
 
@@ -59,11 +59,12 @@ def test_a_layer_without_rule_is_whole_with_its_reason(tmp_path) -> None:
     proc = subprocess.run([os.path.join(BIN, "bbgrap"), "compile", model, "--nodes", "2", "-o", plan, "--quiet"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["name"]: r for r in read_manifest(plan)["layer_table"]}
-    assert rows["conv"]["cut"] == "h" and [p["range"] for p in rows["conv"]["per_node"]] == [[0, 8], [8, 16]]
-    assert rows["hardmax"]["cut"] == "whole" and rows["hardmax"]["whole_on"] == 0
-    assert rows["hardmax"]["reason"] == "no region rule for Hardmax"
-    assert rows["hardmax"]["no_rule"] is True
+    rows = {r.name: r for r in read_manifest(plan).compiled.layer_table}
+    assert rows["conv"].cut == "h" and [p.range for p in rows["conv"].per_node] == [(0, 8), (8, 16)]
+    hardmax = rows["hardmax"].whole
+    assert rows["hardmax"].cut == "whole" and hardmax is not None and hardmax.node == 0
+    assert hardmax.reason == "no region rule for Hardmax"
+    assert hardmax.no_rule is True
     text = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan, "--layers"], capture_output=True, text=True, timeout=60).stdout
     assert "whole on node 0: no region rule for Hardmax" in text
     summary = subprocess.run([os.path.join(BIN, "bbgrap"), "inspect", plan], capture_output=True, text=True, timeout=60).stdout

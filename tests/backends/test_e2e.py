@@ -8,6 +8,7 @@ import pytest
 from helpers import assert_exact, compile_plan, save
 
 from bbgrap import zoo
+from bbgrap.ir import Movement
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def zoo_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.mark.parametrize("nodes", [1, 2, 3, 4])
 def test_zoo_model_is_exact(zoo_models: dict[str, str], tmp_path, name: str, direction: str, nodes: int) -> None:
     manifest = compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=nodes, direction=direction)
-    assert manifest["nodes"] == nodes
+    assert manifest.nodes == nodes
     assert_exact(str(tmp_path / "plan"))
 
 
@@ -35,7 +36,7 @@ def test_device_values_path_is_exact(zoo_models: dict[str, str], tmp_path, name:
 @pytest.mark.parametrize("name", ["resnet18", "inception"])
 def test_naive_plan_is_exact(zoo_models: dict[str, str], tmp_path, name: str) -> None:
     manifest = compile_plan(zoo_models[name], str(tmp_path / "plan"), nodes=3, direction="w", optimize=False)
-    assert manifest["movement"] == "naive"
+    assert manifest.movement == Movement.NAIVE
     assert_exact(str(tmp_path / "plan"))
 
 
@@ -48,7 +49,7 @@ def test_batch_direction_and_batch_two(tmp_path) -> None:
 def test_heterogeneous_speeds_are_exact(zoo_models: dict[str, str], tmp_path) -> None:
     # recompute=False: the owned split alone (recomputed halos would add to every node's operations)
     manifest = compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "plan"), nodes=3, speeds=(1.0, 3.0, 1.0), recompute=False)
-    flops = [n["flops"] for n in manifest["stats"]["per_node"]]
+    flops = [n.flops for n in manifest.stats.per_node]
     assert flops[1] > 2 * flops[0] and flops[1] > 2 * flops[2]
     assert_exact(str(tmp_path / "plan"))
     compile_plan(zoo_models["mobilenet_v2"], str(tmp_path / "recomputed"), nodes=3, speeds=(1.0, 3.0, 1.0))

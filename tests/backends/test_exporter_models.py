@@ -25,7 +25,7 @@ def exact_cuts(tmp_path, model: onnx.ModelProto, **options: object) -> dict[str,
     plan = str(tmp_path / "plan")
     compile_plan(save(model, str(tmp_path)), plan, **options)
     assert_exact(plan)
-    return {r["name"]: r["cut"] for r in read_manifest(plan)["layer_table"]}
+    return {r.name: r.cut for r in read_manifest(plan).compiled.layer_table}
 
 
 def convnext_linear() -> onnx.ModelProto:

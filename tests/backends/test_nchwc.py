@@ -314,7 +314,7 @@ def test_compiled_resnet_with_blocked_boundaries_is_exact(tmp_path, direction: s
         def reorders(model: onnx.ModelProto) -> list[str]:
             return [n.input[0] for n in model.graph.node if n.op_type in ("ReorderInput", "ReorderOutput")]
 
-        files = [str(tmp_path / "plan" / s["file"]) for s in manifest["programs"][0]["segments"]]
+        files = [str(tmp_path / "plan" / s.file) for s in manifest.programs[0].segments]
         as_nchw = [reorders(nchwc.optimized(onnx.load(f), options())) for f in files]
         as_run = [reorders(m) if (m := layouts[0].model(k)) is not None else r for k, r in enumerate(as_nchw)]
         left = [name for r in as_run for name in r]

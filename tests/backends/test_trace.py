@@ -16,6 +16,7 @@ from helpers import compile_plan, save
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
+from bbgrap.plan_schema import RunStep
 
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
@@ -56,21 +57,21 @@ def test_trace_has_every_step_in_order_and_adds_up(tmp_path, resnet50_plan: str,
     manifest = read_manifest(resnet50_plan)
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert names == {n: f"rank {n} (node {n})" for n in range(4)}
-    for node, program in enumerate(manifest["programs"]):
+    for node, program in enumerate(manifest.programs):
         inferences = steps_by_inference(trace, node)
         assert sorted(inferences) == [0, 1, 2, 3]
         for events in inferences.values():
             inference, steps = events[0], events[1:]
             kinds = [(e["cat"], e["args"].get("message")) for e in steps if e["cat"] in ("run", "send", "wait")]
-            expected = [(op, k if op != "run" else None) for op, k, *_ in program["steps"]]
+            expected = [(op, k if op != "run" else None) for op, k, *_ in (s.to_json() for s in program.steps)]
             assert kinds == expected, "steps missing or out of program order"
             runs = [e for e in steps if e["cat"] == "run"]
-            assert [e["args"]["file"] for e in runs] == [program["segments"][k]["file"] for op, k, *_ in program["steps"] if op == "run"]
+            assert [e["args"]["file"] for e in runs] == [program.segments[s.segment].file for s in program.steps if isinstance(s, RunStep)]
             assert all(e["args"]["layers"] for e in runs)
             for e in steps:
                 if e["cat"] in ("send", "wait"):
-                    m = next(m for m in manifest["messages"] if m["id"] == e["args"]["message"])
-                    assert e["args"]["peer"] == (m["dst"] if e["cat"] == "send" else m["src"]) and e["args"]["bytes"] > 0
+                    m = next(m for m in manifest.messages if m.id == e["args"]["message"])
+                    assert e["args"]["peer"] == (m.dst if e["cat"] == "send" else m.src) and e["args"]["bytes"] == m.nbytes > 0
             if mode == "mpi":
                 assert [s["cat"] for s in (steps[0], steps[-1])] == ["start", "finish"]
             # everything the rank did in that inference, less the Python between its steps

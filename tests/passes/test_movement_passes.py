@@ -124,4 +124,4 @@ def test_weight_bytes_count_the_models_weights_only(tmp_path) -> None:
     model = conv_chain([3, 3, 1], channels=3, height=12)
     total = sum(np.prod(w.dims) * 4 for w in model.graph.initializer)
     manifest = compile_plan(save(model, str(tmp_path)), str(tmp_path / "plan"), nodes=3)
-    assert [n["weight_bytes"] for n in manifest["stats"]["per_node"]] == [total] * 3
+    assert [n.weight_bytes for n in manifest.stats.per_node] == [total] * 3

@@ -28,6 +28,8 @@ from bbgrap.ir import Graph, Part, ShapeMap
 from bbgrap.movement import assemble
 from bbgrap.pass_manager import PassManager
 from bbgrap.plan import write_plan
+from bbgrap.plan_schema import CompileRecord
+from bbgrap.report import layer_table
 
 NEVER, ALWAYS = RecomputeHalos(receive=ReceiveCost(0.0, 0.0)), RecomputeHalos(receive=replace(CPU_RECEIVE, sync_ops=1e12))
 
@@ -39,9 +41,12 @@ def rows(lo: int, hi: int, channels: int = 2, width: int = 5) -> ShapeMap:
 def run_pipeline(model: onnx.ModelProto, nodes: int, recompute: RecomputeHalos, plan_dir: str | None = None) -> Graph:
     """The pipeline with the given recompute-halos options; with `plan_dir`, also write the plan."""
     front = import_proto(model)
-    graph = PassManager([NaivePartition(nodes, Direction.H), InsertCropConcat(), EliminateTransfers(), recompute]).run(front.graph)
+    passes = [NaivePartition(nodes, Direction.H), InsertCropConcat(), EliminateTransfers(), recompute]
+    graph = PassManager(passes).run(front.graph)
     if plan_dir is not None:
-        plan, files = emit(graph, *lower(graph))
+        compiled = CompileRecord(direction=Direction.H, threshold=0.0, speeds=(1.0,) * nodes, passes=tuple(p.name for p in passes), search=None,
+                                 layer_table=layer_table(graph, Direction.H), compile_seconds=0.0)
+        plan, files = emit(graph, *lower(graph), compiled)
         write_plan(plan_dir, plan, files, front.sample_inputs, front.reference_outputs)
     return graph
 
@@ -117,14 +122,14 @@ def test_gather_takes_what_the_node_holds_before_what_others_own() -> None:
 def test_default_pipeline_recomputes_and_stays_exact(tmp_path, nodes: int) -> None:
     path = save(conv_chain([3, 1, 3, 3], channels=4, height=24, width=6, relu_after=True), str(tmp_path))
     manifest = compile_plan(path, str(tmp_path / "plan"), nodes=nodes, search=True)
-    assert manifest["passes"][-1] == "recompute-halos"
+    assert manifest.compiled.passes[-1] == "recompute-halos"
     assert_exact(str(tmp_path / "plan"))
     off = compile_plan(path, str(tmp_path / "off"), nodes=nodes, search=True, recompute=False)
-    assert "recompute-halos" not in off["passes"]
-    assert manifest["stats"]["sync_points"] <= off["stats"]["sync_points"]
+    assert "recompute-halos" not in off.compiled.passes
+    assert manifest.stats.sync_points <= off.stats.sync_points
     # what the nodes recompute shows in the accounting; without the pass nothing is redundant
-    assert sum(n["redundant_flops"] for n in manifest["stats"]["per_node"]) > 0
-    assert all(n["redundant_flops"] == 0 for n in off["stats"]["per_node"])
+    assert sum(n.redundant_flops for n in manifest.stats.per_node) > 0
+    assert all(n.redundant_flops == 0 for n in off.stats.per_node)
 
 
 def window_chain(layers: list[tuple[str, int, int, int]], channels: int, height: int, width: int) -> onnx.ModelProto:

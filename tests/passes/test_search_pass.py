@@ -21,9 +21,9 @@ def resnet(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.parametrize(("nodes", "direction", "strategy"), [(2, "h", "exact"), (3, "w", "exact"), (4, "h", "exact"), (3, "h", "pruned-tree")])
 def test_searched_plans_are_exact(tmp_path, resnet: str, nodes: int, direction: str, strategy: str) -> None:
     m = compile_plan(resnet, str(tmp_path / "plan"), nodes=nodes, direction=direction, search=True, **{"search_strategy": strategy})
-    s = m["search"]
-    assert s["strategy"] == strategy and s["layers"] > 0 and s["evaluated"] > 0
-    assert s["objective"] <= s["naive_objective"]
+    s = m.compiled.search
+    assert s is not None and s.strategy == strategy and s.layers > 0 and s.evaluated > 0
+    assert s.objective <= s.naive_objective
     assert_exact(str(tmp_path / "plan"))
 
 
@@ -31,7 +31,8 @@ def test_searched_plans_are_exact(tmp_path, resnet: str, nodes: int, direction: 
 def test_every_zoo_model_searched_is_exact(tmp_path, name: str) -> None:
     path = save(zoo.build(name, resolution=48, width=0.125), str(tmp_path), name)
     m = compile_plan(path, str(tmp_path / "plan"), nodes=3, speeds=(1.0, 2.0, 1.0), search=True)
-    assert m["search"]["objective"] <= m["search"]["naive_objective"]
+    s = m.compiled.search
+    assert s is not None and s.objective <= s.naive_objective
     assert_exact(str(tmp_path / "plan"))
 
 
@@ -88,5 +89,5 @@ def test_layers_too_tall_to_search_keep_the_naive_cut(tmp_path) -> None:
         assert SearchPartitions(cfg)._searchable(partitioned, partitioned.layers[0]) is searched, (rows, nodes)
     path = save(model, str(tmp_path))
     m = compile_plan(path, str(tmp_path / "plan"), nodes=4, search=True, input_shapes={"x": (1, 3, 4096, 8)})
-    assert m["search"]["layers"] == 0
+    assert m.compiled.search is not None and m.compiled.search.layers == 0
     assert_exact(str(tmp_path / "plan"))

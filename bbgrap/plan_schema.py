@@ -1,0 +1,573 @@
+"""The plan's manifest (`plan.json`) as typed records: what the compiler writes and every
+reader (bbgrap-run, `bbgrap inspect`, the picture, the benchmarks) reads.
+
+Every record is a frozen dataclass with `to_json()` (the JSON value written, keys in a
+fixed order) and `from_json(value, where)` (which checks the structure and raises one
+`PlanSchemaError` naming the field, e.g. `'messages[3].dst' is not a node (0 to 1)`), so
+no reader indexes a raw dictionary and a damaged manifest is refused where it is read,
+not half-way through a run. Steps are read by `step_from_json`; the search pass's record is
+the IR's own `bbgrap.ir.SearchStats` (read by `search_stats_from_json`), and the movement
+the IR's `Movement`. `Plan.from_json` also checks what crosses records: one program per
+node, every step's segment and message, every segment's file, one stats entry per node.
+
+A plan of another format version is refused (`PlanVersionError`): compile it again.
+Version 3 is the typed schema (version 2 wrote the same keys, checked less).
+
+Steps, in JSON tagged lists, are one type each: `["run", segment]` (RunStep),
+`["send", message, local value]` (SendStep), `["wait", message]` (WaitStep).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Mapping, TypeVar, Union
+
+import numpy as np
+
+from bbgrap.config import DIRECTIONS, Direction
+from bbgrap.ir import BBGrapError, Movement, SearchStats
+
+PLAN_FORMAT = "bbgrap-plan"
+PLAN_VERSION = 3
+
+Json = dict[str, Any]
+T = TypeVar("T")
+
+
+class PlanSchemaError(BBGrapError):
+    """A manifest that does not follow this schema; the message names the field, in one line."""
+
+
+class PlanVersionError(PlanSchemaError):
+    """A manifest of another format version (`found`): compiled by another bbgrap."""
+
+    def __init__(self, found: Any) -> None:
+        self.found = found
+        super().__init__(f"format version {found}, this bbgrap reads version {PLAN_VERSION}")
+
+
+def safe_relative(path: str) -> bool:
+    """A plain relative path that stays inside the plan directory."""
+    return bool(path) and not os.path.isabs(path) and ".." not in path.split("/") and "\\" not in path
+
+
+# ---------------------------------------------------------------- reading JSON, field by field
+
+
+def _path(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise PlanSchemaError(f"'{where}' is not an object")
+    return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _take(rec: Mapping[str, Any], where: str, key: str, ok: Callable[[Any], bool], what: str) -> Any:
+    """`rec[key]`, which must pass `ok`; else one error naming the field and what it must be."""
+    if key not in rec:
+        raise PlanSchemaError(f"'{_path(where, key)}' is missing")
+    if not ok(rec[key]):
+        raise PlanSchemaError(f"'{_path(where, key)}' is not {what}")
+    return rec[key]
+
+
+def _str(rec: Mapping[str, Any], where: str, key: str) -> str:
+    value: str = _take(rec, where, key, lambda v: isinstance(v, str), "a string")
+    return value
+
+
+def _int(rec: Mapping[str, Any], where: str, key: str, positive: bool = False) -> int:
+    low = 1 if positive else 0
+    value: int = _take(rec, where, key, lambda v: _is_int(v) and v >= low, "a positive integer" if positive else "an integer >= 0")
+    return value
+
+
+def _number(rec: Mapping[str, Any], where: str, key: str) -> float:
+    """A number as written (an integer stays one, so a plan reads back and writes the same JSON)."""
+    value: float = _take(rec, where, key, _is_number, "a number")
+    return value
+
+
+def _shape(rec: Mapping[str, Any], where: str, key: str) -> tuple[int, ...]:
+    return tuple(_take(rec, where, key, lambda v: isinstance(v, list) and all(_is_int(d) and d >= 0 for d in v),
+                       "a list of integers >= 0"))
+
+
+def _strs(rec: Mapping[str, Any], where: str, key: str) -> tuple[str, ...]:
+    return tuple(_take(rec, where, key, lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of strings"))
+
+
+def _str_map(rec: Mapping[str, Any], where: str, key: str) -> dict[str, str]:
+    return dict(_take(rec, where, key, lambda v: isinstance(v, dict) and all(isinstance(s, str) for s in v.values()),
+                      "an object of strings"))
+
+
+def _range(rec: Mapping[str, Any], where: str, key: str) -> tuple[int, int] | None:
+    """A [start, stop] pair, or null."""
+    value = _take(rec, where, key, lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(_is_int(d) for d in v)),
+                  "a [start, stop] pair or null")
+    return None if value is None else (value[0], value[1])
+
+
+def _record(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, str], T]) -> T:
+    """A record, read by `parse(value, 'key')`."""
+    return parse(_take(rec, where, key, lambda v: True, ""), _path(where, key))
+
+
+def _movement(rec: Mapping[str, Any], where: str) -> Movement:
+    names = [m.value for m in Movement]
+    return Movement(_take(rec, where, "movement", lambda v: v in names, f"one of {', '.join(names)}"))
+
+
+def _records(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, str], T]) -> tuple[T, ...]:
+    """A list of records, each read by `parse(value, 'key[k]')`."""
+    items = _take(rec, where, key, lambda v: isinstance(v, list), "a list")
+    return tuple(parse(item, f"{_path(where, key)}[{k}]") for k, item in enumerate(items))
+
+
+# ---------------------------------------------------------------- the records
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model output: its name, shape and element type."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> Json:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> TensorSpec:
+        rec = _object(value, where)
+        return cls(_str(rec, where, "name"), _shape(rec, where, "shape"), _str(rec, where, "dtype"))
+
+
+@dataclass(frozen=True)
+class InputSpec(TensorSpec):
+    """A model input, and the local value that holds it on every node."""
+
+    value: str
+
+    def to_json(self) -> Json:
+        return {**super().to_json(), "value": self.value}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> InputSpec:
+        spec = TensorSpec.from_json(value, where)
+        return cls(spec.name, spec.shape, spec.dtype, _str(_object(value, where), where, "value"))
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    """One transfer: the region of `tensor` that node `src` sends to node `dst`, held in the
+    local value `value` on both sides."""
+
+    id: int
+    src: int
+    dst: int
+    tensor: str
+    region: tuple[tuple[int, int], ...]  # per axis [start, stop)
+    shape: tuple[int, ...]
+    dtype: str
+    value: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+    def to_json(self) -> Json:
+        return {"id": self.id, "src": self.src, "dst": self.dst, "tensor": self.tensor, "region": [list(r) for r in self.region],
+                "shape": list(self.shape), "dtype": self.dtype, "value": self.value}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> MessageSpec:
+        rec = _object(value, where)
+        region = _take(rec, where, "region", lambda v: isinstance(v, list) and all(
+            isinstance(r, list) and len(r) == 2 and all(_is_int(d) for d in r) for r in v), "a list of [start, stop] pairs")
+        return cls(_int(rec, where, "id"), _int(rec, where, "src"), _int(rec, where, "dst"), _str(rec, where, "tensor"),
+                   tuple((a, b) for a, b in region), _shape(rec, where, "shape"), _str(rec, where, "dtype"), _str(rec, where, "value"))
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """One ONNX segment of a node's program: its file in the plan, the local values it reads and makes."""
+
+    file: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def to_json(self) -> Json:
+        return {"file": self.file, "inputs": list(self.inputs), "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> SegmentSpec:
+        rec = _object(value, where)
+        return cls(_str(rec, where, "file"), _strs(rec, where, "inputs"), _strs(rec, where, "outputs"))
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """Run the program's segment `segment`."""
+
+    segment: int
+    op: ClassVar[str] = "run"
+
+    def to_json(self) -> list[Any]:
+        return ["run", self.segment]
+
+
+@dataclass(frozen=True)
+class SendStep:
+    """Send message `message`, whose data is this node's local value `value` (aliases resolved)."""
+
+    message: int
+    value: str
+    op: ClassVar[str] = "send"
+
+    def to_json(self) -> list[Any]:
+        return ["send", self.message, self.value]
+
+
+@dataclass(frozen=True)
+class WaitStep:
+    """Wait for message `message` (the segments after it read it)."""
+
+    message: int
+    op: ClassVar[str] = "wait"
+
+    def to_json(self) -> list[Any]:
+        return ["wait", self.message]
+
+
+Step = Union[RunStep, SendStep, WaitStep]
+
+
+def step_from_json(value: Any, where: str) -> Step:
+    """A step from its tagged list (see the module docstring)."""
+    if isinstance(value, list) and value and all(_is_int(v) and v >= 0 for v in value[1:2]):
+        tag, args = value[0], value[1:]
+        if tag == "run" and len(args) == 1:
+            return RunStep(args[0])
+        if tag == "send" and len(args) == 2 and isinstance(args[1], str):
+            return SendStep(args[0], args[1])
+        if tag == "wait" and len(args) == 1:
+            return WaitStep(args[0])
+    raise PlanSchemaError(f"'{where}' is not a step ([\"run\", segment], [\"send\", message, value] or [\"wait\", message])")
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one node does: its segments, the steps that run them and move messages, and the
+    local values holding the model's outputs (on the node that gathers them)."""
+
+    node: int
+    segments: tuple[SegmentSpec, ...]
+    steps: tuple[Step, ...]
+    outputs: Mapping[str, str]  # model output name -> local value
+
+    def to_json(self) -> Json:
+        return {"node": self.node, "segments": [s.to_json() for s in self.segments], "steps": [s.to_json() for s in self.steps],
+                "outputs": dict(self.outputs)}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Program:
+        rec = _object(value, where)
+        return cls(_int(rec, where, "node"), _records(rec, where, "segments", SegmentSpec.from_json),
+                   _records(rec, where, "steps", step_from_json), _str_map(rec, where, "outputs"))
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """One node's share: operations (and those beyond its own outputs), bytes it sends and receives per
+    inference, bytes of weights its segments hold."""
+
+    flops: float
+    redundant_flops: float
+    bytes_sent: int
+    bytes_received: int
+    weight_bytes: int
+
+    def to_json(self) -> Json:
+        return {"flops": self.flops, "redundant_flops": self.redundant_flops, "bytes_sent": self.bytes_sent,
+                "bytes_received": self.bytes_received, "weight_bytes": self.weight_bytes}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> NodeStats:
+        rec = _object(value, where)
+        return cls(_number(rec, where, "flops"), _number(rec, where, "redundant_flops"), _int(rec, where, "bytes_sent"),
+                   _int(rec, where, "bytes_received"), _int(rec, where, "weight_bytes"))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The plan's data movement per inference (a synchronisation point: a layer whose output
+    crosses nodes), its number of segments, and each node's share."""
+
+    bytes_transferred: int
+    messages: int
+    sync_points: int
+    segments: int
+    per_node: tuple[NodeStats, ...]
+
+    def to_json(self) -> Json:
+        return {"bytes_transferred": self.bytes_transferred, "messages": self.messages, "sync_points": self.sync_points,
+                "segments": self.segments, "per_node": [n.to_json() for n in self.per_node]}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Stats:
+        rec = _object(value, where)
+        return cls(_int(rec, where, "bytes_transferred"), _int(rec, where, "messages"), _int(rec, where, "sync_points"),
+                   _int(rec, where, "segments"), _records(rec, where, "per_node", NodeStats.from_json))
+
+
+@dataclass(frozen=True)
+class OpaqueLayer:
+    """A layer whose op has no region rule (computed whole on one node)."""
+
+    name: str
+    op_type: str
+
+    def to_json(self) -> Json:
+        return {"name": self.name, "op_type": self.op_type}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> OpaqueLayer:
+        rec = _object(value, where)
+        return cls(_str(rec, where, "name"), _str(rec, where, "op_type"))
+
+
+@dataclass(frozen=True)
+class LayerNodeRow:
+    """One node's part of a layer: the range it owns along the cut (what others receive from),
+    the range it computes (owned plus recomputed halo), its operations and those beyond its own."""
+
+    range: tuple[int, int] | None
+    computes: tuple[int, int] | None
+    flops: float
+    redundant_flops: float
+
+    def to_json(self) -> Json:
+        return {"range": _pair_json(self.range), "computes": _pair_json(self.computes), "flops": self.flops,
+                "redundant_flops": self.redundant_flops}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> LayerNodeRow:
+        rec = _object(value, where)
+        return cls(_range(rec, where, "range"), _range(rec, where, "computes"), _number(rec, where, "flops"),
+                   _number(rec, where, "redundant_flops"))
+
+
+def _pair_json(pair: tuple[int, int] | None) -> list[int] | None:
+    return None if pair is None else list(pair)
+
+
+@dataclass(frozen=True)
+class WholeLayer:
+    """Why a layer is computed whole: on which node, the reason in words, and whether its op has no
+    region rule at all (else no axis its rule can cut is usable)."""
+
+    node: int
+    reason: str
+    no_rule: bool
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One row of the layer table (bbgrap/report.py): how a layer is cut and where its work is."""
+
+    name: str
+    op_type: str
+    cut: str  # n/c/h/w, "axis K", or "whole"
+    output_shape: tuple[int, ...]
+    extent: int | None  # the output's length along the cut
+    flops: float
+    bytes_sent: int  # bytes of its output that cross nodes
+    per_node: tuple[LayerNodeRow, ...]
+    whole: WholeLayer | None = None  # a layer computed whole on one node (cut "whole")
+
+    def to_json(self) -> Json:
+        row = {"name": self.name, "op_type": self.op_type, "cut": self.cut, "output_shape": list(self.output_shape),
+               "extent": self.extent, "flops": self.flops, "bytes_sent": self.bytes_sent, "per_node": [n.to_json() for n in self.per_node]}
+        if self.whole is not None:
+            row |= {"whole_on": self.whole.node, "reason": self.whole.reason, "no_rule": self.whole.no_rule}
+        return row
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> LayerRow:
+        rec = _object(value, where)
+        cut = _str(rec, where, "cut")
+        whole = None
+        if cut == "whole":
+            whole = WholeLayer(_int(rec, where, "whole_on"), _str(rec, where, "reason"),
+                               _take(rec, where, "no_rule", lambda v: isinstance(v, bool), "true or false"))
+        extent = _take(rec, where, "extent", lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0 or null")
+        return cls(_str(rec, where, "name"), _str(rec, where, "op_type"), cut, _shape(rec, where, "output_shape"), extent,
+                   _number(rec, where, "flops"), _int(rec, where, "bytes_sent"), _records(rec, where, "per_node", LayerNodeRow.from_json),
+                   whole)
+
+
+def search_stats_from_json(value: Any, where: str) -> SearchStats:
+    """The search pass's statistics (bbgrap.ir.SearchStats, which writes itself with to_json)."""
+    rec = _object(value, where)
+    return SearchStats(_str(rec, where, "strategy"), _number(rec, where, "threshold"), _int(rec, where, "layers"),
+                       _int(rec, where, "evaluated"), _int(rec, where, "cost_calls"), _number(rec, where, "log10_total"),
+                       _number(rec, where, "total"), _number(rec, where, "seconds"), _number(rec, where, "objective"),
+                       _number(rec, where, "naive_objective"), _str(rec, where, "kept"))
+
+
+@dataclass(frozen=True)
+class Source:
+    """The model file compiled, for `bbgrap-run --check` (which refuses another file at that path)."""
+
+    path: str
+    sha256: str
+
+    def to_json(self) -> Json:
+        return {"path": self.path, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Source:
+        rec = _object(value, where)
+        return cls(_str(rec, where, "path"), _str(rec, where, "sha256"))
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """How the plan was compiled: the cut direction, the search threshold and node speeds, the passes
+    run, the search's statistics (None without a search), the layer table, the seconds it took
+    (import to lowering), and the model file (None for a plan built from a model in memory)."""
+
+    direction: Direction
+    threshold: float
+    speeds: tuple[float, ...]
+    passes: tuple[str, ...]
+    search: SearchStats | None
+    layer_table: tuple[LayerRow, ...]
+    compile_seconds: float
+    source: Source | None = None
+
+    def to_json(self) -> Json:
+        out = {"direction": self.direction.value, "threshold": self.threshold, "speeds": list(self.speeds), "passes": list(self.passes),
+               "search": self.search.to_json() if self.search is not None else None,
+               "layer_table": [r.to_json() for r in self.layer_table], "compile_seconds": self.compile_seconds}
+        return out if self.source is None else out | {"source": self.source.to_json()}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> CompileRecord:
+        """Read from the manifest's top level, where these keys sit beside the plan's."""
+        rec = _object(value, where)
+        speeds = _take(rec, where, "speeds", lambda v: isinstance(v, list) and all(_is_number(s) and s > 0 for s in v),
+                       "a list of positive numbers")
+        search = None
+        if _take(rec, where, "search", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
+            search = _record(rec, where, "search", search_stats_from_json)
+        source = _record(rec, where, "source", Source.from_json) if "source" in rec else None  # absent: a model in memory
+        direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
+        return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
+                   search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The manifest: the plan's identity (`plan_id`, the sha256 of every other file; empty until
+    bbgrap.plan.write_plan writes it), the model's name, node count, data movement (naive or
+    optimized), layer count and opaque layers, inputs and outputs, messages, one program per node,
+    the statistics, and how it was compiled."""
+
+    model: str
+    nodes: int
+    movement: Movement
+    layers: int
+    opaque: tuple[OpaqueLayer, ...]
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    messages: tuple[MessageSpec, ...]
+    programs: tuple[Program, ...]
+    stats: Stats
+    compiled: CompileRecord
+    plan_id: str = ""
+    files: Mapping[str, str] = field(default_factory=dict)  # path in the plan -> sha256
+
+    def node_files(self, nodes: Iterable[int]) -> list[str]:
+        """The segment files of these nodes, in program order."""
+        return [seg.file for n in nodes for seg in self.programs[n].segments]
+
+    def to_json(self) -> Json:
+        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": self.plan_id, "files": dict(self.files),
+                "model": self.model, "nodes": self.nodes, "movement": self.movement.value, "layers": self.layers,
+                "opaque": [o.to_json() for o in self.opaque], "inputs": [i.to_json() for i in self.inputs],
+                "outputs": [o.to_json() for o in self.outputs], "messages": [m.to_json() for m in self.messages],
+                "programs": [p.to_json() for p in self.programs], "stats": self.stats.to_json(), **self.compiled.to_json()}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str = "") -> Plan:
+        """The plan in a manifest; raises PlanVersionError for another format version and
+        PlanSchemaError, naming the field, for anything else this schema does not hold."""
+        if not isinstance(value, dict) or value.get("format") != PLAN_FORMAT:
+            raise PlanSchemaError(f"not a bbgrap plan manifest (no \"format\": \"{PLAN_FORMAT}\")")
+        if value.get("version") != PLAN_VERSION:
+            raise PlanVersionError(value.get("version"))
+        rec = value
+        nodes = _int(rec, where, "nodes", positive=True)
+        files = _take(rec, where, "files", lambda v: isinstance(v, dict) and all(isinstance(s, str) for s in v.values()),
+                      "an object of plan files and their sha256")
+        outside = [p for p in files if not safe_relative(p)]
+        if outside:
+            raise PlanSchemaError(f"'files' names '{outside[0]}', which is not a path inside the plan directory")
+        inputs = _records(rec, where, "inputs", InputSpec.from_json)
+        outputs = _records(rec, where, "outputs", TensorSpec.from_json)
+        for key, specs in (("inputs", inputs), ("outputs", outputs)):
+            if not specs:
+                raise PlanSchemaError(f"'{key}' is empty")
+        plan = cls(model=_str(rec, where, "model"), nodes=nodes, movement=_movement(rec, where), layers=_int(rec, where, "layers"),
+                   opaque=_records(rec, where, "opaque", OpaqueLayer.from_json), inputs=inputs, outputs=outputs,
+                   messages=_records(rec, where, "messages", MessageSpec.from_json),
+                   programs=_records(rec, where, "programs", Program.from_json), stats=_record(rec, where, "stats", Stats.from_json),
+                   compiled=CompileRecord.from_json(rec, where), plan_id=_str(rec, where, "plan_id"), files=dict(files))
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        """What crosses records: messages between existing nodes, one program per node whose steps
+        name its own segments and messages, segment files the plan lists, one stats entry per node."""
+        for k, m in enumerate(self.messages):
+            for key in ("src", "dst"):
+                if getattr(m, key) >= self.nodes:
+                    raise PlanSchemaError(f"'messages[{k}].{key}' is not a node (0 to {self.nodes - 1})")
+        if len(self.programs) != self.nodes:
+            raise PlanSchemaError(f"'programs' does not hold one program for each of the {self.nodes} nodes")
+        messages = {m.id: m for m in self.messages}
+        for n, prog in enumerate(self.programs):
+            if prog.node != n:
+                raise PlanSchemaError(f"'programs[{n}].node' is {prog.node}, not {n}")
+            for k, seg in enumerate(prog.segments):
+                if seg.file not in self.files:
+                    raise PlanSchemaError(f"'programs[{n}].segments[{k}].file' ({seg.file}) is not one of the plan's 'files'")
+            for k, step in enumerate(prog.steps):
+                where = f"'programs[{n}].steps[{k}]'"
+                if isinstance(step, RunStep):
+                    if step.segment >= len(prog.segments):
+                        raise PlanSchemaError(f"{where} runs segment {step.segment}; program {n} has {len(prog.segments)}")
+                    continue
+                msg = messages.get(step.message)
+                if msg is None:
+                    raise PlanSchemaError(f"{where} names message {step.message}, which 'messages' lacks")
+                if (msg.src if isinstance(step, SendStep) else msg.dst) != n:
+                    raise PlanSchemaError(f"{where} {step.op}s message {step.message}, which goes from node {msg.src} to node {msg.dst}")
+        if len(self.stats.per_node) != self.nodes:
+            raise PlanSchemaError(f"'stats.per_node' does not hold one entry for each of the {self.nodes} nodes")
