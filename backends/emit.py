@@ -1,7 +1,14 @@
-"""Lowered programs → the plan's manifest (a typed Plan) and files, with the per-node accounting."""
+"""Lowered programs → the plan's manifest (a typed Plan) and files, with the per-node accounting.
+
+The segments' large weights go to one shared file (`weights.bin`, ONNX external data), one
+copy of each whatever the number of nodes and segments that use it: an h/w plan on N nodes,
+where every node holds every weight, takes about the model's size on disk instead of N times
+it, and ranks on one host share the file's pages.
+"""
 
 from __future__ import annotations
 
+import onnx
 from bbgrap.backends.lower import Message, NodeProgram, Step, value_name
 
 from bbgrap.cost import plan_flops
@@ -22,6 +29,44 @@ from bbgrap.plan_schema import (
     WaitStep,
 )
 from bbgrap.rules.registry import RuleRegistry
+
+WEIGHTS_FILE = "weights.bin"
+EXTERNAL_MIN_BYTES = 1024  # smaller initializers (shapes, crop bounds, small biases) stay in their segment
+PAGE = 4096  # a large weight starts on a page, so that onnxruntime can map it from the file instead of copying it
+
+
+class SharedWeights:
+    """The plan's weights file being built: every large initializer of every segment, once."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self._offsets: dict[str, list[int]] = {}  # initializer name -> where values of that name are
+
+    def externalize(self, model: onnx.ModelProto) -> None:
+        """Move `model`'s large initializers (in place) into the file, pointing the model at them."""
+        for init in model.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL or len(init.raw_data) < EXTERNAL_MIN_BYTES:
+                continue
+            raw = init.raw_data
+            offset = self._place(init.name, raw)
+            init.ClearField("raw_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+
+    def _place(self, name: str, raw: bytes) -> int:
+        """Where `raw` is in the file: a value's name carries its tensor and region, so the same
+        name on another node is almost always the same bytes (compared, not assumed)."""
+        for offset in self._offsets.get(name, []):
+            with memoryview(self.data) as view:
+                if view[offset:offset + len(raw)] == raw:
+                    return offset
+        self.data.extend(bytes(-len(self.data) % PAGE))
+        offset = len(self.data)
+        self.data.extend(raw)
+        self._offsets.setdefault(name, []).append(offset)
+        return offset
 
 
 def plan_stats(graph: Graph, programs: list[NodeProgram], messages: list[Message], registry: RuleRegistry | None = None) -> Stats:
@@ -57,13 +102,16 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
          registry: RuleRegistry | None = None) -> tuple[Plan, dict[str, bytes]]:
     """The plan (its identity left to bbgrap.plan.write_plan) and the segment files, keyed by path in the plan."""
     files: dict[str, bytes] = {}
+    weights = SharedWeights()
     typed = []
     for prog in programs:
         segments: list[SegmentSpec] = []
         steps: list[RunStep | SendStep | WaitStep] = []
         for step in prog.steps:
-            steps.append(_step(step, prog.node, segments, files))
+            steps.append(_step(step, prog.node, segments, files, weights))
         typed.append(Program(prog.node, tuple(segments), tuple(steps), dict(prog.outputs)))
+    if weights.data:
+        files[WEIGHTS_FILE] = bytes(weights.data)
     tensor = graph.tensors
     plan = Plan(
         model=graph.name,
@@ -78,15 +126,18 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
         programs=tuple(typed),
         stats=plan_stats(graph, programs, messages, registry),
         compiled=compiled,
+        weights=WEIGHTS_FILE if weights.data else None,
     )
     return plan, files
 
 
-def _step(step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes]) -> RunStep | SendStep | WaitStep:
-    """One lowered step as the manifest's; a run step's segment is serialised into `files` and listed in `segments`."""
+def _step(step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes], weights: SharedWeights) -> RunStep | SendStep | WaitStep:
+    """One lowered step as the manifest's; a run step's segment is serialised into `files` (its large
+    weights moved to `weights`, in the lowered model itself) and listed in `segments`."""
     if step.op == "run":
         path = f"node{node}/seg{len(segments):03d}.onnx"
         assert step.seg.model is not None, "a lowered segment has its model"
+        weights.externalize(step.seg.model)
         files[path] = step.seg.model.SerializeToString()
         segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs)))
         return RunStep(len(segments) - 1)

@@ -202,31 +202,51 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+# where onnxruntime looks for the external data of a model it is given as bytes
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def load_segment(plan_dir: str, rel: str) -> Any:
+    """A segment as an ONNX model with its weights in it (those in the plan's shared weights file
+    read from there: their locations are relative to the plan directory, not the segment's)."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    model = onnx.load(os.path.join(plan_dir, rel), load_external_data=False)
+    load_external_data_for_model(model, plan_dir)
+    return model
+
+
+def segment_session(plan_dir: str, rel: str, opts: Any, providers: Sequence[Any]) -> Any:
+    """An onnxruntime session of one segment, its shared weights read (or mapped) from the plan's
+    weights file. `opts` is told where that file is (every segment of a plan shares it)."""
+    import onnxruntime as ort
+
+    opts.add_session_config_entry(EXTERNAL_FOLDER, plan_dir)
+    with open(os.path.join(plan_dir, rel), "rb") as fh:
+        model = fh.read()
+    return ort.InferenceSession(model, opts, providers=list(providers))
+
+
 def segment_models(plan_dir: str, program: Program) -> list[Any]:
     """A node's segments as ONNX models."""
-    import onnx
-
     models = []
     for seg in program.segments:
-        path = os.path.join(plan_dir, seg.file)
         try:
-            models.append(onnx.load(path))
+            models.append(load_segment(plan_dir, seg.file))
         except Exception as exc:
-            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+            raise BBGrapError(f"cannot load {os.path.join(plan_dir, seg.file)}: {first_line(exc)}; compile the plan again") from None
     return models
 
 
 def unloadable_segment(plan_dir: str, program: Program) -> None:
     """Raise, naming the file, where onnxruntime cannot load one of a node's segments as it is."""
-    import onnxruntime as ort
-
     for seg in program.segments:
-        path = os.path.join(plan_dir, seg.file)
         try:
             with quiet_stdout():
-                ort.InferenceSession(path, session_options(1, spin=False, shared_arena=False), providers=["CPUExecutionProvider"])
+                segment_session(plan_dir, seg.file, session_options(1, spin=False, shared_arena=False), ["CPUExecutionProvider"])
         except Exception as exc:
-            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+            raise BBGrapError(f"cannot load {os.path.join(plan_dir, seg.file)}: {first_line(exc)}; compile the plan again") from None
 
 
 def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: str,
@@ -259,7 +279,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
                 if blocked is not None:
                     sess = ort.InferenceSession(blocked.SerializeToString(), plain, providers=providers)
                 else:
-                    sess = ort.InferenceSession(path, opts, providers=providers)
+                    sess = segment_session(plan_dir, seg.file, opts, providers)
         except Exception as exc:
             raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":

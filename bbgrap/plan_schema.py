@@ -502,17 +502,22 @@ class Plan:
     compiled: CompileRecord
     plan_id: str = ""
     files: Mapping[str, str] = field(default_factory=dict)  # path in the plan -> sha256
+    # the file every segment's large weights are in (ONNX external data, relative to the plan
+    # directory), one copy of each whatever the number of nodes that use it; None: all inline
+    weights: str | None = None
 
     def node_files(self, nodes: Iterable[int]) -> list[str]:
-        """The segment files of these nodes, in program order."""
-        return [seg.file for n in nodes for seg in self.programs[n].segments]
+        """The files these nodes read: the shared weights, then their segments in program order."""
+        shared = [self.weights] if self.weights is not None else []
+        return shared + [seg.file for n in nodes for seg in self.programs[n].segments]
 
     def to_json(self) -> Json:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": self.plan_id, "files": dict(self.files),
                 "model": self.model, "nodes": self.nodes, "movement": self.movement.value, "layers": self.layers,
                 "opaque": [o.to_json() for o in self.opaque], "inputs": [i.to_json() for i in self.inputs],
                 "outputs": [o.to_json() for o in self.outputs], "messages": [m.to_json() for m in self.messages],
-                "programs": [p.to_json() for p in self.programs], "stats": self.stats.to_json(), **self.compiled.to_json()}
+                "programs": [p.to_json() for p in self.programs], "weights": self.weights, "stats": self.stats.to_json(),
+                **self.compiled.to_json()}
 
     @classmethod
     def from_json(cls, value: Any, where: str = "") -> Plan:
@@ -538,7 +543,8 @@ class Plan:
                    opaque=_records(rec, where, "opaque", OpaqueLayer.from_json), inputs=inputs, outputs=outputs,
                    messages=_records(rec, where, "messages", MessageSpec.from_json),
                    programs=_records(rec, where, "programs", Program.from_json), stats=_record(rec, where, "stats", Stats.from_json),
-                   compiled=CompileRecord.from_json(rec, where), plan_id=_str(rec, where, "plan_id"), files=dict(files))
+                   compiled=CompileRecord.from_json(rec, where), plan_id=_str(rec, where, "plan_id"), files=dict(files),
+                   weights=_take(rec, where, "weights", lambda v: v is None or isinstance(v, str), "a file name or null"))
         plan.check()
         return plan
 
@@ -551,6 +557,8 @@ class Plan:
                     raise PlanSchemaError(f"'messages[{k}].{key}' is not a node (0 to {self.nodes - 1})")
         if len(self.programs) != self.nodes:
             raise PlanSchemaError(f"'programs' does not hold one program for each of the {self.nodes} nodes")
+        if self.weights is not None and self.weights not in self.files:
+            raise PlanSchemaError(f"'weights' ({self.weights}) is not one of the plan's 'files'")
         messages = {m.id: m for m in self.messages}
         for n, prog in enumerate(self.programs):
             if prog.node != n:

@@ -18,6 +18,7 @@ import pytest
 from helpers import compile_plan, run_plan, save
 
 from bbgrap import zoo
+from bbgrap.config import Direction
 from bbgrap.ir import BBGrapError, Movement
 from bbgrap.plan import (
     MANIFEST,
@@ -43,7 +44,7 @@ def tiny_plan(nodes: int = 1) -> Plan:
         programs=tuple(Program(n, (SegmentSpec(f"node{n}/seg000.onnx", ("x",), ("y",)),), (RunStep(0),), {"y": "y"})
                        for n in range(nodes)),
         stats=Stats(0, 0, 0, nodes, (NodeStats(0, 0, 0, 0, 0),) * nodes),
-        compiled=CompileRecord("h", 20.0, (1.0,) * nodes, (), None, (), 0.0, Source("/m.onnx", "0")),
+        compiled=CompileRecord(Direction.H, 20.0, (1.0,) * nodes, (), None, (), 0.0, Source("/m.onnx", "0")),
     )
 
 

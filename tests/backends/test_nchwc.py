@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from bbgrap.backends import nchwc
-from bbgrap.backends.engine import boundary_block, load_runner, node_layouts, session_options
+from bbgrap.backends.engine import boundary_block, load_runner, load_segment, node_layouts, session_options
 from helpers import assert_exact, compile_plan, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -314,8 +314,8 @@ def test_compiled_resnet_with_blocked_boundaries_is_exact(tmp_path, direction: s
         def reorders(model: onnx.ModelProto) -> list[str]:
             return [n.input[0] for n in model.graph.node if n.op_type in ("ReorderInput", "ReorderOutput")]
 
-        files = [str(tmp_path / "plan" / s.file) for s in manifest.programs[0].segments]
-        as_nchw = [reorders(nchwc.optimized(onnx.load(f), options())) for f in files]
+        plan_dir = str(tmp_path / "plan")
+        as_nchw = [reorders(nchwc.optimized(load_segment(plan_dir, s.file), options())) for s in manifest.programs[0].segments]
         as_run = [reorders(m) if (m := layouts[0].model(k)) is not None else r for k, r in enumerate(as_nchw)]
         left = [name for r in as_run for name in r]
         assert len(left) * 4 < sum(map(len, as_nchw)), (left, as_nchw)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from bbgrap.backends.engine import gpu_present
+from bbgrap.backends.engine import gpu_present, load_segment
 from bbgrap.backends.runtime import compare, plan_id_problem
 from helpers import assert_exact, compile_plan, save
 from onnx import numpy_helper
@@ -80,9 +80,10 @@ def rewrite_manifest(plan: Path, change: Callable[[dict], object]) -> None:
 def nan_weights(plan: Path, node: int) -> None:
     """Every float initializer of `node`'s segments NaN, and the manifest's checksums updated to
     match: a self-consistent plan (as a compiler bug or NaN weights in the model would give),
-    which the per-file checks must not be what catches."""
+    which the per-file checks must not be what catches. The NaN weights are written into the
+    segments themselves (the shared weights file, which other nodes read too, stays)."""
     for seg in sorted((plan / f"node{node}").glob("seg*.onnx")):
-        model = onnx.load(str(seg))
+        model = load_segment(str(plan), str(seg.relative_to(plan)))
         for init in model.graph.initializer:
             arr = numpy_helper.to_array(init)
             if arr.dtype.kind == "f":
