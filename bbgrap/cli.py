@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--direction", help="cut direction: n (batch), c (channels), h (height) or w (width); default h")
     c.add_argument("--config", metavar="FILE", help="cluster/search config (TOML, see configs/)")
     c.add_argument("--speeds", help="relative node speeds, comma separated, e.g. 1,3,1")
+    c.add_argument("--memory-mb", metavar="MB[,MB...]",
+                   help="memory of each node in MB (one for all, or one per node): heavy layers are cut along channels, "
+                        "sharding their weights, until every node's weights and activations fit")
     c.add_argument("--search", help=f"search strategy: {', '.join(SEARCHES)} (default exact)")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")
@@ -77,16 +80,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _speeds(text: str | None) -> tuple[float, ...] | None:
+def _numbers(flag: str, text: str | None, example: str) -> tuple[float, ...] | None:
+    """A comma-separated list of positive numbers given to `flag` (None: not given)."""
     if text is None:
         return None
     try:
-        speeds = tuple(float(s) for s in text.split(","))
+        values = tuple(float(s) for s in text.split(","))
     except ValueError:
-        speeds = ()
-    if not speeds or not all(math.isfinite(s) and s > 0 for s in speeds):
-        raise BBGrapError(f"--speeds '{text}' is not a comma-separated list of positive numbers, e.g. 1,3,1")
-    return speeds
+        values = ()
+    if not values or not all(math.isfinite(s) and s > 0 for s in values):
+        raise BBGrapError(f"{flag} '{text}' is not a comma-separated list of positive numbers, e.g. {example}")
+    return values
 
 
 def _check_dump_dir(directory: str) -> None:
@@ -107,13 +111,17 @@ def _check_dump_dir(directory: str) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     # everything about the arguments is checked before the compiler (onnx, onnxruntime) is imported
     base = load_config(args.config) if args.config else Config()
-    speeds = _speeds(args.speeds)
+    speeds = _numbers("--speeds", args.speeds, "1,3,1")
+    memory = _numbers("--memory-mb", args.memory_mb, "200 or 200,400")
     nodes = args.nodes if args.nodes is not None else (len(speeds) if speeds else None)
     if args.direction is not None and args.direction not in DIRECTIONS:
         raise BBGrapError(f"--direction '{args.direction}' is not one of {', '.join(DIRECTIONS)} (n: batch, c: channels, h: height, w: width)")
     if args.search is not None and args.search not in SEARCHES:
         raise BBGrapError(f"--search '{args.search}' is not one of {', '.join(SEARCHES)}")
-    cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search)
+    if memory is not None and len(memory) == 1:  # one size for every node
+        memory = memory * (nodes if nodes is not None else base.nodes)
+    cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search,
+                              memory_mb=memory)
     from bbgrap.plan import check_output_dir
 
     check_output_dir(args.output)

@@ -19,8 +19,9 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
              progress: Callable[[str, int, int], None] | None = None, recompute: bool = True,
              registry: RuleRegistry | None = None) -> list[Pass]:
     """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search
-    → recompute-halos`, or part of it (`--no-search`, `--no-recompute`, `--no-optimize`), with
-    the rules of `registry` (default: every family shipped)."""
+    → fit-memory → recompute-halos`, or part of it (`--no-search`, `--no-recompute`,
+    `--no-optimize`; fit-memory where the config gives the nodes' memory), with the rules of
+    `registry` (default: every family shipped)."""
     from bbgrap.passes.eliminate_transfers import EliminateTransfers
     from bbgrap.passes.insert_crop_concat import InsertCropConcat
     from bbgrap.passes.naive_partition import NaivePartition
@@ -33,6 +34,11 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
             from bbgrap.passes.search import SearchPartitions
 
             passes.append(SearchPartitions(cfg, progress=progress, registry=registry))
+    if cfg.memory_mb:
+        from bbgrap.passes.fit_memory import FitMemory
+
+        passes.append(FitMemory(cfg.memory_mb, cfg.node_speeds(), registry=registry))
+    if optimize:
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
 

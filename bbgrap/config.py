@@ -180,7 +180,8 @@ def load_config(path: str) -> Config:
 
 
 # The flag that sets a Config field on the command line, to name it in errors.
-FLAGS = {"nodes": "--nodes", "speeds": "--speeds", "threshold": "--threshold", "direction": "--direction", "search": "--search"}
+FLAGS = {"nodes": "--nodes", "speeds": "--speeds", "threshold": "--threshold", "direction": "--direction", "search": "--search",
+         "memory_mb": "--memory-mb"}
 
 
 def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
@@ -201,9 +202,9 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
     if not all(math.isfinite(s) and s > 0 for s in cfg.speeds):
         raise fail("speeds", "cluster.speeds", "must all be positive finite numbers, e.g. 1,3,1")
     if cfg.memory_mb and len(cfg.memory_mb) != cfg.nodes:
-        raise _fail(cfg.source, "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node")
+        raise fail("memory_mb", "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node (or one for all)")
     if not all(math.isfinite(m) and m > 0 for m in cfg.memory_mb):
-        raise _fail(cfg.source, "cluster.memory_mb", "must all be positive finite numbers of megabytes")
+        raise fail("memory_mb", "cluster.memory_mb", "must all be positive finite numbers of megabytes")
     if not 0 <= cfg.threshold <= 100:
         raise fail("threshold", "partition.threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
     if cfg.search not in SEARCHES:
