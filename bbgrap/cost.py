@@ -54,3 +54,20 @@ class ReceiveCost:
 # onnxruntime's CPU provider does about 1e5 operations per microsecond per core; one receive
 # point costs roughly 50 us there, a byte it moves about 0.1 ns (docs/benchmarks.md).
 CPU_RECEIVE = ReceiveCost(sync_ops=5e6, byte_ops=10.0)
+
+
+@dataclass(frozen=True)
+class MemoryCost:
+    """A rank's resident memory: a fixed `runtime_bytes` (the interpreter, onnxruntime, MPI),
+    `weight_copies` times the weights its segments hold (onnxruntime keeps a prepacked copy of a
+    convolution's or a Gemm's weights beside the one it loaded), and its live activations."""
+
+    runtime_bytes: float
+    weight_copies: float
+
+    def of(self, weight_bytes: float, activation_bytes: float) -> float:
+        return self.runtime_bytes + self.weight_copies * weight_bytes + activation_bytes
+
+
+# measured with onnxruntime's CPU provider (docs/benchmarks.md: vgg16 on 4 ranks)
+CPU_MEMORY = MemoryCost(runtime_bytes=80e6, weight_copies=2.0)

@@ -6,9 +6,10 @@ where it is cut along output channels. Its memory is estimated as
 
     weights(n) = Σ over layers, over constant inputs: bytes of the region node n reads
     activations(n) = max over layers of (bytes of the inputs node n reads + bytes it computes)
-    memory(n) = weights(n) + activations(n)
+    memory(n) = runtime + copies · weights(n) + activations(n)
 
-(the activation term is a lower bound of onnxruntime's arena: the values alive across a layer).
+with the runtime's fixed size and its copies of the weights from the cost model (`MemoryCost`;
+the activation term is a lower bound of onnxruntime's arena: the values alive across a layer).
 While some node's estimate exceeds its memory, the layer with the most weight bytes that is not
 cut along channels and whose rule can cut them is cut along channels instead, in proportion to
 the node speeds, which shards its weights over the nodes (vgg16's classifier holds 470 of its
@@ -24,6 +25,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 from bbgrap.passes.naive_partition import partition_layer, split_sizes
 
+from bbgrap.cost import CPU_MEMORY, MemoryCost
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, Movement
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
@@ -65,6 +67,7 @@ class FitMemory(Pass):
     name: ClassVar[str] = "fit-memory"
     memory_mb: tuple[float, ...]  # per node; empty: no limit
     speeds: tuple[float, ...] = ()
+    memory: MemoryCost = CPU_MEMORY
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
     def requires(self, graph: Graph) -> None:
@@ -81,7 +84,7 @@ class FitMemory(Pass):
         changed = False
         while True:
             usage = node_memory(graph, partitions)
-            over = [n for n, (w, a) in enumerate(usage) if w + a > self.memory_mb[n] * MB]
+            over = [n for n, (w, a) in enumerate(usage) if self.memory.of(w, a) > self.memory_mb[n] * MB]
             if not over:
                 break
             layer = self._heaviest_shardable(graph, partitions, over, tried)
@@ -114,10 +117,10 @@ class FitMemory(Pass):
         return best[1] if best is not None else None
 
     def _does_not_fit(self, graph: Graph, usage: Sequence[tuple[int, int]], over: Sequence[int]) -> str:
-        n = max(over, key=lambda k: sum(usage[k]) - self.memory_mb[k] * MB)
+        n = max(over, key=lambda k: self.memory.of(*usage[k]) - self.memory_mb[k] * MB)
         weights, activations = usage[n]
-        need = (weights + activations) / MB
-        return (f"the plan does not fit: node {n} needs about {need:.0f} MB ({weights / MB:.0f} MB of weights, "
-                f"{activations / MB:.0f} MB of activations) with every layer it can shard cut along channels, "
+        need = self.memory.of(weights, activations) / MB
+        return (f"the plan does not fit: node {n} needs about {need:.0f} MB (for {weights / MB:.0f} MB of weights, "
+                f"{activations / MB:.0f} MB of activations and the runtime) with every layer it can shard cut along channels, "
                 f"{need - self.memory_mb[n]:.0f} MB more than cluster.memory_mb gives it ({self.memory_mb[n]:g} MB); "
                 f"use more nodes or raise cluster.memory_mb")
