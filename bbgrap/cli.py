@@ -65,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="one row per layer: its cut, each node's range along it, operations (and how many are "
                    "recomputed), bytes its output sends, and for a layer computed whole on one node, which and why")
 
+    k = sub.add_parser("calibrate", help="measure this cluster's nodes and links into a profile for compile --profile",
+                       description="Measure each node's speed per kind of op, its fixed costs per op and per segment, and the "
+                       "links between nodes (ping-pong); write them as a cluster profile (TOML). Run it as bbgrap-run runs a "
+                       "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node.")
+    k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
+    k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores)")
+
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
                        description="Write a standard architecture with random weights (no download).")
     z.add_argument("name", help="model name (vgg16, resnet18, resnet50, mobilenet_v2, inception, densenet)")
@@ -236,6 +243,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from bbgrap.backends.runtime import env_rank
+
+    problem = file_target_problem(args.output, "-o", "cluster.toml")
+    if problem is None and args.threads is not None and args.threads < 1:
+        problem = f"--threads {args.threads}: give at least 1 thread"
+    if problem:
+        if env_rank() == 0:  # every rank finds the same problem; one line is enough
+            print(f"bbgrap: error: {problem}", file=sys.stderr)
+        return 2
+    from bbgrap.backends.calibrate import run
+
+    rank, text = run(args.output, args.threads)
+    if rank == 0:
+        print(text)
+    return 0
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     problem = file_target_problem(args.output, "-o", f"{args.name}.onnx")
     if problem:
@@ -267,7 +292,7 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     args = _parser().parse_args(argv)
-    handlers = {"compile": cmd_compile, "inspect": cmd_inspect, "zoo": cmd_zoo}
+    handlers = {"compile": cmd_compile, "inspect": cmd_inspect, "calibrate": cmd_calibrate, "zoo": cmd_zoo}
     try:
         return handlers[args.command](args)
     except BBGrapError as exc:

@@ -1,0 +1,221 @@
+"""`bbgrap calibrate`: every node measures itself, rank 0 writes the cluster profile.
+
+Run as `mpirun -n N bbgrap calibrate -o cluster.toml` (one rank per node, as bbgrap-run
+runs a plan), or `bbgrap calibrate -o cluster.toml` for one node. Each rank, with the
+threads and session options bbgrap-run would give it (backends/threads.py, engine.py):
+
+* **throughput per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model (a 3x3
+  convolution, a 3x3 depthwise convolution, a MatMul, an Add) at three sizes; operations
+  over time, less each run's fixed cost;
+* **fixed costs**: one run of a one-element model is a segment's cost (`segment_s`); a chain
+  of CHAIN one-element Adds, less that, per Add is an op's (`op_s`);
+* **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
+  round trip per size: the smallest message's time is the latency, the slope of time over
+  bytes (least squares) 1 / the bandwidth. With one node nothing is
+  measured and the default link is written.
+
+All ranks measure at once, as they would compute at once. Every time is the median of
+REPEAT runs after a warm-up; the whole takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import onnx
+from bbgrap.backends.engine import quiet_onnxruntime, session_options
+from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
+from bbgrap.backends.transports import allgather, poll
+from onnx import TensorProto, helper, numpy_helper
+
+from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
+
+REPEAT = 15
+CHAIN = 32
+PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]], output: tuple[str, tuple[int, ...]],
+           weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "calibrate",
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, list(output[1]))],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="bbgrap-calibrate")
+    model.ir_version = 7
+    return model
+
+
+def conv_model(channels: int, size: int, depthwise: bool) -> tuple[onnx.ModelProto, float]:
+    """A 3x3 convolution (padded, so the output is size x size) and its operations (bbgrap/cost.py's count)."""
+    per_group = 1 if depthwise else channels
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((channels, per_group, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=channels if depthwise else 1)
+    shape = (1, channels, size, size)
+    return _model([node], {"x": shape}, ("y", shape), {"w": w}), 2.0 * per_group * 9 * channels * size * size
+
+
+def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
+    w = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    return _model([node], {"x": (rows, size)}, ("y", (rows, size)), {"w": w}), 2.0 * rows * size * size
+
+
+def add_chain_model(elements: int, length: int) -> tuple[onnx.ModelProto, float]:
+    """`length` Adds of a constant one after another on `elements` values."""
+    one = np.ones((1,), dtype=np.float32)
+    names = ["x", *(f"v{k}" for k in range(1, length)), "y"]
+    nodes = [helper.make_node("Add", [names[k], "one"], [names[k + 1]]) for k in range(length)]
+    return _model(nodes, {"x": (elements,)}, ("y", (elements,)), {"one": one}), float(elements * length)
+
+
+def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
+    """Median seconds of one run of `model` (a session as bbgrap-run makes them; warmed up)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        feeds[i.name] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    for _ in range(3):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of y over x."""
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(intercept), float(slope)
+
+
+def throughput(build: Callable[[int], tuple[onnx.ModelProto, float]], sizes: Sequence[int], threads: int, fixed: float) -> float:
+    """Operations per second of the op `build(size)` makes: its operations over all sizes divided by
+    their times less a run's fixed cost `fixed` each (more robust on a shared machine than a slope
+    through three noisy points)."""
+    ops, busy = 0.0, 0.0
+    for size in sizes:
+        model, n = build(size)
+        ops += n
+        busy += max(time_model(model, threads) - fixed, 1e-9)
+    return ops / busy
+
+
+def measure_node(threads: int) -> NodeProfile:
+    """This process's node: throughput per kind of op and the fixed costs (module docstring)."""
+    segment = time_model(add_chain_model(1, 1)[0], threads)
+    chain = time_model(add_chain_model(1, CHAIN)[0], threads)
+    return NodeProfile(
+        conv_ops_per_s=throughput(lambda s: conv_model(64, s, depthwise=False), (28, 56, 84), threads, segment),
+        depthwise_ops_per_s=throughput(lambda s: conv_model(128, s, depthwise=True), (28, 56, 112), threads, segment),
+        matmul_ops_per_s=throughput(lambda s: matmul_model(64, s), (256, 512, 768), threads, segment),
+        other_ops_per_s=throughput(lambda s: add_chain_model(s, 1), (1 << 16, 1 << 18, 1 << 20), threads, segment),
+        op_s=max(0.0, (chain - segment) / (CHAIN - 1)),
+        segment_s=segment,
+    )
+
+
+def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
+    """Half the median round trip of `nbytes` between this rank and `peer` (rank 0 starts)."""
+    buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
+    times = []
+    first = comm.Get_rank() < peer
+    for k in range(repeat + 2):
+        t0 = time.perf_counter()
+        if first:
+            comm.Send(buf, dest=peer, tag=9100)
+            comm.Recv(buf, source=peer, tag=9101)
+        else:
+            comm.Recv(buf, source=peer, tag=9100)
+            comm.Send(buf, dest=peer, tag=9101)
+        if k >= 2:
+            times.append((time.perf_counter() - t0) / 2)
+    return statistics.median(times)
+
+
+def measure_link(comm: Any) -> LinkProfile | None:
+    """Latency and bandwidth between ranks 0 and 1 (on rank 0; None elsewhere)."""
+    rank = comm.Get_rank()
+    if rank > 1:
+        return None
+    times = [ping_pong(comm, 1 - rank, n) for n in PING_BYTES]
+    if rank != 0:
+        return None
+    _, slope = fit_line(PING_BYTES, times)
+    bandwidth = 1.0 / slope if slope > 0 else PING_BYTES[-1] / times[-1]
+    # the smallest message's time is the latency: the fit's intercept is dominated by the large ones
+    return LinkProfile(latency_s=times[0], bandwidth_Bps=bandwidth)
+
+
+def describe(profile: ClusterProfile) -> str:
+    """A few lines for the terminal: each node's throughputs and fixed costs, the link."""
+    lines = []
+    for n, p in enumerate(profile.nodes):
+        lines.append(f"node {n}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
+                     f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s; "
+                     f"{p.op_s * 1e6:.1f} us per op, {p.segment_s * 1e6:.1f} us per segment")
+    lines.append(f"link: {profile.link.latency_s * 1e6:.1f} us + {profile.link.bandwidth_Bps / 1e9:.2f} GB/s")
+    return "\n".join(lines)
+
+
+def calibrate_one(threads: int | None) -> ClusterProfile:
+    """One node in this process, with all its cores (or `threads`); the default link."""
+    quiet_onnxruntime()
+    node = measure_node(threads or threads_per_rank(1))
+    return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
+
+
+def calibrate_mpi(comm: Any, threads: int | None) -> ClusterProfile | None:
+    """Every rank measures itself; the profile on rank 0 (None elsewhere)."""
+    from mpi4py import MPI
+
+    quiet_onnxruntime()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    affinities = allgather(local, sorted(os.sched_getaffinity(0)))
+    mine = threads or threads_for_rank(affinities, local.Get_rank())
+    PROCESS_THREAD_POOL.start(mine)
+    poll(comm.Ibarrier(), nap=0.001)
+    node = measure_node(mine)
+    poll(comm.Ibarrier(), nap=0.001)
+    link = measure_link(comm)
+    nodes = allgather(comm, node)
+    if comm.Get_rank() != 0:
+        return None
+    assert link is not None
+    return ClusterProfile(tuple(nodes), link, f"bbgrap calibrate ({comm.Get_size()} nodes)")
+
+
+def run(output: str, threads: int | None) -> tuple[int, str]:
+    """Calibrate (under mpirun with more than one rank: one node per rank) and write `output` on
+    rank 0; returns (this rank, what to print: the profile on rank 0, '' elsewhere)."""
+    from bbgrap.backends.runtime import under_mpi
+
+    profile: ClusterProfile | None
+    rank = 0
+    if under_mpi():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+        profile = calibrate_mpi(comm, threads) if comm.Get_size() > 1 else calibrate_one(threads)
+    else:
+        profile = calibrate_one(threads)
+    if profile is None:
+        return rank, ""
+    host = os.uname().nodename
+    write_profile(output, profile, f"{profile.source} on {host}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    return rank, f"wrote {output}: {len(profile.nodes)} node(s)\n{describe(profile)}"
