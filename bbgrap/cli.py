@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="receive every halo instead of recomputing the cheap ones locally (the thesis' plan)")
     c.add_argument("--no-optimize", action="store_true",
                    help="keep the naive gather-everything plan (implies --no-search and --no-recompute)")
+    c.add_argument("--profile", metavar="FILE",
+                   help="cluster profile (TOML, from bbgrap calibrate): print each rank's predicted time and the speed-up over "
+                   "one node; where N nodes are predicted no faster than one, compile for the fastest predicted count below N")
+    c.add_argument("--force-nodes", action="store_true",
+                   help="with --profile: keep --nodes even where fewer nodes are predicted faster")
     c.add_argument("--dump-ir-after", action="append", default=[], metavar="PASS",
                    help="write the IR after this pass to --dump-dir/PASS.txt (repeatable)")
     c.add_argument("--dump-dir", default="bbgrap-ir", metavar="DIR", help="where --dump-ir-after writes (default ./bbgrap-ir)")
@@ -120,6 +125,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.search is not None and args.search not in SEARCHES:
         raise BBGrapError(f"--search '{args.search}' is not one of {', '.join(SEARCHES)}")
     cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search)
+    if args.force_nodes and not args.profile:
+        raise BBGrapError("--force-nodes only matters with --profile FILE; drop it or give a profile (bbgrap calibrate writes one)")
+    profile = None
+    if args.profile:
+        from bbgrap.cluster import read_profile
+
+        profile = read_profile(args.profile)
     from bbgrap.plan import check_output_dir
 
     check_output_dir(args.output)
@@ -133,11 +145,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
         optimize=not args.no_optimize, search=not (args.no_search or args.no_optimize),
         dump_after=args.dump_ir_after, dump_dir=args.dump_dir,
         progress=None if args.quiet else Progress(), log=log, recompute=not args.no_recompute,
+        profile=profile, force_nodes=args.force_nodes,
     )
     if not args.quiet:
         print(summary(manifest, args.output))
+        if "prediction" in manifest:
+            print(prediction_text(manifest["prediction"]))
         print(f"run it: mpirun -n {manifest['nodes']} bbgrap-run {'' if args.output == 'bbgrap-plan' else args.output}".rstrip())
     return 0
+
+
+def prediction_text(pred: dict[str, Any]) -> str:
+    """compile --profile's lines: each rank's predicted compute / wait / total, the speed-up over one
+    node, and where the plan has fewer nodes than asked for, why (one line)."""
+    plan = pred["plan"]
+    lines = [f"predicted with {pred['profile']}: {plan['latency_ms']:.3f} ms per inference on {pred['nodes']} node(s), "
+             f"{pred['one_node_ms']:.3f} ms on one node: speed-up {pred['speedup']:.2f}x"]
+    lines += [f"  rank {n}: compute {r['compute']:.3f} ms, wait {r['wait']:.3f} ms, total {r['total']:.3f} ms"
+              for n, r in enumerate(plan["ranks"])]
+    requested, candidates = pred["requested_nodes"], pred["candidates_ms"]
+    if pred["nodes"] != requested:
+        lines.append(f"predicted: {requested} nodes are not faster than 1 ({candidates[str(requested)]:.3f} ms vs "
+                     f"{pred['one_node_ms']:.3f} ms); compiled for {pred['nodes']} node(s) instead (--force-nodes keeps {requested})")
+    elif requested > 1 and pred["speedup"] <= 1.0:
+        lines.append(f"predicted: {requested} nodes are not faster than 1 ({plan['latency_ms']:.3f} ms vs "
+                     f"{pred['one_node_ms']:.3f} ms); kept {requested} as --force-nodes asks")
+    return "\n".join(lines)
 
 
 def inspect_json(manifest: dict[str, Any]) -> dict[str, Any]:

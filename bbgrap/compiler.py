@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from bbgrap.cluster import ClusterProfile
 from bbgrap.config import Config, direction_axis
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
 from bbgrap.report import layer_table
+from bbgrap.simulate import Prediction, predict
+
+if TYPE_CHECKING:
+    from bbgrap.backends.lower import Message, NodeProgram
 
 
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
@@ -59,6 +65,49 @@ def dump_ir(directory: str) -> Callable[[str, Graph], None]:
     return dump
 
 
+@dataclass(frozen=True)
+class Partitioned:
+    """The pass pipeline's result for one node count, lowered; `prediction` where a profile was given."""
+
+    graph: Graph
+    manager: PassManager
+    programs: list[NodeProgram]
+    messages: list[Message]
+    prediction: Prediction | None
+
+    @property
+    def latency(self) -> float:
+        """The predicted latency (only asked for where a profile was given)."""
+        assert self.prediction is not None, "no profile, no prediction"
+        return self.prediction.latency
+
+
+def for_nodes(cfg: Config, nodes: int) -> Config:
+    """`cfg` for another node count (the first `nodes` speeds; custom per-node sizes dropped), for
+    comparing the plan with plans for fewer nodes."""
+    return replace(cfg, nodes=nodes, speeds=cfg.speeds[:nodes], custom=tuple(c for c in cfg.custom if c.sizes is None))
+
+
+def choose_nodes(latencies: Mapping[int, float]) -> int:
+    """The node count with the lowest predicted latency (the fewer nodes on a tie)."""
+    return min(latencies, key=lambda n: (latencies[n], n))
+
+
+def prediction_record(profile: ClusterProfile, requested: int, chosen: int, plans: Mapping[int, Partitioned]) -> dict[str, Any]:
+    """What compile --profile predicted, JSON-ready (returned under the result's 'prediction'; not in plan.json yet)."""
+    pred, one = plans[chosen].prediction, plans[1].prediction
+    assert pred is not None and one is not None
+    return {
+        "profile": profile.source,
+        "requested_nodes": requested,
+        "nodes": chosen,
+        "plan": pred.as_ms(),
+        "one_node_ms": round(one.latency * 1e3, 4),
+        "speedup": one.latency / pred.latency if pred.latency > 0 else 1.0,
+        "candidates_ms": {str(n): round(p.prediction.latency * 1e3, 4) for n, p in sorted(plans.items()) if p.prediction},
+    }
+
+
 def compile_model(
     model: str,
     cfg: Config,
@@ -71,8 +120,16 @@ def compile_model(
     progress: Callable[[str, int, int], None] | None = None,
     log: Callable[[str], None] = lambda s: None,
     recompute: bool = True,
+    profile: ClusterProfile | None = None,
+    force_nodes: bool = False,
 ) -> dict[str, Any]:
-    """Compile `model` for `cfg.nodes` nodes into `out_dir`; returns the manifest."""
+    """Compile `model` for `cfg.nodes` nodes into `out_dir`; returns the manifest.
+
+    With a cluster `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
+    node, and the result has a 'prediction' (prediction_record; plan.json is unchanged). Where the
+    plan is predicted no faster than one node, the counts in between are simulated too and the
+    plan is compiled for the fastest predicted count (fewer nodes on a tie), unless
+    `force_nodes`: a plan for more nodes than pay off only adds waiting and copies."""
     from bbgrap.backends.emit import emit
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
@@ -84,13 +141,30 @@ def compile_model(
     front = import_model(model, input_shapes)
     step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
+    requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
-    manager = PassManager(pipeline(cfg, optimize, search, progress, recompute), dump_after=dump_after, dump=dump_ir(dump_dir))
-    graph = manager.run(front.graph)
-    step("lower", 0, 1)
-    programs, messages = lower(graph)
+
+    def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
+        manager = PassManager(pipeline(c, optimize, search, progress, recompute), dump_after=dump, dump=dump_ir(dump_dir))
+        graph = manager.run(front.graph)
+        step("lower", 0, 1)
+        programs, messages = lower(graph)
+        step("lower", 1, 1)
+        return Partitioned(graph, manager, programs, messages, predict(graph, programs, profile) if profile else None)
+
+    plans = {cfg.nodes: partitioned(cfg, dump_after)}
+    chosen = cfg.nodes
+    if profile is not None:
+        if 1 not in plans:
+            plans[1] = partitioned(for_nodes(cfg, 1))
+        if not force_nodes and plans[cfg.nodes].latency >= plans[1].latency:
+            for n in range(2, cfg.nodes):
+                plans[n] = partitioned(for_nodes(cfg, n))
+            chosen = choose_nodes({n: p.latency for n, p in plans.items()})
+        if chosen != cfg.nodes:
+            cfg = for_nodes(cfg, chosen)
+    graph, manager, programs, messages = plans[chosen].graph, plans[chosen].manager, plans[chosen].programs, plans[chosen].messages
     plan, files = emit(graph, programs, messages)
-    step("lower", 1, 1)
     manifest = {
         **plan,
         "direction": cfg.direction,
@@ -107,4 +181,6 @@ def compile_model(
     step(writing, 0, 1)
     manifest["plan_id"] = write_plan(out_dir, manifest, files, front.sample_inputs, front.reference_outputs)
     step(writing, 1, 1)
+    if profile is not None:
+        manifest["prediction"] = prediction_record(profile, requested, chosen, plans)
     return manifest
