@@ -1,0 +1,116 @@
+"""Prediction: the simulator's latency (bbgrap/simulate.py, a calibrated profile) against the real one.
+
+For every node count N the cluster is calibrated once (`mpirun -n N bbgrap calibrate`, one
+rank per node, as the plans then run); then for every zoo model x N x direction x with and
+without recompute-halos the plan is compiled, its latency predicted from the profile, and
+measured with `mpirun -n N bbgrap-run --json` (as benchmarks/latency.py does: warmed up,
+the result checked against the plan's reference in the same run). Prints one row per plan,
+Pearson's R between predicted and measured latency and the largest relative error, over all
+plans and over the plans for more than one node.
+
+  python benchmarks/prediction.py                              # 3 models x N = 1..4 x h, w x recompute on/off
+  python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+import onnx
+
+from bbgrap import zoo
+from bbgrap.cluster import ClusterProfile, read_profile
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config
+
+BIN = os.path.dirname(sys.executable)
+from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
+from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
+
+
+def calibrate(nodes: int, path: str) -> ClusterProfile:
+    """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun)."""
+    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap"), "calibrate", "-o", path]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    return read_profile(path)
+
+
+def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
+               repeat: int, workdir: str) -> dict[str, Any]:
+    plan = os.path.join(workdir, f"plan-{name}-{nodes}-{direction}-{int(recompute)}")
+    manifest = compile_model(model_path, Config(nodes=nodes, direction=direction), plan, recompute=recompute,
+                             profile=profile, force_nodes=True)
+    pred = manifest["prediction"]["plan"]
+    real = run_bbgrap(plan, nodes, repeat, None)
+    # one rank runs in process and reports no per-rank profile: all of its time is its own
+    ranks = real.get("profile_ms") or [{"compute": real["latency_ms"], "wait": 0.0, "send": 0.0}]
+    slowest = max(range(nodes), key=lambda r: ranks[r]["compute"] + ranks[r]["wait"])
+    return {
+        "model": name, "nodes": nodes, "direction": direction, "recompute": recompute,
+        "real_ms": real["latency_ms"], "predicted_ms": pred["latency_ms"],
+        "real_compute_ms": ranks[slowest]["compute"], "real_wait_ms": ranks[slowest]["wait"],
+        "predicted_compute_ms": pred["ranks"][slowest]["compute"], "predicted_wait_ms": pred["ranks"][slowest]["wait"],
+        "segments": manifest["stats"]["segments"], "messages": manifest["stats"]["messages"],
+        "max_rel_error": real["max_rel_error"], "exact": real["max_rel_error"] <= 1e-4,
+    }
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Pearson's R of predicted against real latency, and the largest |predicted - real| / real."""
+    real = np.array([r["real_ms"] for r in rows])
+    pred = np.array([r["predicted_ms"] for r in rows])
+    r = float(np.corrcoef(real, pred)[0, 1]) if len(rows) > 1 else float("nan")
+    return {"plans": len(rows), "pearson_r": r, "max_rel_error": float(np.max(np.abs(pred - real) / real)),
+            "median_rel_error": float(np.median(np.abs(pred - real) / real))}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16"])
+    p.add_argument("--resolution", type=int, default=96)
+    p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
+    p.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument("--directions", nargs="+", default=["h", "w"])
+    p.add_argument("--repeat", type=int, default=20, help="timed inferences per plan (default 20, after as many warm-ups)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = []
+    table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("real ms", ">9.2f"), ("pred ms", ">9.2f"),
+                   ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
+    with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
+        profiles = {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
+        for name in args.models:
+            path = os.path.join(work, f"{name}.onnx")
+            onnx.save(zoo.build(name, resolution=args.resolution, width=args.width), path)
+            for n in args.nodes:
+                variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
+                for direction, recompute in variants:
+                    row = bench_plan(path, name, n, direction, recompute, profiles[n], args.repeat, work)
+                    rows.append(row)
+                    if not args.json:
+                        table.row(name, n, direction, "yes" if recompute else "no", row["real_ms"], row["predicted_ms"],
+                                  100 * (row["predicted_ms"] - row["real_ms"]) / row["real_ms"],
+                                  f"{row['real_compute_ms']:.2f}/{row['real_wait_ms']:.2f}",
+                                  f"{row['predicted_compute_ms']:.2f}/{row['predicted_wait_ms']:.2f}",
+                                  row["segments"], row["max_rel_error"])
+    overall = agreement(rows)
+    several = agreement([r for r in rows if r["nodes"] > 1])
+    if args.json:
+        print(json.dumps({"rows": rows, "all": overall, "several_nodes": several, "cores": len(os.sched_getaffinity(0))}, indent=1))
+    else:
+        for label, a in (("all plans", overall), ("plans on >1 node", several)):
+            print(f"{label}: {a['plans']} plans, Pearson R {a['pearson_r']:.3f}, relative error median "
+                  f"{100 * a['median_rel_error']:.1f} %, max {100 * a['max_rel_error']:.1f} %")
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
