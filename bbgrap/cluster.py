@@ -39,6 +39,7 @@ from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
+FIXED_COSTS = ("op_s", "segment_s", "latency_s")  # may be 0; every throughput must be positive
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def _table(source: str, where: str, table: Any, cls: type) -> dict[str, float]:
     unknown = sorted(set(table) - names)
     if unknown:
         raise BBGrapError(f"{source}: unknown key '{where}.{unknown[0]}' (known: {', '.join(sorted(names))})")
-    return {k: _number(source, where, k, v, positive=not k.endswith("_s")) for k, v in table.items()}
+    return {k: _number(source, where, k, v, positive=k not in FIXED_COSTS) for k, v in table.items()}
 
 
 def profile_from_dict(data: dict[str, Any], source: str) -> ClusterProfile:

@@ -1,0 +1,155 @@
+"""The simulator on hand-made programs, the cluster profile's TOML, and compile --profile's choice of node count."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import save
+
+from bbgrap import zoo
+from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, profile_toml, read_profile, write_profile
+from bbgrap.compiler import choose_nodes, compile_model
+from bbgrap.config import Config
+from bbgrap.ir import BBGrapError, Graph
+from bbgrap.simulate import SegmentWork, SimStep, program_steps, simulate, value_elements
+
+# round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per op; 2 ms + 1 us per byte per message
+NODE = NodeProfile(conv_ops_per_s=1e9, depthwise_ops_per_s=1e9, matmul_ops_per_s=1e9, other_ops_per_s=1e8, op_s=1e-4, segment_s=1e-3)
+PROFILE = ClusterProfile((NODE,), LinkProfile(latency_s=2e-3, bandwidth_Bps=1e6))
+
+
+def run(conv: float = 0.0, other: float = 0.0, count: int = 1) -> SimStep:
+    return SimStep("run", work=SegmentWork({"conv": conv, "other": other}, count))
+
+
+def send(m: int, src: int, dst: int, nbytes: int) -> SimStep:
+    return SimStep("send", message=m, src=src, dst=dst, nbytes=nbytes)
+
+
+def wait(m: int, src: int, dst: int, nbytes: int) -> SimStep:
+    return SimStep("wait", message=m, src=src, dst=dst, nbytes=nbytes)
+
+
+def test_one_segment_costs_its_operations_per_kind_plus_fixed_costs() -> None:
+    pred = simulate([[run(conv=1e7, other=1e5, count=3)]], PROFILE)
+    expected = 1e-3 + 3 * 1e-4 + 1e7 / 1e9 + 1e5 / 1e8
+    assert math.isclose(pred.latency, expected)
+    assert math.isclose(pred.ranks[0].compute, expected) and pred.ranks[0].wait == 0.0
+
+
+def test_a_rank_waits_until_the_message_arrives() -> None:
+    # rank 0: 11 ms segment, sends 1000 bytes (2 ms + 1 ms on the link); rank 1 waits, then runs one 1 ms segment
+    steps = [[run(conv=1e7, count=0), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run(count=0)]]
+    pred = simulate(steps, PROFILE)
+    assert math.isclose(pred.ranks[0].total, 0.011)
+    assert math.isclose(pred.ranks[1].wait, 0.014)
+    assert math.isclose(pred.ranks[1].compute, 0.001)
+    assert math.isclose(pred.latency, 0.015)
+
+
+def test_a_message_that_is_already_there_costs_no_wait() -> None:
+    steps = [[send(0, 0, 1, 0)], [run(conv=1e8, count=0), wait(0, 0, 1, 0)]]
+    pred = simulate(steps, PROFILE)
+    assert pred.ranks[1].wait == 0.0 and math.isclose(pred.latency, 0.101)
+
+
+def test_messages_on_one_link_go_one_after_another() -> None:
+    steps = [[send(0, 0, 1, 1000), send(1, 0, 1, 1000)], [wait(0, 0, 1, 1000), wait(1, 0, 1, 1000)]]
+    assert math.isclose(simulate(steps, PROFILE).latency, 2 * (2e-3 + 1e-3))
+
+
+def test_exchanges_in_both_directions_do_not_deadlock_and_a_missing_send_does() -> None:
+    both = [[send(0, 0, 1, 0), wait(1, 1, 0, 0)], [send(1, 1, 0, 0), wait(0, 0, 1, 0)]]
+    assert math.isclose(simulate(both, PROFILE).latency, 2e-3)
+    with pytest.raises(BBGrapError, match="deadlocked"):
+        simulate([[wait(0, 1, 0, 0)], [wait(1, 0, 1, 0)]], PROFILE)
+
+
+def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
+    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10)), LinkProfile(1e-5, 2.5e9))
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile, "a comment\non two lines")
+    back = read_profile(path)
+    assert back.nodes == profile.nodes and back.link == profile.link
+    assert back.node(7) == back.nodes[-1]
+    assert profile_toml(back) == profile_toml(profile)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[link]\nlatency_s = 1e-5\n", "no \\[\\[node\\]\\]"),
+    ("[[node]]\nconv_ops_per_s = 0\n", "'node\\[0\\].conv_ops_per_s' must be a positive number"),
+    ("[[node]]\nsegment_s = -1.0\n", "'node\\[0\\].segment_s' must be a number >= 0"),
+    ("[[node]]\nconv_flops = 1\n", "unknown key 'node\\[0\\].conv_flops'"),
+    ("[[node]]\n[links]\n", "unknown table 'links'"),
+    ("[[node]\n", "not valid TOML"),
+])
+def test_bad_profiles_are_one_line_naming_the_key(tmp_path, text: str, problem: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(BBGrapError, match=problem) as err:
+        read_profile(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_value_elements_reads_the_region_in_a_local_value_name() -> None:
+    graph = Graph(name="g", layers=(), tensors={}, constants={}, inputs=(), outputs=(), opsets={})
+    assert value_elements(graph, "conv1@0:1,0:8,2:5+7:9,0:4") == 1 * 8 * 5 * 4
+    assert value_elements(graph, "x@empty") == 0
+    assert value_elements(graph, "unknown") == 0
+
+
+def test_choose_nodes_takes_the_fastest_and_the_fewer_on_a_tie() -> None:
+    assert choose_nodes({1: 3.0, 2: 2.0, 4: 2.5}) == 2
+    assert choose_nodes({1: 2.0, 2: 2.0}) == 1
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> str:
+    return save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path_factory.mktemp("model")))
+
+
+def test_compile_with_a_profile_predicts_every_rank_and_the_one_node_plan(small_model: str, tmp_path) -> None:
+    manifest = compile_model(small_model, Config(nodes=2), str(tmp_path / "plan"), profile=DEFAULT_PROFILE, force_nodes=True)
+    pred = manifest["prediction"]
+    assert manifest["nodes"] == 2 and pred["nodes"] == 2 and len(pred["plan"]["ranks"]) == 2
+    assert set(pred["candidates_ms"]) == {"1", "2"}
+    assert math.isclose(pred["speedup"], pred["one_node_ms"] / pred["plan"]["latency_ms"], rel_tol=1e-3)
+    for r in pred["plan"]["ranks"]:
+        assert r["compute"] > 0 and r["total"] >= r["compute"] + r["wait"] - 1e-9
+
+
+def test_compile_falls_back_to_fewer_nodes_where_more_are_predicted_slower(small_model: str, tmp_path) -> None:
+    slow_link = ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1.0, bandwidth_Bps=1e9))
+    manifest = compile_model(small_model, Config(nodes=3), str(tmp_path / "plan"), profile=slow_link)
+    assert manifest["nodes"] == 1
+    assert manifest["prediction"]["requested_nodes"] == 3 and set(manifest["prediction"]["candidates_ms"]) == {"1", "2", "3"}
+    forced = compile_model(small_model, Config(nodes=3), str(tmp_path / "plan"), profile=slow_link, force_nodes=True)
+    assert forced["nodes"] == 3 and forced["prediction"]["speedup"] < 1
+    assert "prediction" not in read_manifest_of(str(tmp_path / "plan"))
+
+
+def read_manifest_of(plan: str) -> dict[str, object]:
+    from bbgrap.plan import read_manifest
+
+    return read_manifest(plan)
+
+
+def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str) -> None:
+    from bbgrap.backends.lower import lower
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+
+    graph = PassManager(pipeline(Config(nodes=2))).run(import_model(small_model).graph)
+    programs, messages = lower(graph)
+    steps = program_steps(graph, programs)
+    assert [[s.op for s in rank] for rank in steps] == [[s.op for s in p.steps] for p in programs]
+    sent = {s.message for rank in steps for s in rank if s.op == "send"}
+    assert sent == {m.id for m in messages}
+    # every operation of the plan is in some segment: at least what bbgrap/cost.py counts for the owned outputs
+    from bbgrap.cost import plan_flops
+
+    total = sum(sum(s.work.ops.values()) for rank in steps for s in rank if s.work)
+    assert total >= sum(plan_flops(graph, owned=True)) * 0.99
