@@ -13,7 +13,9 @@ on its own clock:
 
 The operations of a layer's op are bbgrap/cost.py's for the region the node computes (a
 recomputed halo included); a crop, a concat or another op lowering added costs one "other"
-operation per element it writes. The plan's predicted latency is the latest rank's end.
+operation per element it writes; an op onnxruntime fuses into the convolution before it
+costs nothing; every value a segment takes or gives costs one "other" operation per element
+(handed from one onnxruntime session to the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest rank's end.
 Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
 """
 
@@ -29,9 +31,7 @@ from bbgrap.cost import layer_ops
 from bbgrap.ir import BBGrapError, Graph, Layer
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
-    import onnx
-
-    from bbgrap.backends.lower import NodeProgram
+    from bbgrap.backends.lower import NodeProgram, Segment
 
 
 @dataclass(frozen=True)
@@ -94,18 +94,35 @@ def value_elements(graph: Graph, value: str) -> int:
         return 0
 
 
-def segment_work(graph: Graph, node: int, onnx_nodes: Sequence[onnx.NodeProto]) -> SegmentWork:
-    """The work of one segment of `node`'s program (its ONNX nodes, as lowered)."""
+# ops onnxruntime fuses into the convolution that produces their input (Conv+BatchNormalization
+# folded into the weights, Conv+activation, and in the blocked layout Conv+Add(+Relu)): no time of their own
+FUSED_INTO_CONV = {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Add", "Sum"}
+
+
+def segment_work(graph: Graph, node: int, seg: Segment) -> SegmentWork:
+    """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
+    one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
+    into the convolution before it, and one per element of every value the segment takes or gives (each
+    crosses from one onnxruntime session to another: copied, and in the blocked layout reordered)."""
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = 0
-    for onnx_node in onnx_nodes:
+    convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
+    for onnx_node in seg.nodes:
+        outputs = [o for o in onnx_node.output if o]
+        if onnx_node.op_type in FUSED_INTO_CONV and any(i in convolved for i in onnx_node.input):
+            convolved.update(outputs)
+            continue
         layer = layers.get(onnx_node.name)
         count += 1
         if layer is not None and layer.op_type == onnx_node.op_type:
-            ops[op_kind(layer, graph)] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node])
+            kind = op_kind(layer, graph)
+            ops[kind] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node])
+            if kind in ("conv", "depthwise"):
+                convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
-            ops["other"] += float(sum(value_elements(graph, o) for o in onnx_node.output if o))
+            ops["other"] += float(sum(value_elements(graph, o) for o in outputs))
+    ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
     return SegmentWork(ops, count)
 
 
@@ -128,7 +145,7 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram]) -> list[list[Si
         steps: list[SimStep] = []
         for step in program.steps:
             if step.op == "run":
-                steps.append(SimStep("run", work=segment_work(graph, program.node, step.seg.nodes)))
+                steps.append(SimStep("run", work=segment_work(graph, program.node, step.seg)))
             else:
                 m = step.msg
                 steps.append(SimStep(step.op, message=m.id, src=m.src, dst=m.dst, nbytes=m.nbytes))
