@@ -14,14 +14,14 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   bytes (least squares) 1 / the bandwidth. With one node nothing is
   measured and the default link is written.
 
-All ranks measure at once, as they would compute at once. Every time is the median of
-REPEAT runs after a warm-up; the whole takes a few seconds.
+All ranks measure at once, as they would compute at once. Every time is the fastest of
+REPEAT runs after a warm-up (on a shared host other jobs only ever slow a run down); the
+whole takes a few seconds.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -79,7 +79,8 @@ def add_chain_model(elements: int, length: int) -> tuple[onnx.ModelProto, float]
 
 
 def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
-    """Median seconds of one run of `model` (a session as bbgrap-run makes them; warmed up)."""
+    """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up): the fastest of
+    `repeat`, since other work on the host only ever slows a run down."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
@@ -94,7 +95,7 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> fl
         t0 = time.perf_counter()
         sess.run(None, feeds)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -130,7 +131,7 @@ def measure_node(threads: int) -> NodeProfile:
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
-    """Half the median round trip of `nbytes` between this rank and `peer` (rank 0 starts)."""
+    """Half the fastest round trip of `nbytes` between this rank and `peer` (rank 0 starts)."""
     buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
     times = []
     first = comm.Get_rank() < peer
@@ -144,7 +145,7 @@ def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
             comm.Send(buf, dest=peer, tag=9101)
         if k >= 2:
             times.append((time.perf_counter() - t0) / 2)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure_link(comm: Any) -> LinkProfile | None:
