@@ -155,3 +155,45 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
                 for n in range(graph.nodes))
     total = sum(s.work.ops["conv"] + s.work.ops["depthwise"] for rank in steps for s in rank if s.work)
     assert total >= convs * 0.999
+
+
+def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
+    from bbgrap.backends.lower import lower
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import segment_work
+
+    graph = PassManager(pipeline(Config(nodes=1))).run(import_model(small_model).graph)
+    (program,), _ = lower(graph)
+    (segment,) = [s.seg for s in program.steps if s.op == "run"]
+    work = segment_work(graph, 0, segment)
+    fused = [n for n in segment.nodes if n.op_type in ("BatchNormalization", "Relu")]
+    assert fused and work.count == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
+
+
+@pytest.mark.parametrize(("flags", "problem"), [
+    (["--profile", "{tmp}/missing.toml"], "--profile {tmp}/missing.toml: cannot read it"),
+    (["--force-nodes"], "--force-nodes only matters with --profile FILE"),
+])
+def test_compile_profile_flags_are_checked_first(small_model: str, tmp_path, capsys, flags: list[str], problem: str) -> None:
+    from bbgrap.cli import main
+
+    argv = ["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "plan"), *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert problem.format(tmp=tmp_path) in err and err.count("\n") == 1
+    assert not (tmp_path / "plan").exists()
+
+
+def test_compile_prints_each_rank_and_the_fallback(small_model: str, tmp_path, capsys) -> None:
+    from bbgrap.cli import main
+
+    profile = tmp_path / "slow-link.toml"
+    write_profile(str(profile), ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1.0, bandwidth_Bps=1e9)))
+    assert main(["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "plan"), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0: compute" in out
+    assert "predicted: 2 nodes are not faster than 1" in out and "compiled for 1 node(s) instead" in out
+    assert "mpirun -n 1 bbgrap-run" in out
