@@ -35,6 +35,7 @@ from bbgrap.backends.transports import allgather, poll
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
+from bbgrap.ir import BBGrapError
 
 REPEAT = 15
 CHAIN = 32
@@ -218,5 +219,8 @@ def run(output: str, threads: int | None) -> tuple[int, str]:
     if profile is None:
         return rank, ""
     host = os.uname().nodename
-    write_profile(output, profile, f"{profile.source} on {host}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    try:
+        write_profile(output, profile, f"{profile.source} on {host}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    except OSError as exc:
+        raise BBGrapError(f"cannot write {output} ({exc.strerror or type(exc).__name__}); free space or choose another -o") from None
     return rank, f"wrote {output}: {len(profile.nodes)} node(s)\n{describe(profile)}"
