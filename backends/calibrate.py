@@ -4,11 +4,12 @@ Run as `mpirun -n N bbgrap calibrate -o cluster.toml` (one rank per node, as bbg
 runs a plan), or `bbgrap calibrate -o cluster.toml` for one node. Each rank, with the
 threads and session options bbgrap-run would give it (backends/threads.py, engine.py):
 
-* **throughput per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model (a 3x3
-  convolution, a 3x3 depthwise convolution, a MatMul, an Add) at three sizes; operations
-  over time, less each run's fixed cost;
-* **fixed costs**: one run of a one-element model is a segment's cost (`segment_s`); a chain
-  of CHAIN one-element Adds, less that, per Add is an op's (`op_s`);
+* **a segment's fixed cost** (`segment_s`): one run of a one-element Add;
+* **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
+  (3x3 and 1x1 convolutions, a 3x3 depthwise convolution, a MatMul, an Add) at four sizes
+  each, from small feature maps to large; the line through (operations, time)
+  gives 1 / throughput as its slope and the op's fixed cost as its intercept less a
+  segment's (small maps cost more per operation: the fixed cost catches that);
 * **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
   round trip per size: the smallest message's time is the latency, the slope of time over
   bytes (least squares) 1 / the bandwidth. With one node nothing is
@@ -21,6 +22,7 @@ whole takes a few seconds.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +40,6 @@ from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodePro
 from bbgrap.ir import BBGrapError
 
 REPEAT = 15
-CHAIN = 32
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
@@ -55,14 +56,15 @@ def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]], outp
     return model
 
 
-def conv_model(channels: int, size: int, depthwise: bool) -> tuple[onnx.ModelProto, float]:
-    """A 3x3 convolution (padded, so the output is size x size) and its operations (bbgrap/cost.py's count)."""
+def conv_model(channels: int, size: int, depthwise: bool, kernel: int = 3) -> tuple[onnx.ModelProto, float]:
+    """A kernel x kernel convolution (padded, so the output is size x size) and its operations (bbgrap/cost.py's count)."""
     per_group = 1 if depthwise else channels
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((channels, per_group, 3, 3)).astype(np.float32)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=channels if depthwise else 1)
+    w = rng.standard_normal((channels, per_group, kernel, kernel)).astype(np.float32)
+    pad = kernel // 2
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pad] * 4, group=channels if depthwise else 1)
     shape = (1, channels, size, size)
-    return _model([node], {"x": shape}, ("y", shape), {"w": w}), 2.0 * per_group * 9 * channels * size * size
+    return _model([node], {"x": shape}, ("y", shape), {"w": w}), 2.0 * per_group * kernel * kernel * channels * size * size
 
 
 def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
@@ -71,12 +73,10 @@ def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
     return _model([node], {"x": (rows, size)}, ("y", (rows, size)), {"w": w}), 2.0 * rows * size * size
 
 
-def add_chain_model(elements: int, length: int) -> tuple[onnx.ModelProto, float]:
-    """`length` Adds of a constant one after another on `elements` values."""
-    one = np.ones((1,), dtype=np.float32)
-    names = ["x", *(f"v{k}" for k in range(1, length)), "y"]
-    nodes = [helper.make_node("Add", [names[k], "one"], [names[k + 1]]) for k in range(length)]
-    return _model(nodes, {"x": (elements,)}, ("y", (elements,)), {"one": one}), float(elements * length)
+def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
+    """An Add of a constant to `elements` values."""
+    node = helper.make_node("Add", ["x", "one"], ["y"])
+    return _model([node], {"x": (elements,)}, ("y", (elements,)), {"one": np.ones((1,), dtype=np.float32)}), float(elements)
 
 
 def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
@@ -105,30 +105,37 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def throughput(build: Callable[[int], tuple[onnx.ModelProto, float]], sizes: Sequence[int], threads: int, fixed: float) -> float:
-    """Operations per second of the op `build(size)` makes: its operations over all sizes divided by
-    their times less a run's fixed cost `fixed` each (more robust on a shared machine than a slope
-    through three noisy points)."""
-    ops, busy = 0.0, 0.0
-    for size in sizes:
-        model, n = build(size)
-        ops += n
-        busy += max(time_model(model, threads) - fixed, 1e-9)
-    return ops / busy
+def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], threads: int, segment: float) -> tuple[float, float]:
+    """Operations per second and fixed seconds per op of the one-op models `builds` make: the line
+    through their (operations, time) (least squares): 1 / its slope, and its intercept less a
+    segment's fixed cost `segment`. Where noise makes the slope no larger than 0: the largest
+    model's operations over its time, and no fixed cost."""
+    ops, times = [], []
+    for build in builds:
+        model, n = build()
+        ops.append(n)
+        times.append(time_model(model, threads))
+    intercept, slope = fit_line(ops, times)
+    if slope <= 0:
+        return ops[-1] / times[-1], 0.0
+    return 1.0 / slope, max(0.0, intercept - segment)
 
 
 def measure_node(threads: int) -> NodeProfile:
-    """This process's node: throughput per kind of op and the fixed costs (module docstring)."""
-    segment = time_model(add_chain_model(1, 1)[0], threads)
-    chain = time_model(add_chain_model(1, CHAIN)[0], threads)
-    return NodeProfile(
-        conv_ops_per_s=throughput(lambda s: conv_model(64, s, depthwise=False), (28, 56, 84), threads, segment),
-        depthwise_ops_per_s=throughput(lambda s: conv_model(128, s, depthwise=True), (28, 56, 112), threads, segment),
-        matmul_ops_per_s=throughput(lambda s: matmul_model(64, s), (256, 512, 768), threads, segment),
-        other_ops_per_s=throughput(lambda s: add_chain_model(s, 1), (1 << 16, 1 << 18, 1 << 20), threads, segment),
-        op_s=max(0.0, (chain - segment) / (CHAIN - 1)),
-        segment_s=segment,
-    )
+    """This process's node: throughput and fixed cost per kind of op, fixed cost per segment (module docstring)."""
+    segment = time_model(add_model(1)[0], threads)
+    sizes = (7, 14, 28, 56)
+    builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
+        "conv": [*(functools.partial(conv_model, 64, s, False) for s in sizes),
+                 *(functools.partial(conv_model, 128, s, False, 1) for s in sizes)],
+        "depthwise": [functools.partial(conv_model, 128, s, True) for s in sizes],
+        "matmul": [functools.partial(matmul_model, 16, s) for s in (64, 128, 256, 512)],
+        "other": [functools.partial(add_model, s * s * 64) for s in sizes],
+    }
+    speeds = {kind: op_speed(b, threads, segment) for kind, b in builds.items()}
+    fields = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
+    fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
+    return NodeProfile(**fields, segment_s=segment)
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
@@ -169,7 +176,8 @@ def describe(profile: ClusterProfile) -> str:
     for n, p in enumerate(profile.nodes):
         lines.append(f"node {n}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s; "
-                     f"{p.op_s * 1e6:.1f} us per op, {p.segment_s * 1e6:.1f} us per segment")
+                     f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
+                     f"other {p.other_op_s * 1e6:.1f} us; {p.segment_s * 1e6:.1f} us per segment")
     lines.append(f"link: {profile.link.latency_s * 1e6:.1f} us + {profile.link.bandwidth_Bps / 1e9:.2f} GB/s")
     return "\n".join(lines)
 

@@ -12,8 +12,11 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     depthwise_ops_per_s = 5e9  # ... of a depthwise (one channel per group) convolution
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
-    op_s = 5e-06               # fixed cost of one ONNX op (s)
-    segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run and its copies (s)
+    conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
+    depthwise_op_s = 1e-05
+    matmul_op_s = 1e-05
+    other_op_s = 5e-06
+    segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run (s)
 
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
@@ -39,23 +42,30 @@ from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
-FIXED_COSTS = ("op_s", "segment_s", "latency_s")  # may be 0; every throughput must be positive
+FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "latency_s")  # may be 0; every throughput must be positive
 
 
 @dataclass(frozen=True)
 class NodeProfile:
-    """One node's speed: operations per second per kind of op, and fixed costs per op and per segment."""
+    """One node's speed: operations per second and fixed cost per op for each kind of op, fixed cost per segment."""
 
     conv_ops_per_s: float = 2.5e10
     depthwise_ops_per_s: float = 5e9
     matmul_ops_per_s: float = 2.5e10
     other_ops_per_s: float = 2.5e9
-    op_s: float = 5e-6
+    conv_op_s: float = 1e-5
+    depthwise_op_s: float = 1e-5
+    matmul_op_s: float = 1e-5
+    other_op_s: float = 5e-6
     segment_s: float = 5e-5
 
     def ops_per_s(self, kind: str) -> float:
         """Throughput for one of OP_KINDS."""
         return float(getattr(self, f"{kind}_ops_per_s"))
+
+    def op_s(self, kind: str) -> float:
+        """Fixed cost of one op of one of OP_KINDS."""
+        return float(getattr(self, f"{kind}_op_s"))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A rank walks its program (backends/lower.py: run a segment, send a message, wait
 on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
-  that kind, plus `op_s` per ONNX op and `segment_s` for the segment (an onnxruntime run,
+  that kind, plus a fixed cost per ONNX op of that kind and `segment_s` for the segment (an onnxruntime run,
   handing the live values to the next session);
 * **send**: costs the sender nothing (bbgrap-run posts sends without blocking); the message
   arrives `latency_s + bytes / bandwidth_Bps` after the link from sender to receiver is free
@@ -36,10 +36,10 @@ if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
 
 @dataclass(frozen=True)
 class SegmentWork:
-    """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops."""
+    """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind."""
 
     ops: dict[str, float] = field(default_factory=dict)
-    count: int = 0
+    count: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def segment_work(graph: Graph, node: int, seg: Segment) -> SegmentWork:
     crosses from one onnxruntime session to another: copied, and in the blocked layout reordered)."""
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
-    count = 0
+    count = dict.fromkeys(OP_KINDS, 0)
     convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
@@ -114,14 +114,15 @@ def segment_work(graph: Graph, node: int, seg: Segment) -> SegmentWork:
             convolved.update(outputs)
             continue
         layer = layers.get(onnx_node.name)
-        count += 1
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
             ops[kind] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node])
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
-            ops["other"] += float(sum(value_elements(graph, o) for o in outputs))
+            kind = "other"
+            ops[kind] += float(sum(value_elements(graph, o) for o in outputs))
+        count[kind] += 1
     ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
     return SegmentWork(ops, count)
 
@@ -155,7 +156,8 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram]) -> list[list[Si
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
     p = profile.node(node)
-    return p.segment_s + work.count * p.op_s + math.fsum(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops)
+    return p.segment_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
+                                    *(n * p.op_s(kind) for kind, n in work.count.items())])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

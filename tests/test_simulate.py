@@ -14,13 +14,15 @@ from bbgrap.config import Config
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.simulate import SegmentWork, SimStep, program_steps, simulate, value_elements
 
-# round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per op; 2 ms + 1 us per byte per message
-NODE = NodeProfile(conv_ops_per_s=1e9, depthwise_ops_per_s=1e9, matmul_ops_per_s=1e9, other_ops_per_s=1e8, op_s=1e-4, segment_s=1e-3)
+# round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op;
+# 2 ms + 1 us per byte per message
+NODE = NodeProfile(conv_ops_per_s=1e9, depthwise_ops_per_s=1e9, matmul_ops_per_s=1e9, other_ops_per_s=1e8,
+                   conv_op_s=1e-4, depthwise_op_s=1e-4, matmul_op_s=1e-4, other_op_s=1e-5, segment_s=1e-3)
 PROFILE = ClusterProfile((NODE,), LinkProfile(latency_s=2e-3, bandwidth_Bps=1e6))
 
 
-def run(conv: float = 0.0, other: float = 0.0, count: int = 1) -> SimStep:
-    return SimStep("run", work=SegmentWork({"conv": conv, "other": other}, count))
+def run(conv: float = 0.0, other: float = 0.0, convs: int = 0, others: int = 0) -> SimStep:
+    return SimStep("run", work=SegmentWork({"conv": conv, "other": other}, {"conv": convs, "other": others}))
 
 
 def send(m: int, src: int, dst: int, nbytes: int) -> SimStep:
@@ -32,15 +34,15 @@ def wait(m: int, src: int, dst: int, nbytes: int) -> SimStep:
 
 
 def test_one_segment_costs_its_operations_per_kind_plus_fixed_costs() -> None:
-    pred = simulate([[run(conv=1e7, other=1e5, count=3)]], PROFILE)
-    expected = 1e-3 + 3 * 1e-4 + 1e7 / 1e9 + 1e5 / 1e8
+    pred = simulate([[run(conv=1e7, other=1e5, convs=3, others=2)]], PROFILE)
+    expected = 1e-3 + 3 * 1e-4 + 2 * 1e-5 + 1e7 / 1e9 + 1e5 / 1e8
     assert math.isclose(pred.latency, expected)
     assert math.isclose(pred.ranks[0].compute, expected) and pred.ranks[0].wait == 0.0
 
 
 def test_a_rank_waits_until_the_message_arrives() -> None:
     # rank 0: 11 ms segment, sends 1000 bytes (2 ms + 1 ms on the link); rank 1 waits, then runs one 1 ms segment
-    steps = [[run(conv=1e7, count=0), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run(count=0)]]
+    steps = [[run(conv=1e7), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run()]]
     pred = simulate(steps, PROFILE)
     assert math.isclose(pred.ranks[0].total, 0.011)
     assert math.isclose(pred.ranks[1].wait, 0.014)
@@ -49,7 +51,7 @@ def test_a_rank_waits_until_the_message_arrives() -> None:
 
 
 def test_a_message_that_is_already_there_costs_no_wait() -> None:
-    steps = [[send(0, 0, 1, 0)], [run(conv=1e8, count=0), wait(0, 0, 1, 0)]]
+    steps = [[send(0, 0, 1, 0)], [run(conv=1e8), wait(0, 0, 1, 0)]]
     pred = simulate(steps, PROFILE)
     assert pred.ranks[1].wait == 0.0 and math.isclose(pred.latency, 0.101)
 
@@ -170,7 +172,7 @@ def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
     (segment,) = [s.seg for s in program.steps if s.op == "run"]
     work = segment_work(graph, 0, segment)
     fused = [n for n in segment.nodes if n.op_type in ("BatchNormalization", "Relu")]
-    assert fused and work.count == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
+    assert fused and sum(work.count.values()) == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
