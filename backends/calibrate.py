@@ -182,10 +182,14 @@ def describe(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def calibrate_one(threads: int | None) -> ClusterProfile:
-    """One node in this process, with all its cores (or `threads`); the default link."""
+def calibrate_one(threads: int | None, process_pool: bool = False) -> ClusterProfile:
+    """One node in this process, with all its cores (or `threads`); the default link. `process_pool`:
+    on the process's one thread pool, as bbgrap-run runs (only for the command: it is process-wide)."""
     quiet_onnxruntime()
-    node = measure_node(threads or threads_per_rank(1))
+    mine = threads or threads_per_rank(1)
+    if process_pool:
+        PROCESS_THREAD_POOL.start(mine)
+    node = measure_node(mine)
     return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
 
 
@@ -221,9 +225,9 @@ def run(output: str, threads: int | None) -> tuple[int, str]:
 
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
-        profile = calibrate_mpi(comm, threads) if comm.Get_size() > 1 else calibrate_one(threads)
+        profile = calibrate_mpi(comm, threads) if comm.Get_size() > 1 else calibrate_one(threads, process_pool=True)
     else:
-        profile = calibrate_one(threads)
+        profile = calibrate_one(threads, process_pool=True)
     if profile is None:
         return rank, ""
     host = os.uname().nodename
