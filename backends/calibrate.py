@@ -6,7 +6,7 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
 
 * **a segment's fixed cost** (`segment_s`): one run of a one-element Add;
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
-  (3x3 and 1x1 convolutions, a 3x3 depthwise convolution, a MatMul, an Add) at four sizes
+  (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
   each, from small feature maps to large; the line through (operations, time)
   gives 1 / throughput as its slope and the op's fixed cost as its intercept less a
   segment's (small maps cost more per operation: the fixed cost catches that);
@@ -126,8 +126,9 @@ def measure_node(threads: int) -> NodeProfile:
     segment = time_model(add_model(1)[0], threads)
     sizes = (7, 14, 28, 56)
     builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
-        "conv": [*(functools.partial(conv_model, 64, s, False) for s in sizes),
-                 *(functools.partial(conv_model, 128, s, False, 1) for s in sizes)],
+        # (one kernel size: 1x1 convolutions lie on a line of their own, and mixing the two lines makes
+        # the intercept no fixed cost); up to 112 x 112, where a large map's memory traffic shows
+        "conv": [functools.partial(conv_model, 64, s, False) for s in (*sizes, 112)],
         "depthwise": [functools.partial(conv_model, 128, s, True) for s in sizes],
         "matmul": [functools.partial(matmul_model, 16, s) for s in (64, 128, 256, 512)],
         "other": [functools.partial(add_model, s * s * 64) for s in sizes],
