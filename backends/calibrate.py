@@ -8,8 +8,9 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
   (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
   each, from small feature maps to large; the line through (operations, time)
-  gives 1 / throughput as its slope and the op's fixed cost as its intercept less a
-  segment's (small maps cost more per operation: the fixed cost catches that);
+  gives 1 / throughput as its slope, and the op's fixed cost is the median of what each
+  model's time leaves beyond a segment's cost and its operations at that throughput (small
+  maps cost more per operation: the fixed cost catches that);
 * **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
   round trip per size: the smallest message's time is the latency, the slope of time over
   bytes (least squares) 1 / the bandwidth. With one node nothing is
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -106,19 +108,21 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], threads: int, segment: float) -> tuple[float, float]:
-    """Operations per second and fixed seconds per op of the one-op models `builds` make: the line
-    through their (operations, time) (least squares): 1 / its slope, and its intercept less a
-    segment's fixed cost `segment`. Where noise makes the slope no larger than 0: the largest
-    model's operations over its time, and no fixed cost."""
+    """Operations per second and fixed seconds per op of the one-op models `builds` make: 1 / the slope
+    of the line through their (operations, time) (least squares), and the median over the models of
+    what their time leaves beyond a segment's fixed cost `segment` and their operations at that speed
+    (not the line's intercept, which one noisy large model moves by far more than the small models'
+    fixed costs). Where noise makes the slope no larger than 0: the largest model's operations over
+    its time, and no fixed cost."""
     ops, times = [], []
     for build in builds:
         model, n = build()
         ops.append(n)
         times.append(time_model(model, threads))
-    intercept, slope = fit_line(ops, times)
+    _, slope = fit_line(ops, times)
     if slope <= 0:
         return ops[-1] / times[-1], 0.0
-    return 1.0 / slope, max(0.0, intercept - segment)
+    return 1.0 / slope, max(0.0, statistics.median(t - segment - n * slope for n, t in zip(ops, times)))
 
 
 def measure_node(threads: int) -> NodeProfile:
