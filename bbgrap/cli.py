@@ -14,7 +14,7 @@ from bbgrap import package_version
 from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import file_target_problem, new_dir_problem, written_whole
-from bbgrap.plan_schema import Plan
+from bbgrap.plan_schema import Plan, PredictionRecord
 from bbgrap.progress import Progress
 
 EPILOG = """examples:
@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="receive every halo instead of recomputing the cheap ones locally (the thesis' plan)")
     c.add_argument("--no-optimize", action="store_true",
                    help="keep the naive gather-everything plan (implies --no-search and --no-recompute)")
+    c.add_argument("--profile", metavar="FILE",
+                   help="cluster profile (TOML, from bbgrap calibrate): print each rank's predicted time and the speed-up over "
+                   "one node; where N nodes are predicted no faster than one, compile for the fastest predicted count below N")
+    c.add_argument("--force-nodes", action="store_true",
+                   help="with --profile: keep --nodes even where fewer nodes are predicted faster")
     c.add_argument("--dump-ir-after", action="append", default=[], metavar="PASS",
                    help="write the IR after this pass to --dump-dir/PASS.txt (repeatable)")
     c.add_argument("--dump-dir", default="bbgrap-ir", metavar="DIR", help="where --dump-ir-after writes (default ./bbgrap-ir)")
@@ -68,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--layers", action="store_true",
                    help="one row per layer: its cut, each node's range along it, operations (and how many are "
                    "recomputed), bytes its output sends, and for a layer computed whole on one node, which and why")
+
+    k = sub.add_parser("calibrate", help="measure this cluster's nodes and links into a profile for compile --profile",
+                       description="Measure each node's speed per kind of op, its fixed costs per op and per segment, and the "
+                       "links between nodes (ping-pong); write them as a cluster profile (TOML). Run it as bbgrap-run runs a "
+                       "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node.")
+    k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
+    k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores)")
 
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
                        description="Write a standard architecture with random weights (no download).")
@@ -122,6 +134,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
         memory = memory * (nodes if nodes is not None else base.nodes)
     cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search,
                               memory_mb=memory)
+    if args.force_nodes and not args.profile:
+        raise BBGrapError("--force-nodes only matters with --profile FILE; drop it or give a profile (bbgrap calibrate writes one)")
+    profile = None
+    if args.profile:
+        from bbgrap.cluster import read_profile
+
+        profile = read_profile(args.profile)
     from bbgrap.plan import check_output_dir
 
     check_output_dir(args.output)
@@ -135,11 +154,30 @@ def cmd_compile(args: argparse.Namespace) -> int:
         optimize=not args.no_optimize, search=not (args.no_search or args.no_optimize),
         dump_after=args.dump_ir_after, dump_dir=args.dump_dir,
         progress=None if args.quiet else Progress(), log=log, recompute=not args.no_recompute,
+        profile=profile, force_nodes=args.force_nodes,
     )
     if not args.quiet:
         print(summary(plan, args.output))
+        if plan.compiled.prediction is not None:
+            print(prediction_text(plan.compiled.prediction))
         print(f"run it: mpirun -n {plan.nodes} bbgrap-run {'' if args.output == 'bbgrap-plan' else args.output}".rstrip())
     return 0
+
+
+def prediction_text(pred: PredictionRecord) -> str:
+    """compile --profile's lines: each rank's predicted compute / wait / total, the speed-up over one
+    node, and where the plan has fewer nodes than asked for, why (one line)."""
+    lines = [f"predicted with {pred.profile}: {pred.latency_ms:.3f} ms per inference on {pred.nodes} node(s), "
+             f"{pred.one_node_ms:.3f} ms on one node: speed-up {pred.speedup:.2f}x"]
+    lines += [f"  rank {n}: compute {r.compute:.3f} ms, wait {r.wait:.3f} ms, total {r.total:.3f} ms" for n, r in enumerate(pred.ranks)]
+    requested = pred.requested_nodes
+    if pred.nodes != requested:
+        lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.candidates_ms[requested]:.3f} ms vs "
+                     f"{pred.one_node_ms:.3f} ms); compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
+    elif requested > 1 and pred.speedup <= 1.0:
+        lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.latency_ms:.3f} ms vs "
+                     f"{pred.one_node_ms:.3f} ms); kept {requested} as --force-nodes asks")
+    return "\n".join(lines)
 
 
 def inspect_json(plan: Plan) -> dict[str, Any]:
@@ -244,6 +282,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from bbgrap.backends.runtime import env_rank
+
+    problem = file_target_problem(args.output, "-o", "cluster.toml")
+    if problem is None and args.threads is not None and args.threads < 1:
+        problem = f"--threads {args.threads}: give at least 1 thread"
+    if problem:
+        if env_rank() == 0:  # every rank finds the same problem; one line is enough
+            print(f"bbgrap: error: {problem}", file=sys.stderr)
+        return 2
+    from bbgrap.backends.calibrate import run
+
+    rank, text = run(args.output, args.threads)
+    if rank == 0:
+        print(text)
+    return 0
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     problem = file_target_problem(args.output, "-o", f"{args.name}.onnx")
     if problem:
@@ -275,7 +331,7 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     args = _parser().parse_args(argv)
-    handlers = {"compile": cmd_compile, "inspect": cmd_inspect, "zoo": cmd_zoo}
+    handlers = {"compile": cmd_compile, "inspect": cmd_inspect, "calibrate": cmd_calibrate, "zoo": cmd_zoo}
     try:
         return handlers[args.command](args)
     except BBGrapError as exc:

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from bbgrap.cluster import ClusterProfile
 from bbgrap.config import Config, Direction
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import CompileRecord, Plan, Source
+from bbgrap.plan_schema import CompileRecord, Plan, PredictionRecord, RankPrediction, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
+from bbgrap.simulate import Prediction, predict
+
+if TYPE_CHECKING:
+    from bbgrap.backends.lower import Message, NodeProgram
 
 
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
@@ -70,6 +76,50 @@ def dump_ir(directory: str) -> Callable[[str, Graph], None]:
     return dump
 
 
+@dataclass(frozen=True)
+class Partitioned:
+    """The pass pipeline's result for one node count, lowered; `prediction` where a profile was given."""
+
+    graph: Graph
+    manager: PassManager
+    programs: list[NodeProgram]
+    messages: list[Message]
+    prediction: Prediction | None
+
+    @property
+    def latency(self) -> float:
+        """The predicted latency (only asked for where a profile was given)."""
+        assert self.prediction is not None, "no profile, no prediction"
+        return self.prediction.latency
+
+
+def for_nodes(cfg: Config, nodes: int) -> Config:
+    """`cfg` for another node count (the first `nodes` speeds; custom per-node sizes dropped), for
+    comparing the plan with plans for fewer nodes."""
+    return replace(cfg, nodes=nodes, speeds=cfg.speeds[:nodes], memory_mb=cfg.memory_mb[:nodes], custom=tuple(c for c in cfg.custom if c.sizes is None))
+
+
+def choose_nodes(latencies: Mapping[int, float]) -> int:
+    """The node count with the lowest predicted latency (the fewer nodes on a tie)."""
+    return min(latencies, key=lambda n: (latencies[n], n))
+
+
+def prediction_record(profile: ClusterProfile, requested: int, chosen: int, plans: Mapping[int, Partitioned]) -> PredictionRecord:
+    """What compile --profile predicted, for the plan's manifest."""
+    pred, one = plans[chosen].prediction, plans[1].prediction
+    assert pred is not None and one is not None
+    return PredictionRecord(
+        profile=profile.source,
+        requested_nodes=requested,
+        nodes=chosen,
+        latency_ms=round(pred.latency * 1e3, 4),
+        ranks=tuple(RankPrediction(round(r.compute * 1e3, 4), round(r.wait * 1e3, 4), round(r.total * 1e3, 4)) for r in pred.ranks),
+        one_node_ms=round(one.latency * 1e3, 4),
+        speedup=one.latency / pred.latency if pred.latency > 0 else 1.0,
+        candidates_ms={n: round(p.prediction.latency * 1e3, 4) for n, p in sorted(plans.items()) if p.prediction},
+    )
+
+
 def compile_model(
     model: str,
     cfg: Config,
@@ -83,9 +133,17 @@ def compile_model(
     log: Callable[[str], None] = lambda s: None,
     recompute: bool = True,
     registry: RuleRegistry | None = None,
+    profile: ClusterProfile | None = None,
+    force_nodes: bool = False,
 ) -> Plan:
     """Compile `model` for `cfg.nodes` nodes into `out_dir` with the rules of `registry`
-    (default: every family shipped); returns the plan as written."""
+    (default: every family shipped); returns the plan as written.
+
+    With a cluster `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
+    node, and the plan's compile record holds the prediction. Where the plan is predicted no
+    faster than one node, the counts in between are simulated too and the plan is compiled for
+    the fastest predicted count (fewer nodes on a tie), unless `force_nodes`: a plan for more
+    nodes than pay off only adds waiting and copies."""
     from bbgrap.backends.emit import emit
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
@@ -98,11 +156,29 @@ def compile_model(
     front = import_model(model, input_shapes, registry=registry)
     step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
+    requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
-    manager = PassManager(pipeline(cfg, optimize, search, progress, recompute, registry), dump_after=dump_after, dump=dump_ir(dump_dir))
-    graph = manager.run(front.graph)
-    step("lower", 0, 1)
-    programs, messages = lower(graph, registry)
+
+    def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
+        manager = PassManager(pipeline(c, optimize, search, progress, recompute, registry), dump_after=dump, dump=dump_ir(dump_dir))
+        graph = manager.run(front.graph)
+        step("lower", 0, 1)
+        programs, messages = lower(graph, registry)
+        step("lower", 1, 1)
+        return Partitioned(graph, manager, programs, messages, predict(graph, programs, profile) if profile else None)
+
+    plans = {cfg.nodes: partitioned(cfg, dump_after)}
+    chosen = cfg.nodes
+    if profile is not None:
+        if 1 not in plans:
+            plans[1] = partitioned(for_nodes(cfg, 1))
+        if not force_nodes and plans[cfg.nodes].latency >= plans[1].latency:
+            for n in range(2, cfg.nodes):
+                plans[n] = partitioned(for_nodes(cfg, n))
+            chosen = choose_nodes({n: p.latency for n, p in plans.items()})
+        if chosen != cfg.nodes:
+            cfg = for_nodes(cfg, chosen)
+    graph, manager, programs, messages = plans[chosen].graph, plans[chosen].manager, plans[chosen].programs, plans[chosen].messages
     compiled = CompileRecord(
         direction=cfg.direction,
         threshold=cfg.threshold,
@@ -113,9 +189,9 @@ def compile_model(
         compile_seconds=round(time.perf_counter() - t0, 3),
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         source=Source(os.path.abspath(model), file_sha256(model)),
+        prediction=prediction_record(profile, requested, chosen, plans) if profile is not None else None,
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
-    step("lower", 1, 1)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"
     step(writing, 0, 1)
     written = write_plan(out_dir, plan, files, front.sample_inputs, front.reference_outputs)

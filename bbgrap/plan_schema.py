@@ -447,6 +447,55 @@ class Source:
 
 
 @dataclass(frozen=True)
+class RankPrediction:
+    """One rank's predicted time per inference, in ms: in its segments, waiting, and its end."""
+
+    compute: float
+    wait: float
+    total: float
+
+    def to_json(self) -> Json:
+        return {"compute": self.compute, "wait": self.wait, "total": self.total}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> RankPrediction:
+        rec = _object(value, where)
+        return cls(_number(rec, where, "compute"), _number(rec, where, "wait"), _number(rec, where, "total"))
+
+
+@dataclass(frozen=True)
+class PredictionRecord:
+    """What `compile --profile` predicted (bbgrap/simulate.py): the profile, the node count asked
+    for and the one compiled, the plan's latency and each rank's time, one node's latency, the
+    speed-up, and the latency of every node count it simulated."""
+
+    profile: str
+    requested_nodes: int
+    nodes: int
+    latency_ms: float
+    ranks: tuple[RankPrediction, ...]
+    one_node_ms: float
+    speedup: float
+    candidates_ms: Mapping[int, float]
+
+    def to_json(self) -> Json:
+        return {"profile": self.profile, "requested_nodes": self.requested_nodes, "nodes": self.nodes,
+                "plan": {"nodes": self.nodes, "latency_ms": self.latency_ms, "ranks": [r.to_json() for r in self.ranks]},
+                "one_node_ms": self.one_node_ms, "speedup": self.speedup,
+                "candidates_ms": {str(n): ms for n, ms in sorted(self.candidates_ms.items())}}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> PredictionRecord:
+        rec = _object(value, where)
+        plan = _object(_take(rec, where, "plan", lambda v: isinstance(v, dict), "an object"), _path(where, "plan"))
+        candidates = _take(rec, where, "candidates_ms", lambda v: isinstance(v, dict) and all(
+            k.isdigit() and _is_number(ms) for k, ms in v.items()), "an object of node counts and latencies")
+        return cls(_str(rec, where, "profile"), _int(rec, where, "requested_nodes", positive=True), _int(rec, where, "nodes", positive=True),
+                   _number(plan, _path(where, "plan"), "latency_ms"), _records(plan, _path(where, "plan"), "ranks", RankPrediction.from_json),
+                   _number(rec, where, "one_node_ms"), _number(rec, where, "speedup"), {int(k): float(ms) for k, ms in candidates.items()})
+
+
+@dataclass(frozen=True)
 class CompileRecord:
     """How the plan was compiled: the cut direction, the search threshold and node speeds, the passes
     run, the search's statistics (None without a search), the layer table, the seconds it took
@@ -460,11 +509,13 @@ class CompileRecord:
     layer_table: tuple[LayerRow, ...]
     compile_seconds: float
     source: Source | None = None
+    prediction: PredictionRecord | None = None  # with a cluster profile (compile --profile)
 
     def to_json(self) -> Json:
         out = {"direction": self.direction.value, "threshold": self.threshold, "speeds": list(self.speeds), "passes": list(self.passes),
                "search": self.search.to_json() if self.search is not None else None,
-               "layer_table": [r.to_json() for r in self.layer_table], "compile_seconds": self.compile_seconds}
+               "layer_table": [r.to_json() for r in self.layer_table], "compile_seconds": self.compile_seconds,
+               "prediction": self.prediction.to_json() if self.prediction is not None else None}
         return out if self.source is None else out | {"source": self.source.to_json()}
 
     @classmethod
@@ -477,9 +528,13 @@ class CompileRecord:
         if _take(rec, where, "search", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
             search = _record(rec, where, "search", search_stats_from_json)
         source = _record(rec, where, "source", Source.from_json) if "source" in rec else None  # absent: a model in memory
+        prediction = None
+        if _take(rec, where, "prediction", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
+            prediction = _record(rec, where, "prediction", PredictionRecord.from_json)
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
-                   search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source)
+                   search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
+                   prediction)
 
 
 @dataclass(frozen=True)

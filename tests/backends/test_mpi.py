@@ -104,3 +104,19 @@ def test_failing_rank_aborts_instead_of_hanging(tmp_path) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("bbgrap-run: error: ") and str(seg) in lines[0], proc.stderr  # once, by rank 0
+
+
+def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> None:
+    assert MPIRUN, "mpirun not found"
+    out = tmp_path / "cluster.toml"
+    proc = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("wrote") == 1  # rank 0 reports, once
+    from bbgrap.cluster import read_profile
+
+    profile = read_profile(str(out))
+    assert len(profile.nodes) == 2 and profile.link.bandwidth_Bps > 0 and profile.link.latency_s > 0
+    bad = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "--threads", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("bbgrap: error:") == 1

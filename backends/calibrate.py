@@ -1,0 +1,243 @@
+"""`bbgrap calibrate`: every node measures itself, rank 0 writes the cluster profile.
+
+Run as `mpirun -n N bbgrap calibrate -o cluster.toml` (one rank per node, as bbgrap-run
+runs a plan), or `bbgrap calibrate -o cluster.toml` for one node. Each rank, with the
+threads and session options bbgrap-run would give it (backends/threads.py, engine.py):
+
+* **a segment's fixed cost** (`segment_s`): one run of a one-element Add;
+* **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
+  (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
+  each, from small feature maps to large; the line through (operations, time)
+  gives 1 / throughput as its slope, and the op's fixed cost is the median of what each
+  model's time leaves beyond a segment's cost and its operations at that throughput (small
+  maps cost more per operation: the fixed cost catches that);
+* **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
+  round trip per size: the smallest message's time is the latency, the slope of time over
+  bytes (least squares) 1 / the bandwidth. With one node nothing is
+  measured and the default link is written.
+
+All ranks measure at once, as they would compute at once. Every time is the fastest of
+REPEAT runs after a warm-up (on a shared host other jobs only ever slow a run down); the
+whole takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import onnx
+from bbgrap.backends.engine import quiet_onnxruntime, session_options
+from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
+from bbgrap.backends.transports import allgather, poll
+from onnx import TensorProto, helper, numpy_helper
+
+from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
+from bbgrap.ir import BBGrapError
+
+REPEAT = 15
+PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]], output: tuple[str, tuple[int, ...]],
+           weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "calibrate",
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, list(output[1]))],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="bbgrap-calibrate")
+    model.ir_version = 7
+    return model
+
+
+def conv_model(channels: int, size: int, depthwise: bool, kernel: int = 3) -> tuple[onnx.ModelProto, float]:
+    """A kernel x kernel convolution (padded, so the output is size x size) and its operations (bbgrap/cost.py's count)."""
+    per_group = 1 if depthwise else channels
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((channels, per_group, kernel, kernel)).astype(np.float32)
+    pad = kernel // 2
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pad] * 4, group=channels if depthwise else 1)
+    shape = (1, channels, size, size)
+    return _model([node], {"x": shape}, ("y", shape), {"w": w}), 2.0 * per_group * kernel * kernel * channels * size * size
+
+
+def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
+    w = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    return _model([node], {"x": (rows, size)}, ("y", (rows, size)), {"w": w}), 2.0 * rows * size * size
+
+
+def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
+    """An Add of a constant to `elements` values."""
+    node = helper.make_node("Add", ["x", "one"], ["y"])
+    return _model([node], {"x": (elements,)}, ("y", (elements,)), {"one": np.ones((1,), dtype=np.float32)}), float(elements)
+
+
+def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
+    """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up): the fastest of
+    `repeat`, since other work on the host only ever slows a run down."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        feeds[i.name] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    for _ in range(3):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of y over x."""
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(intercept), float(slope)
+
+
+def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], threads: int, segment: float) -> tuple[float, float]:
+    """Operations per second and fixed seconds per op of the one-op models `builds` make: 1 / the slope
+    of the line through their (operations, time) (least squares), and the median over the models of
+    what their time leaves beyond a segment's fixed cost `segment` and their operations at that speed
+    (not the line's intercept, which one noisy large model moves by far more than the small models'
+    fixed costs). Where noise makes the slope no larger than 0: the largest model's operations over
+    its time, and no fixed cost."""
+    ops, times = [], []
+    for build in builds:
+        model, n = build()
+        ops.append(n)
+        times.append(time_model(model, threads))
+    _, slope = fit_line(ops, times)
+    if slope <= 0:
+        return ops[-1] / times[-1], 0.0
+    return 1.0 / slope, max(0.0, statistics.median(t - segment - n * slope for n, t in zip(ops, times)))
+
+
+def measure_node(threads: int) -> NodeProfile:
+    """This process's node: throughput and fixed cost per kind of op, fixed cost per segment (module docstring)."""
+    segment = time_model(add_model(1)[0], threads)
+    sizes = (7, 14, 28, 56)
+    builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
+        # (one kernel size: 1x1 convolutions lie on a line of their own, and mixing the two lines makes
+        # the intercept no fixed cost); up to 112 x 112, where a large map's memory traffic shows
+        "conv": [functools.partial(conv_model, 64, s, False) for s in (*sizes, 112)],
+        "depthwise": [functools.partial(conv_model, 128, s, True) for s in sizes],
+        "matmul": [functools.partial(matmul_model, 16, s) for s in (64, 128, 256, 512)],
+        "other": [functools.partial(add_model, s * s * 64) for s in sizes],
+    }
+    speeds = {kind: op_speed(b, threads, segment) for kind, b in builds.items()}
+    fields = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
+    fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
+    return NodeProfile(**fields, segment_s=segment)
+
+
+def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
+    """Half the fastest round trip of `nbytes` between this rank and `peer` (rank 0 starts)."""
+    buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
+    times = []
+    first = comm.Get_rank() < peer
+    for k in range(repeat + 2):
+        t0 = time.perf_counter()
+        if first:
+            comm.Send(buf, dest=peer, tag=9100)
+            comm.Recv(buf, source=peer, tag=9101)
+        else:
+            comm.Recv(buf, source=peer, tag=9100)
+            comm.Send(buf, dest=peer, tag=9101)
+        if k >= 2:
+            times.append((time.perf_counter() - t0) / 2)
+    return min(times)
+
+
+def measure_link(comm: Any) -> LinkProfile | None:
+    """Latency and bandwidth between ranks 0 and 1 (on rank 0; None elsewhere)."""
+    rank = comm.Get_rank()
+    if rank > 1:
+        return None
+    times = [ping_pong(comm, 1 - rank, n) for n in PING_BYTES]
+    if rank != 0:
+        return None
+    _, slope = fit_line(PING_BYTES, times)
+    bandwidth = 1.0 / slope if slope > 0 else PING_BYTES[-1] / times[-1]
+    # the smallest message's time is the latency: the fit's intercept is dominated by the large ones
+    return LinkProfile(latency_s=times[0], bandwidth_Bps=bandwidth)
+
+
+def describe(profile: ClusterProfile) -> str:
+    """A few lines for the terminal: each node's throughputs and fixed costs, the link."""
+    lines = []
+    for n, p in enumerate(profile.nodes):
+        lines.append(f"node {n}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
+                     f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s; "
+                     f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
+                     f"other {p.other_op_s * 1e6:.1f} us; {p.segment_s * 1e6:.1f} us per segment")
+    lines.append(f"link: {profile.link.latency_s * 1e6:.1f} us + {profile.link.bandwidth_Bps / 1e9:.2f} GB/s")
+    return "\n".join(lines)
+
+
+def calibrate_one(threads: int | None, process_pool: bool = False) -> ClusterProfile:
+    """One node in this process, with all its cores (or `threads`); the default link. `process_pool`:
+    on the process's one thread pool, as bbgrap-run runs (only for the command: it is process-wide)."""
+    quiet_onnxruntime()
+    mine = threads or threads_per_rank(1)
+    if process_pool:
+        PROCESS_THREAD_POOL.start(mine)
+    node = measure_node(mine)
+    return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
+
+
+def calibrate_mpi(comm: Any, threads: int | None) -> ClusterProfile | None:
+    """Every rank measures itself; the profile on rank 0 (None elsewhere)."""
+    from mpi4py import MPI
+
+    quiet_onnxruntime()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    affinities = allgather(local, sorted(os.sched_getaffinity(0)))
+    mine = threads or threads_for_rank(affinities, local.Get_rank())
+    PROCESS_THREAD_POOL.start(mine)
+    poll(comm.Ibarrier(), nap=0.001)
+    node = measure_node(mine)
+    poll(comm.Ibarrier(), nap=0.001)
+    link = measure_link(comm)
+    nodes = allgather(comm, node)
+    if comm.Get_rank() != 0:
+        return None
+    assert link is not None
+    return ClusterProfile(tuple(nodes), link, f"bbgrap calibrate ({comm.Get_size()} nodes)")
+
+
+def run(output: str, threads: int | None) -> tuple[int, str]:
+    """Calibrate (under mpirun with more than one rank: one node per rank) and write `output` on
+    rank 0; returns (this rank, what to print: the profile on rank 0, '' elsewhere)."""
+    from bbgrap.backends.runtime import under_mpi
+
+    profile: ClusterProfile | None
+    rank = 0
+    if under_mpi():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+        profile = calibrate_mpi(comm, threads) if comm.Get_size() > 1 else calibrate_one(threads, process_pool=True)
+    else:
+        profile = calibrate_one(threads, process_pool=True)
+    if profile is None:
+        return rank, ""
+    host = os.uname().nodename
+    try:
+        write_profile(output, profile, f"{profile.source} on {host}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    except OSError as exc:
+        raise BBGrapError(f"cannot write {output} ({exc.strerror or type(exc).__name__}); free space or choose another -o") from None
+    return rank, f"wrote {output}: {len(profile.nodes)} node(s)\n{describe(profile)}"

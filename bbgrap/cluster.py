@@ -1,0 +1,154 @@
+"""A cluster profile: how fast each node computes and how fast the links between nodes are.
+
+The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, and
+`bbgrap calibrate` measures one (`backends/calibrate.py`). A profile is a TOML file:
+
+    [link]
+    latency_s = 5e-05          # one message's fixed cost (s)
+    bandwidth_Bps = 1e9        # bytes per second once it flows
+
+    [[node]]                   # one table per node (MPI rank), in rank order
+    conv_ops_per_s = 2.5e10    # operations per second (bbgrap/cost.py's count) of a dense convolution
+    depthwise_ops_per_s = 5e9  # ... of a depthwise (one channel per group) convolution
+    matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
+    other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
+    conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
+    depthwise_op_s = 1e-05
+    matmul_op_s = 1e-05
+    other_op_s = 5e-06
+    segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run (s)
+
+A plan for more nodes than the profile lists uses the profile's last node for the rest
+(a profile calibrated on one node describes a cluster of nodes like it).
+
+Standard library only (the CLI reads a profile before importing anything heavy). Python
+3.10 has no tomllib: tomli, as bbgrap/config.py uses. The writer is this module's own:
+the format above is all it writes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, fields
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from bbgrap.ir import BBGrapError
+from bbgrap.paths import written_whole
+
+OP_KINDS = ("conv", "depthwise", "matmul", "other")
+FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "latency_s")  # may be 0; every throughput must be positive
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """One node's speed: operations per second and fixed cost per op for each kind of op, fixed cost per segment."""
+
+    conv_ops_per_s: float = 2.5e10
+    depthwise_ops_per_s: float = 5e9
+    matmul_ops_per_s: float = 2.5e10
+    other_ops_per_s: float = 2.5e9
+    conv_op_s: float = 1e-5
+    depthwise_op_s: float = 1e-5
+    matmul_op_s: float = 1e-5
+    other_op_s: float = 5e-6
+    segment_s: float = 5e-5
+
+    def ops_per_s(self, kind: str) -> float:
+        """Throughput for one of OP_KINDS."""
+        return float(getattr(self, f"{kind}_ops_per_s"))
+
+    def op_s(self, kind: str) -> float:
+        """Fixed cost of one op of one of OP_KINDS."""
+        return float(getattr(self, f"{kind}_op_s"))
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """Every link between two nodes: a message of b bytes takes latency_s + b / bandwidth_Bps."""
+
+    latency_s: float = 5e-5
+    bandwidth_Bps: float = 1e9
+
+    def message_s(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    nodes: tuple[NodeProfile, ...] = (NodeProfile(),)
+    link: LinkProfile = LinkProfile()
+    source: str = "<default>"
+
+    def node(self, n: int) -> NodeProfile:
+        """Node n's profile (the last one listed where the profile lists fewer)."""
+        return self.nodes[min(n, len(self.nodes) - 1)]
+
+
+# Roughly the hand weights elsewhere: recompute-halos' 1e5 operations per microsecond and
+# 50 us per receive point, the search's data_w = 100 (a ~1 GB/s link beside ~25 GFLOP/s nodes).
+DEFAULT_PROFILE = ClusterProfile()
+
+
+def _number(source: str, where: str, key: str, value: Any, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "a positive number" if positive else "a number >= 0"
+        raise BBGrapError(f"{source}: '{where}.{key}' must be {kind}, got {value!r}")
+    return float(value)
+
+
+def _table(source: str, where: str, table: Any, cls: type) -> dict[str, float]:
+    """The fields of `cls` from one TOML table (missing ones keep their defaults); unknown keys refused."""
+    if not isinstance(table, dict):
+        raise BBGrapError(f"{source}: '{where}' must be a table")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise BBGrapError(f"{source}: unknown key '{where}.{unknown[0]}' (known: {', '.join(sorted(names))})")
+    return {k: _number(source, where, k, v, positive=k not in FIXED_COSTS) for k, v in table.items()}
+
+
+def profile_from_dict(data: dict[str, Any], source: str) -> ClusterProfile:
+    unknown = sorted(set(data) - {"node", "link"})
+    if unknown:
+        raise BBGrapError(f"{source}: unknown table '{unknown[0]}' (known: link, node)")
+    nodes = data.get("node")
+    if not isinstance(nodes, list) or not nodes:
+        raise BBGrapError(f"{source}: no [[node]] table; a profile lists at least one node")
+    return ClusterProfile(
+        tuple(NodeProfile(**_table(source, f"node[{k}]", t, NodeProfile)) for k, t in enumerate(nodes)),
+        LinkProfile(**_table(source, "link", data.get("link", {}), LinkProfile)),
+        source,
+    )
+
+
+def read_profile(path: str) -> ClusterProfile:
+    """The profile in TOML file `path`; every problem is one BBGrapError line naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise BBGrapError(f"--profile {path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BBGrapError(f"--profile {path}: not valid TOML ({exc})") from None
+    return profile_from_dict(data, path)
+
+
+def profile_toml(profile: ClusterProfile, comment: str = "") -> str:
+    """The profile as TOML text (the format in the module docstring)."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    lines += ["[link]", *(f"{f.name} = {getattr(profile.link, f.name)!r}" for f in fields(LinkProfile))]
+    for node in profile.nodes:
+        lines += ["", "[[node]]", *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile))]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(path: str, profile: ClusterProfile, comment: str = "") -> None:
+    """Write the profile to `path` whole or not at all."""
+    with written_whole(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(profile_toml(profile, comment))

@@ -1,0 +1,206 @@
+"""Predicted time of a plan: each rank's program played against a cluster profile.
+
+A rank walks its program (backends/lower.py: run a segment, send a message, wait for one)
+on its own clock:
+
+* **run**: the segment's operations per kind of op divided by the node's throughput for
+  that kind, plus a fixed cost per ONNX op of that kind and `segment_s` for the segment (an onnxruntime run,
+  handing the live values to the next session);
+* **send**: costs the sender nothing (bbgrap-run posts sends without blocking); the message
+  arrives `latency_s + bytes / bandwidth_Bps` after the link from sender to receiver is free
+  (messages on one link go one after another);
+* **wait**: the rank's clock jumps to the message's arrival where it is later.
+
+The operations of a layer's op are bbgrap/cost.py's for the region the node computes (a
+recomputed halo included); a crop, a concat or another op lowering added costs one "other"
+operation per element it writes; an op onnxruntime fuses into the convolution before it
+costs nothing; every value a segment takes or gives costs one "other" operation per element
+(handed from one onnxruntime session to the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest rank's end.
+Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bbgrap.cluster import OP_KINDS, ClusterProfile
+from bbgrap.cost import layer_ops
+from bbgrap.ir import BBGrapError, Graph, Layer
+
+if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
+    from bbgrap.backends.lower import NodeProgram, Segment
+
+
+@dataclass(frozen=True)
+class SegmentWork:
+    """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind."""
+
+    ops: dict[str, float] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One rank's predicted time per inference (s): in its segments, waiting for messages, and its end."""
+
+    compute: float
+    wait: float
+    total: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    nodes: int
+    ranks: tuple[RankTime, ...]
+
+    @property
+    def latency(self) -> float:
+        """The plan's predicted latency: the last rank's end."""
+        return max(r.total for r in self.ranks)
+
+    def as_ms(self) -> dict[str, object]:
+        """JSON-ready: the latency and every rank's compute / wait / total, in ms."""
+        return {"nodes": self.nodes, "latency_ms": round(self.latency * 1e3, 4),
+                "ranks": [{k: round(getattr(r, k) * 1e3, 4) for k in ("compute", "wait", "total")} for r in self.ranks]}
+
+
+def op_kind(layer: Layer, graph: Graph) -> str:
+    """Which of OP_KINDS the layer's op is, for its throughput."""
+    if layer.op_type in ("Conv", "ConvTranspose") and layer.domain in ("", "ai.onnx"):
+        group = int(layer.attrs.get("group", 1))
+        weight = graph.tensors[layer.inputs[1]].shape
+        per_group = weight[1] if layer.op_type == "Conv" else weight[0] // max(group, 1)
+        return "depthwise" if group > 1 and per_group == 1 else "conv"
+    if layer.op_type in ("Gemm", "MatMul") and layer.domain in ("", "ai.onnx"):
+        return "matmul"
+    return "other"
+
+
+def value_elements(graph: Graph, value: str) -> int:
+    """Elements of a local value named `tensor@region` (lower.value_name), or of a whole tensor
+    bound under its own name; 0 for a name that is neither."""
+    tensor, _, key = value.rpartition("@")
+    if not tensor:
+        t = graph.tensors.get(value)
+        return math.prod(t.shape) if t is not None else 0
+    if key == "empty":
+        return 0
+    try:
+        return math.prod(sum(int(b) - int(a) for a, b in (i.split(":") for i in axis.split("+"))) for axis in key.split(","))
+    except ValueError:
+        return 0
+
+
+# ops onnxruntime fuses into the convolution that produces their input (Conv+BatchNormalization
+# folded into the weights, Conv+activation, and in the blocked layout Conv+Add(+Relu)): no time of their own
+FUSED_INTO_CONV = {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Add", "Sum"}
+
+
+def segment_work(graph: Graph, node: int, seg: Segment) -> SegmentWork:
+    """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
+    one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
+    into the convolution before it, and one per element of every value the segment takes or gives (each
+    crosses from one onnxruntime session to another: copied, and in the blocked layout reordered)."""
+    layers = {layer.name: layer for layer in graph.layers}
+    ops = dict.fromkeys(OP_KINDS, 0.0)
+    count = dict.fromkeys(OP_KINDS, 0)
+    convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
+    for onnx_node in seg.nodes:
+        outputs = [o for o in onnx_node.output if o]
+        if onnx_node.op_type in FUSED_INTO_CONV and any(i in convolved for i in onnx_node.input):
+            convolved.update(outputs)
+            continue
+        layer = layers.get(onnx_node.name)
+        if layer is not None and layer.op_type == onnx_node.op_type:
+            kind = op_kind(layer, graph)
+            ops[kind] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node])
+            if kind in ("conv", "depthwise"):
+                convolved.update(outputs)
+        else:  # a crop, concat, select convolution or binding lowering added: it writes its output
+            kind = "other"
+            ops[kind] += float(sum(value_elements(graph, o) for o in outputs))
+        count[kind] += 1
+    ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
+    return SegmentWork(ops, count)
+
+
+@dataclass(frozen=True)
+class SimStep:
+    """One step of a rank's program for the simulator: run (with its work), send or wait (a message)."""
+
+    op: str
+    work: SegmentWork | None = None
+    message: int = -1
+    src: int = -1
+    dst: int = -1
+    nbytes: int = 0
+
+
+def program_steps(graph: Graph, programs: Sequence[NodeProgram]) -> list[list[SimStep]]:
+    """Lowered programs as the simulator's steps."""
+    out: list[list[SimStep]] = []
+    for program in programs:
+        steps: list[SimStep] = []
+        for step in program.steps:
+            if step.op == "run":
+                steps.append(SimStep("run", work=segment_work(graph, program.node, step.seg)))
+            else:
+                m = step.msg
+                steps.append(SimStep(step.op, message=m.id, src=m.src, dst=m.dst, nbytes=m.nbytes))
+        out.append(steps)
+    return out
+
+
+def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
+    p = profile.node(node)
+    return p.segment_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
+                                    *(n * p.op_s(kind) for kind, n in work.count.items())])
+
+
+def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
+             seconds: Callable[[SegmentWork, int, ClusterProfile], float] = segment_seconds) -> Prediction:
+    """Every rank's program played on its own clock (module docstring); raises BBGrapError where
+    ranks wait for messages nobody sends."""
+    n = len(steps)
+    clock = [0.0] * n
+    compute = [0.0] * n
+    wait = [0.0] * n
+    at = [0] * n
+    arrival: dict[int, float] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    while True:
+        moved = False
+        for r in range(n):
+            while at[r] < len(steps[r]):
+                step = steps[r][at[r]]
+                if step.op == "run":
+                    assert step.work is not None
+                    dt = seconds(step.work, r, profile)
+                    clock[r] += dt
+                    compute[r] += dt
+                elif step.op == "send":
+                    start = max(clock[r], link_free.get((step.src, step.dst), 0.0))
+                    arrival[step.message] = link_free[(step.src, step.dst)] = start + profile.link.message_s(step.nbytes)
+                elif step.message in arrival:
+                    ready = arrival[step.message]
+                    if ready > clock[r]:
+                        wait[r] += ready - clock[r]
+                        clock[r] = ready
+                else:
+                    break  # blocked on a message not sent yet
+                at[r] += 1
+                moved = True
+        if all(at[r] == len(steps[r]) for r in range(n)):
+            break
+        if not moved:
+            stuck = [r for r in range(n) if at[r] < len(steps[r])]
+            raise BBGrapError(f"simulated plan deadlocked: ranks {stuck} wait for messages nobody sends")
+    return Prediction(n, tuple(RankTime(compute[r], wait[r], clock[r]) for r in range(n)))
+
+
+def predict(graph: Graph, programs: Sequence[NodeProgram], profile: ClusterProfile) -> Prediction:
+    """The lowered plan of `graph` (lower(graph)'s programs) played against `profile`."""
+    return simulate(program_steps(graph, programs), profile)

@@ -1,0 +1,126 @@
+"""Prediction: the simulator's latency (bbgrap/simulate.py, a calibrated profile) against the real one.
+
+For every node count N the cluster is calibrated once (`mpirun -n N bbgrap calibrate`, one
+rank per node, as the plans then run); then for every zoo model x N x direction x with and
+without recompute-halos the plan is compiled, its latency predicted from the profile, and
+measured with `mpirun -n N bbgrap-run --json` (as benchmarks/latency.py does: warmed up,
+the result checked against the plan's reference in the same run) in --rounds runs. Measured
+latency is the fastest inference of all runs (calibrate, too, keeps the fastest run of its
+models: on a shared machine others' jobs only slow a run down) and, beside it, the lowest of
+the runs' medians. Prints one row per plan,
+Pearson's R between predicted and measured latency and the largest relative error, over all
+plans and over the plans for more than one node.
+
+  python benchmarks/prediction.py                              # 5 models x (N = 1, and N = 2 x h, w, c x recompute on/off)
+  python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+import onnx
+
+from bbgrap import zoo
+from bbgrap.cluster import ClusterProfile, read_profile
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config, Direction
+
+BIN = os.path.dirname(sys.executable)
+from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
+from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
+
+
+def calibrate(nodes: int, path: str) -> ClusterProfile:
+    """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun)."""
+    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap"), "calibrate", "-o", path]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    return read_profile(path)
+
+
+def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
+               repeat: int, rounds: int, workdir: str) -> dict[str, Any]:
+    plan = os.path.join(workdir, f"plan-{name}-{nodes}-{direction}-{int(recompute)}")
+    compiled = compile_model(model_path, Config(nodes=nodes, direction=Direction(direction)), plan, recompute=recompute,
+                             profile=profile, force_nodes=True)
+    pred = compiled.compiled.prediction
+    assert pred is not None
+    # on a shared machine others' jobs only ever slow a run down: the fastest inference (as calibrate
+    # takes the fastest run of its models) and the lowest median of `rounds` runs
+    runs = [run_bbgrap(plan, nodes, repeat, None) for _ in range(rounds)]
+    real = min(runs, key=lambda r: r["latency_ms"])
+    # one rank runs in process and reports no per-rank profile: all of its time is its own
+    ranks = real.get("profile_ms") or [{"compute": real["latency_ms"], "wait": 0.0, "send": 0.0}]
+    slowest = max(range(nodes), key=lambda r: ranks[r]["compute"] + ranks[r]["wait"])
+    return {
+        "model": name, "nodes": nodes, "direction": direction, "recompute": recompute,
+        "real_ms": min(r["latency_min_ms"] for r in runs), "real_median_ms": real["latency_ms"], "predicted_ms": pred.latency_ms,
+        "real_compute_ms": ranks[slowest]["compute"], "real_wait_ms": ranks[slowest]["wait"],
+        "predicted_compute_ms": pred.ranks[slowest].compute, "predicted_wait_ms": pred.ranks[slowest].wait,
+        "segments": compiled.stats.segments, "messages": compiled.stats.messages,
+        "max_rel_error": max(r["max_rel_error"] for r in runs), "exact": max(r["max_rel_error"] for r in runs) <= 1e-4,
+    }
+
+
+def agreement(rows: list[dict[str, Any]], real_key: str) -> dict[str, float]:
+    """Pearson's R of predicted against real latency (`real_key`), and the relative errors |predicted - real| / real."""
+    real = np.array([r[real_key] for r in rows])
+    pred = np.array([r["predicted_ms"] for r in rows])
+    r = float(np.corrcoef(real, pred)[0, 1]) if len(rows) > 1 else float("nan")
+    return {"plans": len(rows), "pearson_r": r, "max_rel_error": float(np.max(np.abs(pred - real) / real)),
+            "median_rel_error": float(np.median(np.abs(pred - real) / real))}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"])
+    p.add_argument("--resolution", type=int, default=96)
+    p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
+    p.add_argument("--nodes", type=int, nargs="+", default=[1, 2],
+                   help="node counts (default 1 2; more ranks than cores time-slice ranks that spin on waits)")
+    p.add_argument("--directions", nargs="+", default=["h", "w", "c"])
+    p.add_argument("--repeat", type=int, default=20, help="timed inferences per run (default 20, after as many warm-ups)")
+    p.add_argument("--rounds", type=int, default=3, help="runs per plan; the fastest counts (default 3)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = []
+    table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
+                   ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
+    with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
+        profiles = {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
+        for name in args.models:
+            path = os.path.join(work, f"{name}.onnx")
+            onnx.save(zoo.build(name, resolution=args.resolution, width=args.width), path)
+            for n in args.nodes:
+                variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
+                for direction, recompute in variants:
+                    row = bench_plan(path, name, n, direction, recompute, profiles[n], args.repeat, args.rounds, work)
+                    rows.append(row)
+                    if not args.json:
+                        table.row(name, n, direction, "yes" if recompute else "no", row["real_ms"], row["real_median_ms"], row["predicted_ms"],
+                                  100 * (row["predicted_ms"] - row["real_ms"]) / row["real_ms"],
+                                  f"{row['real_compute_ms']:.2f}/{row['real_wait_ms']:.2f}",
+                                  f"{row['predicted_compute_ms']:.2f}/{row['predicted_wait_ms']:.2f}",
+                                  row["segments"], row["max_rel_error"])
+    stats = {f"{label}, against the {key.split('_')[1] if key != 'real_ms' else 'fastest'}": agreement(subset, key)
+             for label, subset in (("all plans", rows), ("plans on >1 node", [r for r in rows if r["nodes"] > 1]))
+             for key in ("real_ms", "real_median_ms")}
+    if args.json:
+        print(json.dumps({"rows": rows, "agreement": stats, "cores": len(os.sched_getaffinity(0))}, indent=1))
+    else:
+        for label, a in stats.items():
+            print(f"{label}: {a['plans']} plans, Pearson R {a['pearson_r']:.3f}, relative error median "
+                  f"{100 * a['median_rel_error']:.1f} %, max {100 * a['max_rel_error']:.1f} %")
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The simulator on hand-made programs, the cluster profile's TOML, and compile --profile's choice of node count."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import save
+
+from bbgrap import zoo
+from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, profile_toml, read_profile, write_profile
+from bbgrap.compiler import choose_nodes, compile_model
+from bbgrap.config import Config
+from bbgrap.ir import BBGrapError, Graph
+from bbgrap.plan import read_manifest
+from bbgrap.simulate import SegmentWork, SimStep, program_steps, simulate, value_elements
+
+# round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op;
+# 2 ms + 1 us per byte per message
+NODE = NodeProfile(conv_ops_per_s=1e9, depthwise_ops_per_s=1e9, matmul_ops_per_s=1e9, other_ops_per_s=1e8,
+                   conv_op_s=1e-4, depthwise_op_s=1e-4, matmul_op_s=1e-4, other_op_s=1e-5, segment_s=1e-3)
+PROFILE = ClusterProfile((NODE,), LinkProfile(latency_s=2e-3, bandwidth_Bps=1e6))
+
+
+def run(conv: float = 0.0, other: float = 0.0, convs: int = 0, others: int = 0) -> SimStep:
+    return SimStep("run", work=SegmentWork({"conv": conv, "other": other}, {"conv": convs, "other": others}))
+
+
+def send(m: int, src: int, dst: int, nbytes: int) -> SimStep:
+    return SimStep("send", message=m, src=src, dst=dst, nbytes=nbytes)
+
+
+def wait(m: int, src: int, dst: int, nbytes: int) -> SimStep:
+    return SimStep("wait", message=m, src=src, dst=dst, nbytes=nbytes)
+
+
+def test_one_segment_costs_its_operations_per_kind_plus_fixed_costs() -> None:
+    pred = simulate([[run(conv=1e7, other=1e5, convs=3, others=2)]], PROFILE)
+    expected = 1e-3 + 3 * 1e-4 + 2 * 1e-5 + 1e7 / 1e9 + 1e5 / 1e8
+    assert math.isclose(pred.latency, expected)
+    assert math.isclose(pred.ranks[0].compute, expected) and pred.ranks[0].wait == 0.0
+
+
+def test_a_rank_waits_until_the_message_arrives() -> None:
+    # rank 0: 11 ms segment, sends 1000 bytes (2 ms + 1 ms on the link); rank 1 waits, then runs one 1 ms segment
+    steps = [[run(conv=1e7), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run()]]
+    pred = simulate(steps, PROFILE)
+    assert math.isclose(pred.ranks[0].total, 0.011)
+    assert math.isclose(pred.ranks[1].wait, 0.014)
+    assert math.isclose(pred.ranks[1].compute, 0.001)
+    assert math.isclose(pred.latency, 0.015)
+
+
+def test_a_message_that_is_already_there_costs_no_wait() -> None:
+    steps = [[send(0, 0, 1, 0)], [run(conv=1e8), wait(0, 0, 1, 0)]]
+    pred = simulate(steps, PROFILE)
+    assert pred.ranks[1].wait == 0.0 and math.isclose(pred.latency, 0.101)
+
+
+def test_messages_on_one_link_go_one_after_another() -> None:
+    steps = [[send(0, 0, 1, 1000), send(1, 0, 1, 1000)], [wait(0, 0, 1, 1000), wait(1, 0, 1, 1000)]]
+    assert math.isclose(simulate(steps, PROFILE).latency, 2 * (2e-3 + 1e-3))
+
+
+def test_exchanges_in_both_directions_do_not_deadlock_and_a_missing_send_does() -> None:
+    both = [[send(0, 0, 1, 0), wait(1, 1, 0, 0)], [send(1, 1, 0, 0), wait(0, 0, 1, 0)]]
+    assert math.isclose(simulate(both, PROFILE).latency, 2e-3)
+    with pytest.raises(BBGrapError, match="deadlocked"):
+        simulate([[wait(0, 1, 0, 0)], [wait(1, 0, 1, 0)]], PROFILE)
+
+
+def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
+    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10)), LinkProfile(1e-5, 2.5e9))
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile, "a comment\non two lines")
+    back = read_profile(path)
+    assert back.nodes == profile.nodes and back.link == profile.link
+    assert back.node(7) == back.nodes[-1]
+    assert profile_toml(back) == profile_toml(profile)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[link]\nlatency_s = 1e-5\n", "no \\[\\[node\\]\\]"),
+    ("[[node]]\nconv_ops_per_s = 0\n", "'node\\[0\\].conv_ops_per_s' must be a positive number"),
+    ("[[node]]\nsegment_s = -1.0\n", "'node\\[0\\].segment_s' must be a number >= 0"),
+    ("[[node]]\nconv_flops = 1\n", "unknown key 'node\\[0\\].conv_flops'"),
+    ("[[node]]\n[links]\n", "unknown table 'links'"),
+    ("[[node]\n", "not valid TOML"),
+])
+def test_bad_profiles_are_one_line_naming_the_key(tmp_path, text: str, problem: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(BBGrapError, match=problem) as err:
+        read_profile(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_value_elements_reads_the_region_in_a_local_value_name() -> None:
+    graph = Graph(name="g", layers=(), tensors={}, constants={}, inputs=(), outputs=(), opsets={})
+    assert value_elements(graph, "conv1@0:1,0:8,2:5+7:9,0:4") == 1 * 8 * 5 * 4
+    assert value_elements(graph, "x@empty") == 0
+    assert value_elements(graph, "unknown") == 0
+
+
+def test_choose_nodes_takes_the_fastest_and_the_fewer_on_a_tie() -> None:
+    assert choose_nodes({1: 3.0, 2: 2.0, 4: 2.5}) == 2
+    assert choose_nodes({1: 2.0, 2: 2.0}) == 1
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> str:
+    return save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path_factory.mktemp("model")))
+
+
+def test_compile_with_a_profile_predicts_every_rank_and_the_one_node_plan(small_model: str, tmp_path) -> None:
+    plan = compile_model(small_model, Config(nodes=2), str(tmp_path / "plan"), profile=DEFAULT_PROFILE, force_nodes=True)
+    pred = plan.compiled.prediction
+    assert pred is not None and plan.nodes == 2 and pred.nodes == 2 and len(pred.ranks) == 2
+    assert set(pred.candidates_ms) == {1, 2}
+    assert math.isclose(pred.speedup, pred.one_node_ms / pred.latency_ms, rel_tol=1e-3)
+    for r in pred.ranks:
+        assert r.compute > 0 and r.total >= r.compute + r.wait - 1e-9
+    assert read_manifest(str(tmp_path / "plan")).compiled.prediction == pred  # kept in plan.json
+
+
+def test_compile_falls_back_to_fewer_nodes_where_more_are_predicted_slower(small_model: str, tmp_path) -> None:
+    slow_link = ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1.0, bandwidth_Bps=1e9))
+    plan = compile_model(small_model, Config(nodes=3), str(tmp_path / "plan"), profile=slow_link)
+    assert plan.nodes == 1 and plan.compiled.prediction is not None
+    assert plan.compiled.prediction.requested_nodes == 3 and set(plan.compiled.prediction.candidates_ms) == {1, 2, 3}
+    forced = compile_model(small_model, Config(nodes=3), str(tmp_path / "plan"), profile=slow_link, force_nodes=True)
+    assert forced.nodes == 3 and forced.compiled.prediction is not None and forced.compiled.prediction.speedup < 1
+    plain = compile_model(small_model, Config(nodes=3), str(tmp_path / "plain"))
+    assert plain.compiled.prediction is None
+
+
+def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str) -> None:
+    from bbgrap.backends.lower import lower
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+
+    graph = PassManager(pipeline(Config(nodes=2))).run(import_model(small_model).graph)
+    programs, messages = lower(graph)
+    steps = program_steps(graph, programs)
+    assert [[s.op for s in rank] for rank in steps] == [[s.op for s in p.steps] for p in programs]
+    sent = {s.message for rank in steps for s in rank if s.op == "send"}
+    assert sent == {m.id for m in messages}
+    # every convolution's operations are in some segment: at least what bbgrap/cost.py counts for the owned outputs
+    from bbgrap.cost import layer_ops
+
+    convs = sum(layer_ops(layer, graph, graph.partitions[layer.name].out[n]) for layer in graph.layers if layer.op_type == "Conv"
+                for n in range(graph.nodes))
+    total = sum(s.work.ops["conv"] + s.work.ops["depthwise"] for rank in steps for s in rank if s.work)
+    assert total >= convs * 0.999
+
+
+def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
+    from bbgrap.backends.lower import lower
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import segment_work
+
+    graph = PassManager(pipeline(Config(nodes=1))).run(import_model(small_model).graph)
+    (program,), _ = lower(graph)
+    (segment,) = [s.seg for s in program.steps if s.op == "run"]
+    work = segment_work(graph, 0, segment)
+    fused = [n for n in segment.nodes if n.op_type in ("BatchNormalization", "Relu")]
+    assert fused and sum(work.count.values()) == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
+
+
+@pytest.mark.parametrize(("flags", "problem"), [
+    (["--profile", "{tmp}/missing.toml"], "--profile {tmp}/missing.toml: cannot read it"),
+    (["--force-nodes"], "--force-nodes only matters with --profile FILE"),
+])
+def test_compile_profile_flags_are_checked_first(small_model: str, tmp_path, capsys, flags: list[str], problem: str) -> None:
+    from bbgrap.cli import main
+
+    argv = ["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "plan"), *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert problem.format(tmp=tmp_path) in err and err.count("\n") == 1
+    assert not (tmp_path / "plan").exists()
+
+
+def test_compile_prints_each_rank_and_the_fallback(small_model: str, tmp_path, capsys) -> None:
+    from bbgrap.cli import main
+
+    profile = tmp_path / "slow-link.toml"
+    write_profile(str(profile), ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1.0, bandwidth_Bps=1e9)))
+    assert main(["compile", small_model, "--nodes", "2", "-o", str(tmp_path / "plan"), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0: compute" in out
+    assert "predicted: 2 nodes are not faster than 1" in out and "compiled for 1 node(s) instead" in out
+    assert "mpirun -n 1 bbgrap-run" in out
