@@ -273,7 +273,7 @@ def read_manifest(directory: str) -> Plan:
 def verify_files(directory: str, plan: Plan, nodes: Iterable[int]) -> None:
     """Check the segment files of `nodes` against the manifest's checksums: a damaged file,
     or one copied from another compile, is named in one line."""
-    for rel in plan.node_files(nodes):
+    for rel in plan.files_read_by(nodes):
         _verify(directory, plan, rel)
 
 

@@ -562,9 +562,12 @@ class Plan:
     weights: str | None = None
 
     def node_files(self, nodes: Iterable[int]) -> list[str]:
-        """The files these nodes read: the shared weights, then their segments in program order."""
-        shared = [self.weights] if self.weights is not None else []
-        return shared + [seg.file for n in nodes for seg in self.programs[n].segments]
+        """The segment files of these nodes, in program order."""
+        return [seg.file for n in nodes for seg in self.programs[n].segments]
+
+    def files_read_by(self, nodes: Iterable[int]) -> list[str]:
+        """Every file these nodes read: the shared weights, then their segments in program order."""
+        return ([self.weights] if self.weights is not None else []) + self.node_files(nodes)
 
     def to_json(self) -> Json:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "plan_id": self.plan_id, "files": dict(self.files),
