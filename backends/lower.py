@@ -242,9 +242,14 @@ class _Builder:
                     self.gather(graph.gathers[(t, n)])
             inputs: list[str] = []
             n_explicit = len(layer.explicit_inputs)
+            replaced = part.local_inputs(n)
             for k, (t, need) in enumerate(zip(layer.inputs, part.needs[n])):
                 if k >= n_explicit:
                     self.bind_captured(t, need)
+                elif k in replaced:  # a constant input with the node's own value (Slice's starts)
+                    name = self._fresh(f"{layer.name}/input{k}")
+                    self.current.initializers[name] = np.asarray(replaced[k])
+                    inputs.append(name)
                 elif not t:
                     inputs.append("")
                 elif need is None:

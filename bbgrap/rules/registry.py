@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 
 
@@ -22,12 +24,16 @@ class Local:
     from the local op, as Concat drops inputs outside the region); `computes` is
     what the local op produces (a superset of the requested region when the op
     cannot produce exactly that, e.g. LRN's channel halo); `attrs` overrides the
-    layer's attributes for the local op.
+    layer's attributes for the local op; `inputs[i]` replaces the value of constant
+    input i in the local op (for what newer opsets pass as inputs rather than
+    attributes: Slice's starts and ends, Pad's pads, Gather's indices shifted to the
+    local input's origin). Where `inputs` gives input i, `needs[i]` is None.
     """
 
     needs: tuple[ShapeMap | None, ...]
     computes: ShapeMap
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[int, np.ndarray] = field(default_factory=dict)
 
 
 class RegionRule(ABC):
@@ -42,6 +48,10 @@ class RegionRule(ABC):
     @abstractmethod
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         """Input regions and local attributes to compute the box `out`."""
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """Operations per output element of the layer (the cost model's unit: one)."""
+        return 1.0
 
 
 class RuleRegistry:
@@ -71,10 +81,10 @@ class RuleRegistry:
 @functools.cache
 def default_registry() -> RuleRegistry:
     """The registry of every rule family shipped with BBGraP (built once, never mutated after)."""
-    from bbgrap.rules import conv, elementwise, pool, reduce, structural
+    from bbgrap.rules import conv, elementwise, indexing, pool, reduce, structural
 
     registry = RuleRegistry()
-    for family in (conv, pool, elementwise, structural, reduce):
+    for family in (conv, pool, elementwise, structural, reduce, indexing):
         family.register(registry)
     return registry
 

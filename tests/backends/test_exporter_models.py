@@ -118,3 +118,34 @@ def decomposed_layer_norm(tokens: int = 12, dim: int = 8) -> onnx.ModelProto:
 def test_decomposed_layer_norm_and_gelu_are_cut_by_tokens(tmp_path, nodes: int) -> None:
     cuts = exact_cuts(tmp_path, decomposed_layer_norm(), nodes=nodes, direction="c", search=True)
     assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def split_pad_gather(channels: int = 8, opset: int = 13) -> onnx.ModelProto:
+    """ShuffleNetV2's unit without its shuffle: Split the channels in two halves (sizes a constant
+    input, as torch.chunk exports), a branch on the second (explicit Pad, then an unpadded conv),
+    Concat; then a crop (Slice of rows 1 to -1 with a step-2 column subsample) and a Gather of one
+    row (torch's `x[:, :, 0]`) and of a few columns."""
+    half = channels // 2
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Split", ["c", "sizes"], ["left", "right"], name="chunk", axis=1),
+             helper.make_node("Pad", ["right", "pads"], ["padded"], name="pad", mode="constant"),
+             helper.make_node("Conv", ["padded", "bw"], ["branch"], name="branch_conv"),
+             helper.make_node("Concat", ["left", "branch"], ["cat"], name="cat", axis=1),
+             helper.make_node("Slice", ["cat", "starts", "ends", "axes", "steps"], ["crop"], name="crop"),
+             helper.make_node("Gather", ["crop", "row"], ["first_row"], name="first_row", axis=2),
+             helper.make_node("Gather", ["crop", "cols"], ["cols_out"], name="some_cols", axis=3),
+             helper.make_node("Relu", ["first_row"], ["y0"], name="relu0"),
+             helper.make_node("Relu", ["cols_out"], ["y1"], name="relu1")]
+    weights = {"cw": weight([channels, 3, 3, 3], 30), "bw": weight([half, half, 3, 3], 31),
+               "sizes": np.array([half, half], np.int64), "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+               "starts": np.array([1, 0], np.int64), "ends": np.array([-1, 2**30], np.int64),
+               "axes": np.array([2, 3], np.int64), "steps": np.array([1, 2], np.int64),
+               "row": np.array(0, np.int64), "cols": np.array([3, 0, -1], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 16, 16]}, weights, ["y0", "y1"], opset)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (4, "c"), (2, "w")])
+def test_split_pad_slice_gather_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, split_pad_gather(), nodes=nodes, direction=direction, search=search)
+    assert all(cuts[name] != "whole" for name in ("chunk/0", "chunk/1", "pad", "crop", "first_row", "some_cols")), cuts
