@@ -193,7 +193,7 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
 def direction_axis(direction: str, rank: int) -> int | None:
     """Output axis a direction names for a tensor of this rank (None: it has no such axis)."""
     if direction == "n":
-        return 0
+        return 0 if rank >= 1 else None  # a scalar (a rank-0 Gather index) has no batch axis
     if direction == "c":
         return 1 if rank >= 2 else None
     if rank < 3:

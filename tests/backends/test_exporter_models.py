@@ -149,3 +149,74 @@ def split_pad_gather(channels: int = 8, opset: int = 13) -> onnx.ModelProto:
 def test_split_pad_slice_gather_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
     cuts = exact_cuts(tmp_path, split_pad_gather(), nodes=nodes, direction=direction, search=search)
     assert all(cuts[name] != "whole" for name in ("chunk/0", "chunk/1", "pad", "crop", "first_row", "some_cols")), cuts
+
+
+def vit_block(dim: int = 8, heads: int = 2) -> onnx.ModelProto:
+    """A ViT block as torch exports it: patch embedding (a stride-4 conv, flatten(2).transpose(1, 2)
+    as Reshape and Transpose), a class token Concat, position embedding, LayerNorm, attention with
+    qkv split by Reshape, Transpose and rank-0 Gathers (`qkv[0]`), heads merged back by Transpose
+    and Reshape, a residual, and the head reading the class token (`x[:, 0]`, a rank-0 Gather)."""
+    tokens, hd = 17, dim // heads
+    nodes = [helper.make_node("Conv", ["x", "pw"], ["patches"], name="patch_embed", kernel_shape=[4, 4], strides=[4, 4]),
+             helper.make_node("Reshape", ["patches", "flat_shape"], ["flat"], name="flatten"),
+             helper.make_node("Transpose", ["flat"], ["seq"], name="to_tokens", perm=[0, 2, 1]),
+             helper.make_node("Concat", ["cls", "seq"], ["with_cls"], name="cat_cls", axis=1),
+             helper.make_node("Add", ["with_cls", "pos"], ["x0"], name="pos_embed"),
+             helper.make_node("LayerNormalization", ["x0", "ln_scale", "ln_bias"], ["xn"], name="norm1", axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["xn", "Wqkv"], ["qkv0"], name="qkv"),
+             helper.make_node("Reshape", ["qkv0", "qkv_shape"], ["qkv1"], name="qkv_heads"),
+             helper.make_node("Transpose", ["qkv1"], ["qkv2"], name="qkv_perm", perm=[2, 0, 3, 1, 4])]
+    nodes += [helper.make_node("Gather", ["qkv2", f"i{k}"], [p], name=f"take_{p}", axis=0) for k, p in enumerate("qkv")]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], name="k_t", perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s0"], name="q_kt"),
+              helper.make_node("Mul", ["s0", "scale"], ["s"], name="scale"),
+              helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o0"], name="p_v"),
+              helper.make_node("Transpose", ["o0"], ["o1"], name="merge_perm", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "merged_shape"], ["o2"], name="merge_heads"),
+              helper.make_node("MatMul", ["o2", "Wproj"], ["o3"], name="proj"),
+              helper.make_node("Add", ["x0", "o3"], ["x1"], name="residual"),
+              helper.make_node("Gather", ["x1", "i0"], ["cls_out"], name="take_cls", axis=1),
+              helper.make_node("Gemm", ["cls_out", "Whead"], ["y"], name="head")]
+    weights = {"pw": weight([dim, 3, 4, 4], 40), "cls": weight([1, 1, dim], 41), "pos": weight([1, tokens, dim], 42),
+               "ln_scale": weight([dim], 43), "ln_bias": weight([dim], 44), "Wqkv": weight([dim, 3 * dim], 45),
+               "Wproj": weight([dim, dim], 46), "Whead": weight([dim, 5], 47), "scale": np.array(hd ** -0.5, np.float32),
+               "flat_shape": np.array([1, dim, -1], np.int64), "qkv_shape": np.array([1, tokens, 3, heads, hd], np.int64),
+               "merged_shape": np.array([1, tokens, dim], np.int64)}
+    weights |= {f"i{k}": np.array(k, np.int64) for k in range(3)}
+    return build_model(nodes, {"x": [1, 3, 16, 16]}, weights, ["y"], 17)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "c"), (3, "c"), (2, "h"), (3, "n")])
+def test_vit_block_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    # "c" names the tokens on [1, T, D] tensors, "h" the embedding; qkv_perm's axis 1 is the batch of 1
+    # (naive partitioning cuts a layer only along the direction or channels: qkv_perm's are of size 1 under "c")
+    cuts = exact_cuts(tmp_path, vit_block(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole" and not (name == "qkv_perm" and direction == "c")] == [], cuts
+    if direction == "h" and search:  # the H-cut patches, flattened (H·W cut) and transposed, stay cut as tokens
+        assert (cuts["patch_embed"], cuts["flatten"], cuts["to_tokens"]) == ("h", "axis 2", "axis 1"), cuts
+
+
+def channel_shuffle(channels: int = 8, groups: int = 2) -> onnx.ModelProto:
+    """ShuffleNetV2's channel shuffle between two units: Reshape (N, g, C/g, H, W), Transpose the
+    two channel axes, Reshape back, then Split in halves (torch.chunk) and a branch conv."""
+    half = channels // 2
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "grouped_shape"], ["g0"], name="shuffle_split"),
+             helper.make_node("Transpose", ["g0"], ["g1"], name="shuffle_swap", perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["g1", "merged_shape"], ["shuffled"], name="shuffle_merge"),
+             helper.make_node("Split", ["shuffled", "sizes"], ["left", "right"], name="chunk", axis=1),
+             helper.make_node("Conv", ["right", "bw"], ["branch"], name="branch_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["left", "branch"], ["y"], name="cat", axis=1)]
+    weights = {"cw": weight([channels, 3, 3, 3], 50), "bw": weight([half, half, 3, 3], 51),
+               "grouped_shape": np.array([1, groups, channels // groups, 12, 12], np.int64),
+               "merged_shape": np.array([1, channels, 12, 12], np.int64), "sizes": np.array([half, half], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 12, 12]}, weights, ["y"], 13)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (2, "c"), (4, "c")])
+def test_channel_shuffle_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, channel_shuffle(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
