@@ -1,5 +1,5 @@
 """Indexing ops: Slice (and Split, imported as one Slice per output), Gather with constant
-indices, and constant-mode Pad.
+indices, constant-mode Pad, and nearest Resize by integer factors.
 
 Each output element is one input element (or a pad value) at a position known at compile
 time, so every output axis can be cut: an output interval maps to the hull of the input
@@ -10,7 +10,7 @@ of that hull (`Local.inputs`: from opset 10 on they are inputs, not attributes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -219,8 +219,76 @@ class PadRule(RegionRule):
         return Local(tuple(needs), out, inputs={1: np.array(local_pads, dtype=pads_value.dtype)})
 
 
+NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+class NearestResizeRule(RegionRule):
+    """Resize in nearest mode by an integer factor s per axis (upsampling, as FPN and U-Net heads
+    export `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
+    Y[x] = X[x // s] (half_pixel, pytorch_half_pixel and asymmetric with the default rounding):
+    output interval [o0, o1) reads X[o0 // s, ⌈o1 / s⌉) and computes whole blocks of s, which the
+    local op (same scales; sizes, where given, those of its block) reproduces. Other Resizes are
+    computed whole."""
+
+    def _factors(self, layer: Layer, graph: Graph) -> tuple[int, ...] | None:
+        """The integer factor of every axis, None where the rule does not apply."""
+        attrs = layer.attrs
+        if attrs.get("mode", "nearest") != "nearest" or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return None
+        in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
+        if any(o % i for i, o in zip(in_dims, out_dims)):
+            return None
+        factors = tuple(o // i for i, o in zip(in_dims, out_dims))
+        scales = _constant(graph, layer, 2 if graph.opsets.get("", 13) >= 11 else 1)
+        if scales is not None and scales.size:
+            axes = [_normalised(int(a), len(in_dims)) for a in attrs.get("axes", range(len(in_dims)))]
+            if any(float(scales.reshape(-1)[j]) != factors[a] for j, a in enumerate(axes)):
+                return None  # e.g. a scale of 1.999 whose output size rounds to an integer factor
+        elif _constant(graph, layer, 3) is None:
+            return None  # scales or sizes computed from the data
+        modern = graph.opsets.get("", 13) >= 11  # Resize-10 maps x to x / scale and floors it when upsampling
+        transform = attrs.get("coordinate_transformation_mode", "half_pixel" if modern else "asymmetric")
+        rounding = NEAREST_MODES.get(attrs.get("nearest_mode", "round_prefer_floor" if modern else "floor"))
+        if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric") or rounding is None:
+            return None
+        for s, o in zip(factors, out_dims):
+            x = np.arange(o, dtype=np.float64)
+            origin = x / s if transform == "asymmetric" else (x + 0.5) / s - 0.5
+            if transform == "pytorch_half_pixel" and o == 1:
+                origin = np.zeros_like(x)
+            if not np.array_equal(np.clip(rounding(origin), 0, o // s - 1), x // s):
+                return None
+        return factors
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph) if self._factors(layer, graph) is not None else frozenset()
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        factors = self._factors(layer, graph)
+        assert factors is not None, f"Resize '{layer.name}' cut without integer nearest factors"
+        need, computes = full(graph, layer.inputs[0]), out
+        for a, s in enumerate(factors):
+            iv = out.interval(a)
+            block = Interval(iv.start // s, -(-iv.stop // s))
+            need = need.with_axis(a, block)
+            computes = computes.with_axis(a, Interval(block.start * s, block.stop * s))
+        needs: list[ShapeMap | None] = [need, *(full(graph, t) if t else None for t in layer.inputs[1:])]
+        sizes = _constant(graph, layer, 3)
+        if sizes is None or graph.opsets.get("", 13) < 11:
+            return Local(tuple(needs), computes)
+        axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+        needs[3] = None
+        return Local(tuple(needs), computes, inputs={3: np.array([computes.shape[a] for a in axes], sizes.dtype)})
+
+
 def register(registry: RuleRegistry) -> None:
     registry.register(["Slice"], SliceRule())
     registry.register(["Gather"], GatherRule())
     registry.register(["Pad"], PadRule())
+    registry.register(["Resize"], NearestResizeRule())
 

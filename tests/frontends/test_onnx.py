@@ -48,7 +48,7 @@ def test_constant_subgraphs_are_folded() -> None:
 def test_unknown_ops_become_opaque() -> None:
     graph = import_proto(models.unknown_ops()).graph
     opaque = {layer.op_type for layer in graph.layers if layer.group == "opaque"}
-    assert {"Resize", "DepthToSpace", "InstanceNormalization"} <= opaque
+    assert {"DepthToSpace", "InstanceNormalization"} <= opaque
 
 
 def test_split_becomes_one_slice_per_output() -> None:

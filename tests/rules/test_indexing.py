@@ -145,3 +145,41 @@ def test_pad_reflect_is_whole() -> None:
     model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 5]}, {"pads": np.array([0, 0, 1, 0, 0, 1], np.int64)}, 13, mode="reflect")
     graph = import_proto(model).graph
     assert default_registry().get(graph.layers[0]).axes(graph.layers[0], graph) == frozenset()  # type: ignore[union-attr]
+
+
+@rules_settings(80)
+@given(st.data(), st.sampled_from([10, 13, 18]), st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
+       st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]), st.booleans())
+def test_nearest_resize(data: st.DataObject, opset: int, transform: str, rounding: str, by_sizes: bool) -> None:
+    """Nearest Resize by integer factors (scales or, from opset 11, sizes): cut along every axis
+    where the transform and rounding make Y[x] = X[x // s] (pieces off the factor's blocks compute
+    whole blocks); any other combination, or a non-integer factor, is whole."""
+    dims = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))]
+    factors = [1, 1, data.draw(st.integers(1, 3), label="fh"), data.draw(st.integers(1, 3), label="fw")]
+    odd = data.draw(st.integers(0, 5), label="odd") == 0  # a factor of 1.5: never cut
+    scales = np.array([float(f) for f in factors[:3]] + [1.5 if odd else float(factors[3])], np.float32)
+    attrs: dict[str, object] = {"mode": "nearest"}
+    if opset >= 11:
+        attrs |= {"coordinate_transformation_mode": transform, "nearest_mode": rounding}
+    if opset < 11:
+        model = single_op("Resize", ["x", "scales"], {"x": dims}, {"scales": scales}, opset, **attrs)
+    elif by_sizes:
+        sizes = np.array([int(d * s) for d, s in zip(dims, scales)], np.int64)
+        model = single_op("Resize", ["x", "", "", "sizes"], {"x": dims}, {"sizes": sizes}, opset, **attrs)
+    else:
+        model = single_op("Resize", ["x", "", "scales"], {"x": dims}, {"scales": scales}, opset, **attrs)
+    from bbgrap.frontends.onnx import import_proto
+
+    from bbgrap.rules.registry import default_registry
+
+    graph = import_proto(model).graph
+    layer = graph.layers[0]
+    cut = bool(default_registry().get(layer).axes(layer, graph))  # type: ignore[union-attr]
+    simple = opset < 11 or (transform in ("half_pixel", "pytorch_half_pixel") and rounding.startswith("round")) \
+        or (transform == "asymmetric" and rounding == "floor")  # Y[x] = X[x // s] for any integer s
+    if not odd and simple:
+        assert cut
+    if odd:
+        assert not cut
+    if cut:
+        check_partition(data, model, expect_axes={0, 1, 2, 3}, max_cut_axes=3)
