@@ -419,8 +419,8 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
         if not all(c.op_type in NCHWC_CONSUMERS for c in consumers.get(out, [])):
             continue
         starts, ends, axes = (seg.initializers.get(i) for i in node.input[1:4])
-        if starts is None or ends is None or axes is None or not set(axes.tolist()) <= {2, 3}:
-            continue
+        if starts is None or ends is None or axes is None or not set(axes.tolist()) <= {2, 3} or (starts < 0).any():
+            continue  # (a model's own Slice, computed whole, may count its starts from the end)
         kernel, tap = [1, 1], [0, 0]
         for a, lo in zip(axes.tolist(), starts.tolist()):
             kernel[a - 2] = shape[a] - meta[out][1][a] + 1

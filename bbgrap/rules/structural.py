@@ -1,5 +1,5 @@
 """Ops that move elements around: Concat, Transpose, Reshape (with Flatten, Squeeze and
-Unsqueeze), Gemm, MatMul, Softmax."""
+Unsqueeze), Gemm, MatMul, Einsum, Softmax."""
 
 from __future__ import annotations
 
@@ -165,6 +165,55 @@ class MatMulRule(RegionRule):
         return Local(tuple(needs), out)
 
 
+class EinsumRule(RegionRule):
+    """Einsum (a MatMul, attention's 'bhqd,bhkd->bhqk', a batched Linear): every output element
+    sums products over the letters missing from the output, so an output interval along a letter
+    reads the same interval of every input axis with that letter (all of it where the axis
+    broadcasts, of size 1) and the summed letters whole: every output axis can be cut.
+    An ellipsis stands for the same unnamed axes in every operand, aligned right."""
+
+    def _letters(self, layer: Layer, graph: Graph) -> tuple[list[str], str]:
+        """Each input's axes and the output's axes as letters (an ellipsis' axes as digits)."""
+        equation = str(layer.attrs["equation"]).replace(" ", "")
+        lhs, arrow, rhs = equation.partition("->")
+        terms = lhs.split(",")
+        ranks = [len(shape(graph, t)) for t in layer.inputs]
+        spans = [rank - len(term.replace("...", "")) for term, rank in zip(terms, ranks)]
+        width = max(spans, default=0)
+        dots = "".join(str(k) for k in range(width))  # the ellipsis' axes, aligned right
+        inputs = [term.replace("...", dots[width - n:]) for term, n in zip(terms, spans)]
+        if not arrow:  # implicit output: the ellipsis, then the letters used once, sorted
+            counts = "".join(terms).replace("...", "")
+            rhs = "..." + "".join(sorted(c for c in set(counts) if counts.count(c) == 1))
+        return inputs, rhs.replace("...", dots)
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        inputs, output = self._letters(layer, graph)
+        wanted = {letter: out.interval(k) for k, letter in enumerate(output)}
+        needs: list[ShapeMap | None] = []
+        for t, letters in zip(layer.inputs, inputs):
+            need = full(graph, t)
+            for a, letter in enumerate(letters):
+                if letter in wanted and need.shape[a] != 1:  # an axis of size 1 broadcasts: read whole
+                    need = need.with_axis(a, wanted[letter])
+            needs.append(need)
+        return Local(tuple(needs), out)
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """Multiply-adds (two operations) per product over the summed letters; one per summed
+        element for a one-operand Einsum (a sum or a trace)."""
+        inputs, output = self._letters(layer, graph)
+        sizes: dict[str, int] = {}
+        for t, letters in zip(layer.inputs, inputs):
+            for letter, d in zip(letters, shape(graph, t)):
+                sizes[letter] = max(d, sizes.get(letter, 1))
+        summed = math.prod(d for letter, d in sizes.items() if letter not in output)
+        return float(summed * (2 if len(inputs) > 1 else 1))
+
+
 class SoftmaxRule(RegionRule):
     """Softmax normalises over its axis (from opset 13) or over all axes from `axis`
     on (before 13): those axes are read whole, the others pass through."""
@@ -200,5 +249,6 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["Transpose"], TransposeRule())
     registry.register(["Gemm"], GemmRule())
     registry.register(["MatMul"], MatMulRule())
+    registry.register(["Einsum"], EinsumRule())
     registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
     registry.register(["Reshape", "Flatten", "Squeeze", "Unsqueeze"], ReshapeRule())

@@ -1,4 +1,4 @@
-"""Exporter-shaped models split across nodes (issue 14): a Linear on an NHWC tensor as
+"""Exporter-shaped models split across nodes (issue 14; more at the end: Split, Pad, Slice, Gather, a ViT block, a channel shuffle, nearest upsampling, Einsum attention): a Linear on an NHWC tensor as
 ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a small attention
 block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, and a
 squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool)."""
@@ -219,4 +219,28 @@ def channel_shuffle(channels: int = 8, groups: int = 2) -> onnx.ModelProto:
 @pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (2, "c"), (4, "c")])
 def test_channel_shuffle_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
     cuts = exact_cuts(tmp_path, channel_shuffle(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def upsample_einsum_attention(dim: int = 8) -> onnx.ModelProto:
+    """An FPN-style nearest ×2 upsample (`interpolate(scale_factor=2)`) between convolutions, then
+    the feature map as tokens (Reshape, Transpose) into attention written with Einsum."""
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "scales"], ["up"], name="upsample", mode="nearest"),
+             helper.make_node("Conv", ["up", "cw2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c2", "flat_shape"], ["flat"], name="flatten"),
+             helper.make_node("Transpose", ["flat"], ["t"], name="to_tokens", perm=[0, 2, 1]),
+             helper.make_node("Einsum", ["t", "Wq"], ["q"], name="proj_q", equation="bnd,de->bne"),
+             helper.make_node("Einsum", ["q", "t"], ["s"], name="q_kt", equation="bqd,bkd->bqk"),
+             helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+             helper.make_node("Einsum", ["p", "t"], ["y"], name="p_v", equation="bqk,bkd->bqd")]
+    weights = {"cw": weight([dim, 3, 3, 3], 60), "cw2": weight([dim, dim, 3, 3], 61), "Wq": weight([dim, dim], 62),
+               "scales": np.array([1, 1, 2, 2], np.float32), "flat_shape": np.array([1, dim, -1], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 6, 6]}, weights, ["y"], 13)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (2, "c")])
+def test_upsample_and_einsum_attention_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, upsample_einsum_attention(), nodes=nodes, direction=direction, search=search)
     assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts

@@ -264,3 +264,32 @@ def test_reshape_exporter_shapes(data: st.DataObject, case: str) -> None:
         else:
             assert local.computes == box
             assert need.interval(1) == Interval(box.interval(1).start * (c // 2), box.interval(1).stop * (c // 2))
+
+
+@rules_settings(80)
+@given(st.data(), st.sampled_from(["bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...ij,jk->...ik", "ij,jk", "bij,bjk->bik",
+                                   "...d,hd->...h", "ii->i", "bij->bj", "nchw,oc->nohw", "i,i->"]))
+def test_einsum(data: st.DataObject, equation: str) -> None:
+    """Einsum as a MatMul (attention's products, a Linear, a 1x1 conv), a sum, a diagonal: every
+    output axis is cut, the summed letters read whole; operands of size 1 along an ellipsis axis
+    broadcast; the rule's operations per element are the multiply-adds over the summed letters."""
+    rng = rng_of(data)
+    lhs = equation.split("->")[0]
+    sizes = {c: data.draw(st.integers(1, 5), label=c) for c in sorted(set(lhs.replace(",", "").replace(".", "")))}
+    batch = [data.draw(st.integers(1, 3), label="ellipsis")] * data.draw(st.integers(0, 2), label="ellipsis rank")
+    shapes = []
+    for k, term in enumerate(lhs.split(",")):
+        dims = [sizes[c] for c in term.replace("...", "")]
+        if "..." in term:
+            broadcast = [d if data.draw(st.booleans(), label=f"full {k}") else 1 for d in batch]
+            dims = broadcast + dims
+        shapes.append(dims)
+    activations = {"a": shapes[0]}
+    consts = {f"w{k}": const(rng, s) for k, s in enumerate(shapes[1:], start=1)}
+    model = single_op("Einsum", ["a", *consts], activations, consts, 12, equation=equation)
+    checked = check_partition(data, model, max_cut_axes=3)
+    assert checked.axes == set(range(len(checked.front.graph.tensors["y"].shape)))
+    summed = {"ij,jk": "j", "bhqd,bhkd->bhqk": "d", "i,i->": "i", "bij->bj": "i"}.get(equation)
+    if summed is not None:
+        multiply_adds = 2 if "," in equation else 1
+        assert checked.rule.ops_per_element(checked.layer, checked.front.graph) == multiply_adds * sizes[summed]
