@@ -1,7 +1,9 @@
-"""Exporter-shaped models split across nodes (issue 14; more at the end: Split, Pad, Slice, Gather, a ViT block, a channel shuffle, nearest upsampling, Einsum attention): a Linear on an NHWC tensor as
+"""Exporter-shaped models split across nodes (issue 14): a Linear on an NHWC tensor as
 ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a small attention
-block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, and a
-squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool)."""
+block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, a
+squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool), and
+the indexing and reshaping ops around them: Split, Pad, Slice and Gather, a ViT block, a
+ShuffleNet channel shuffle, nearest upsampling and attention written with Einsum."""
 
 from __future__ import annotations
 
