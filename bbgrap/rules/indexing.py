@@ -143,31 +143,31 @@ def split_as_slices(layer: Layer, tensors: Mapping[str, Tensor], opset: int) -> 
 
 
 class GatherRule(RegionRule):
-    """Gather with constant indices I along `axis`: Y[p, j, q] = X[p, I[j], q] (p the axes before
-    `axis`, j the indices' axes, q the rest). Every output axis can be cut: p and q pass through,
-    a cut of j keeps those indices; the data's `axis` is read over the hull [min I[j], max I[j]]
-    and the local indices are shifted to it (a rank-0 index, ViT's `x[:, 0]`, reads one row)."""
-
-    def _indices(self, layer: Layer, graph: Graph) -> np.ndarray | None:
-        return _constant(graph, layer, 1)
+    """Gather along `axis`: Y[p, j, q] = X[p, I[j], q] (p the axes before `axis`, j the indices'
+    axes, q the rest). Every output axis can be cut: p and q pass through to X, a cut of j keeps
+    those indices. With constant indices the data's `axis` is read over the hull
+    [min I[j], max I[j]] and the local indices are shifted to it (a rank-0 index, ViT's `x[:, 0]`
+    or `qkv[0]`, reads one row); indices computed from the data (an embedding lookup) are read
+    over the cut, and the data's `axis` whole."""
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return all_axes(layer, graph) if self._indices(layer, graph) is not None else frozenset()
+        return all_axes(layer, graph)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        indices = self._indices(layer, graph)
-        assert indices is not None, f"Gather '{layer.name}' cut without constant indices"
         dims = shape(graph, layer.inputs[0])
         axis = _normalised(int(layer.attrs.get("axis", 0)), len(dims))
-        q = indices.ndim
-        mine = indices[out.slices()[axis:axis + q]] if q else indices
-        mine = np.where(mine < 0, mine + dims[axis], mine)
-        lo, hi = int(mine.min()), int(mine.max()) + 1
-        need = full(graph, layer.inputs[0]).with_axis(axis, Interval(lo, hi))
+        q = len(shape(graph, layer.inputs[1]))
+        need = full(graph, layer.inputs[0])
         for a in range(len(dims)):
             if a != axis:
                 need = need.with_axis(a, out.interval(a if a < axis else a + q - 1))
-        return Local((need, None), out, inputs={1: np.asarray(mine - lo, dtype=indices.dtype)})
+        indices = _constant(graph, layer, 1)
+        if indices is None:
+            return Local((need, ShapeMap(out.axes[axis:axis + q])), out)
+        mine = indices[out.slices()[axis:axis + q]] if q else indices
+        mine = np.where(mine < 0, mine + dims[axis], mine)
+        lo, hi = int(mine.min()), int(mine.max()) + 1
+        return Local((need.with_axis(axis, Interval(lo, hi)), None), out, inputs={1: np.asarray(mine - lo, dtype=indices.dtype)})
 
 
 class PadRule(RegionRule):

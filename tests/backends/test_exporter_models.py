@@ -3,7 +3,8 @@ ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a sm
 block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, a
 squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool), and
 the indexing and reshaping ops around them: Split, Pad, Slice and Gather, a ViT block, a
-ShuffleNet channel shuffle, nearest upsampling and attention written with Einsum."""
+ShuffleNet channel shuffle, a Swin stage's shift, windows and patch merging, nearest upsampling
+and attention written with Einsum."""
 
 from __future__ import annotations
 
@@ -245,4 +246,54 @@ def upsample_einsum_attention(dim: int = 8) -> onnx.ModelProto:
 @pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (2, "c")])
 def test_upsample_and_einsum_attention_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
     cuts = exact_cuts(tmp_path, upsample_einsum_attention(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def swin_stage(size: int = 8, dim: int = 4, window: int = 4) -> onnx.ModelProto:
+    """A Swin stage's data movement as torch exports it, on NHWC tokens: the cyclic shift
+    (torch.roll: Slice and Concat per axis), window partition (Reshape splitting H and W into
+    windows, Transpose, Reshape merging the windows into the batch), a per-window Linear and
+    attention scores, window reverse, and patch merging (`x[:, 0::2, 0::2]` and its three
+    siblings: Slices with step 2, Concat, LayerNorm, Linear)."""
+    shift, n = window // 2, size // window
+    nodes = []
+    for axis, src in ((1, "x"), (2, "rolled_h")):
+        out = "rolled_h" if axis == 1 else "rolled"
+        nodes += [helper.make_node("Slice", [src, "shift_start", "end", f"ax{axis}"], [f"{out}_tail"], name=f"roll{axis}_tail"),
+                  helper.make_node("Slice", [src, "zero", "shift_start", f"ax{axis}"], [f"{out}_head"], name=f"roll{axis}_head"),
+                  helper.make_node("Concat", [f"{out}_tail", f"{out}_head"], [out], name=f"roll{axis}", axis=axis)]
+    nodes += [helper.make_node("Reshape", ["rolled", "split_shape"], ["w0"], name="window_split"),
+              helper.make_node("Transpose", ["w0"], ["w1"], name="window_perm", perm=[0, 1, 3, 2, 4, 5]),
+              helper.make_node("Reshape", ["w1", "windows_shape"], ["windows"], name="window_merge"),
+              helper.make_node("MatMul", ["windows", "Wq"], ["q"], name="proj_q"),
+              helper.make_node("Transpose", ["windows"], ["kt"], name="k_t", perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["q", "kt"], ["scores"], name="q_kt"),
+              helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "windows"], ["attn"], name="p_v"),
+              helper.make_node("Reshape", ["attn", "grid_shape"], ["r0"], name="reverse_split"),
+              helper.make_node("Transpose", ["r0"], ["r1"], name="reverse_perm", perm=[0, 1, 3, 2, 4, 5]),
+              helper.make_node("Reshape", ["r1", "image_shape"], ["image"], name="reverse_merge")]
+    quarters = []
+    for k, (dh, dw) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        nodes.append(helper.make_node("Slice", ["image", f"s{k}", "ends", "hw", "twos"], [f"x{k}"], name=f"merge_take{k}"))
+        quarters.append(f"x{k}")
+    nodes += [helper.make_node("Concat", quarters, ["merged"], name="merge_cat", axis=-1),
+              helper.make_node("LayerNormalization", ["merged", "ln_scale", "ln_bias"], ["mn"], name="merge_norm", axis=-1),
+              helper.make_node("MatMul", ["mn", "Wr"], ["y"], name="reduction")]
+    ints = {"shift_start": [shift], "end": [2**30], "zero": [0], "ax1": [1], "ax2": [2],
+            "split_shape": [1, n, window, n, window, dim], "windows_shape": [n * n, window * window, dim],
+            "grid_shape": [1, n, n, window, window, dim], "image_shape": [1, size, size, dim],
+            "ends": [2**30, 2**30], "hw": [1, 2], "twos": [2, 2]}
+    weights = {k: np.array(v, np.int64) for k, v in ints.items()}
+    weights |= {f"s{k}": np.array(v, np.int64) for k, v in enumerate(((0, 0), (1, 0), (0, 1), (1, 1)))}
+    weights |= {"Wq": weight([dim, dim], 70), "ln_scale": weight([4 * dim], 71), "ln_bias": weight([4 * dim], 72),
+                "Wr": weight([4 * dim, 2 * dim], 73)}
+    return build_model(nodes, {"x": [1, size, size, dim]}, weights, ["y"], 17)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "c"), (2, "h"), (4, "c")])
+def test_swin_stage_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    # on NHWC tokens "c" names H (axis 1), "h" W (axis 2); every reshape, roll and strided take is cut
+    cuts = exact_cuts(tmp_path, swin_stage(), nodes=nodes, direction=direction, search=search)
     assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts

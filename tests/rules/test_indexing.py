@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper
 
+from bbgrap.ir import Interval
 from bbgrap.rules.registry import default_registry
 from tests.rules.helpers import build_model, check_partition, rng_of, rules_settings, single_op
 
@@ -111,6 +112,26 @@ def test_gather(data: st.DataObject, rank: int, index_rank: int) -> None:
         a = axis % rank
         for local in checked.locals:
             assert local.needs[0] is not None and len(local.needs[0].interval(a)) == 1  # one row read
+
+
+@rules_settings(40)
+@given(st.data(), st.integers(0, 2), st.booleans())
+def test_gather_computed_indices(data: st.DataObject, index_rank: int, activation: bool) -> None:
+    """Indices computed from the data (an embedding lookup: a table, constant or not, read by
+    token ids): every output axis is cut, the indices over the cut, the table's axis whole."""
+    rng = rng_of(data)
+    vocab, dim = data.draw(st.integers(2, 6), label="vocab"), data.draw(st.integers(1, 5), label="dim")
+    ids = [data.draw(st.integers(1, 4), label=f"id dim {j}") for j in range(index_rank)]
+    nodes = [helper.make_node("Sigmoid", ["f"], ["s"], name="sigmoid"),
+             helper.make_node("Mul", ["s", "top"], ["scaled"], name="scale"),
+             helper.make_node("Cast", ["scaled"], ["ids"], name="ids", to=7),  # int64 in [0, vocab - 1)
+             helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup", axis=0)]
+    inputs = {"f": ids} | ({"table": [vocab, dim]} if activation else {})
+    consts = {"top": np.array(vocab - 1, np.float32)} | ({} if activation else {"table": rng.standard_normal((vocab, dim)).astype(np.float32)})
+    model = build_model(nodes, inputs, consts, ["y"], 13)
+    checked = check_partition(data, model, layer="lookup", expect_axes=set(range(index_rank + 1)), max_cut_axes=2)
+    for local in checked.locals:
+        assert local.needs[0] is not None and local.needs[0].interval(0) == Interval(0, vocab)
 
 
 @rules_settings(80)
