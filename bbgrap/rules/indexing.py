@@ -1,10 +1,11 @@
-"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather with constant
-indices, constant-mode Pad, and nearest Resize by integer factors.
+"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather, constant-mode
+Pad, and nearest Resize by integer factors.
 
 Each output element is one input element (or a pad value) at a position known at compile
-time, so every output axis can be cut: an output interval maps to the hull of the input
-positions it reads, and the local op gets its starts, indices or pads shifted to the origin
-of that hull (`Local.inputs`: from opset 10 on they are inputs, not attributes).
+time (for Gather: along its other axes), so every output axis can be cut: an output interval
+maps to the hull of the input positions it reads, and the local op gets its starts, indices,
+pads or sizes shifted to the origin of that hull (`Local.inputs`: from opset 10 on they are
+inputs, not attributes).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class Local:
     layer's attributes for the local op; `inputs[i]` replaces the value of constant
     input i in the local op (for what newer opsets pass as inputs rather than
     attributes: Slice's starts and ends, Pad's pads, Gather's indices shifted to the
-    local input's origin). Where `inputs` gives input i, `needs[i]` is None.
+    local input's origin, Reshape's shape). Where `inputs` gives input i, `needs[i]` is None.
     """
 
     needs: tuple[ShapeMap | None, ...]

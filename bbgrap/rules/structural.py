@@ -81,8 +81,8 @@ def _groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[_Grou
 
 
 class ReshapeRule(RegionRule):
-    """Reshape, Flatten, Squeeze and Unsqueeze keep the row-major order of the elements. Their axes fall
-    into groups of input and output axes holding the same elements in the same order (NCHW →
+    """Reshape, Flatten, Squeeze and Unsqueeze keep the row-major order of the elements. Their
+    axes fall into groups of input and output axes holding the same elements in order (NCHW →
     N, C, H·W: the group (H, W) ↔ (H·W); channel shuffle's C → (g, C/g): (C) ↔ (g, C/g)). The
     outermost output axis of a group can be cut: with S the product of the group's output axes
     inside it and T that of its input axes inside the outermost, an output interval [o0, o1)
@@ -94,7 +94,7 @@ class ReshapeRule(RegionRule):
     that names no axes is not cut: it would squeeze a piece one element thick."""
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        if layer.op_type == "Squeeze" and "axes" not in layer.attrs and len(layer.inputs) < 2:
+        if layer.op_type == "Squeeze" and "axes" not in layer.attrs and not (len(layer.inputs) > 1 and layer.inputs[1]):
             return frozenset()
         groups = _groups(shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0]))
         return frozenset(g.outs[0] for g in groups)
@@ -173,14 +173,15 @@ class EinsumRule(RegionRule):
     An ellipsis stands for the same unnamed axes in every operand, aligned right."""
 
     def _letters(self, layer: Layer, graph: Graph) -> tuple[list[str], str]:
-        """Each input's axes and the output's axes as letters (an ellipsis' axes as digits)."""
+        """Each input's axes and the output's axes as letters (an ellipsis' axes as letters no
+        equation uses: ONNX's are ASCII)."""
         equation = str(layer.attrs["equation"]).replace(" ", "")
         lhs, arrow, rhs = equation.partition("->")
         terms = lhs.split(",")
         ranks = [len(shape(graph, t)) for t in layer.inputs]
         spans = [rank - len(term.replace("...", "")) for term, rank in zip(terms, ranks)]
         width = max(spans, default=0)
-        dots = "".join(str(k) for k in range(width))  # the ellipsis' axes, aligned right
+        dots = "".join(chr(0x100 + k) for k in range(width))  # the ellipsis' axes, aligned right
         inputs = [term.replace("...", dots[width - n:]) for term, n in zip(terms, spans)]
         if not arrow:  # implicit output: the ellipsis, then the letters used once, sorted
             counts = "".join(terms).replace("...", "")
