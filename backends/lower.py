@@ -245,9 +245,14 @@ class _Builder:
             n_explicit = len(layer.explicit_inputs)
             rule = self.registry.get(layer)
             windowed = rule is not None and rule.windowed
+            replaced = part.local_inputs(n)
             for k, (t, need) in enumerate(zip(layer.inputs, part.needs[n])):
                 if k >= n_explicit:
                     self.bind_captured(t, need)
+                elif k in replaced:  # a constant input with the node's own value (Slice's starts)
+                    name = self._fresh(f"{layer.name}/input{k}")
+                    self.current.initializers[name] = np.asarray(replaced[k])
+                    inputs.append(name)
                 elif not t:
                     inputs.append("")
                 elif need is None:
@@ -414,8 +419,8 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
         if not all(registry.traits(c.op_type, c.domain).layout.reads_blocked for c in consumers.get(out, [])):
             continue
         starts, ends, axes = (seg.initializers.get(i) for i in node.input[1:4])
-        if starts is None or ends is None or axes is None or not set(axes.tolist()) <= {2, 3}:
-            continue
+        if starts is None or ends is None or axes is None or not set(axes.tolist()) <= {2, 3} or (starts < 0).any():
+            continue  # (a model's own Slice, computed whole, may count its starts from the end)
         kernel, tap = [1, 1], [0, 0]
         for a, lo in zip(axes.tolist(), starts.tolist()):
             kernel[a - 2] = shape[a] - meta[out][1][a] + 1

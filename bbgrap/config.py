@@ -31,7 +31,7 @@ class Direction(enum.Enum):
     def axis(self, rank: int) -> int | None:
         """The output axis this direction names in a tensor of `rank` (None: it has no such axis)."""
         if self is Direction.N:
-            return 0
+            return 0 if rank >= 1 else None  # a scalar (a rank-0 Gather index) has no batch axis
         if self is Direction.C:
             return 1 if rank >= 2 else None
         if rank < 3:

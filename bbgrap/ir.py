@@ -348,7 +348,9 @@ class LayerPartition:
     local op produces (a superset of `out[n]`, e.g. whole groups of a group conv, or a
     neighbour's halo rows recomputed rather than received), which the node holds; the
     owned regions `out` tile the output and are what other nodes receive from; and
-    `attrs[n]` the attribute overrides of its local op (pads, ceil_mode, group).
+    `attrs[n]` the attribute overrides of its local op (pads, ceil_mode, group);
+    `inputs[n]` the constant inputs its local op takes instead of the layer's, by input
+    index (Slice's starts and ends; empty: none on any node).
     """
 
     axis: int | None
@@ -356,9 +358,14 @@ class LayerPartition:
     needs: tuple[tuple[ShapeMap | None, ...], ...]
     computes: tuple[ShapeMap, ...]
     attrs: tuple[Mapping[str, Any], ...]
+    inputs: tuple[Mapping[int, np.ndarray], ...] = ()
 
     def active_nodes(self) -> list[int]:
         return [n for n, r in enumerate(self.out) if not r.empty]
+
+    def local_inputs(self, node: int) -> Mapping[int, np.ndarray]:
+        """The constant inputs node `node`'s local op takes instead of the layer's."""
+        return self.inputs[node] if self.inputs else {}
 
 
 class Movement(enum.Enum):

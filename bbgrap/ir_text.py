@@ -17,7 +17,9 @@ def format_graph(graph: Graph) -> str:
             needs = ", ".join(str(r) if r is not None else "-" for r in part.needs[n])
             extra = f" computes {part.computes[n]}" if part.computes[n] != part.out[n] else ""
             attrs = f" attrs {dict(part.attrs[n])}" if part.attrs[n] else ""
-            lines.append(f"  node {n}: out {part.out[n]}{extra} needs {needs}{attrs}")
+            inputs = part.local_inputs(n)
+            values = f" inputs {({k: v.tolist() for k, v in inputs.items()})}" if inputs else ""
+            lines.append(f"  node {n}: out {part.out[n]}{extra} needs {needs}{attrs}{values}")
     for (t, n), g in sorted(graph.gathers.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         parts = " + ".join(f"{p.region}<-{p.src}" for p in g.parts)
         lines.append(f"gather {t} on node {n}: {g.region} = {parts}")

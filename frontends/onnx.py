@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 
 from bbgrap.ir import BBGrapError, Graph, Layer, Tensor
 from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.indexing import split_as_slices
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -423,6 +424,7 @@ def import_proto(
     for tname, value in constants.items():
         tensors[tname] = Tensor(tname, tuple(int(d) for d in value.shape), value.dtype.name)
 
+    opsets = {("" if is_default_domain(o.domain) else o.domain): int(o.version) for o in model.opset_import}
     layers: list[Layer] = []
     live_outputs = set(outputs)
     for node in model.graph.node:
@@ -441,13 +443,17 @@ def import_proto(
             attrs["kernel_shape"] = list(kernel)
             _explicit_pads(attrs, x[2:], kernel)
         layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input) + captured, tuple(node.output), captured=captured)
-        group = rule.group if rule is not None else "opaque"
-        layers.append(replace(layer, group=group))
+        split = split_as_slices(layer, tensors, opsets.get("", 13))  # one Slice per output, each cut on its own
+        if split is not None:
+            constants.update(split[1])
+            tensors.update((k, Tensor(k, v.shape, v.dtype.name)) for k, v in split[1].items())
+        for piece in split[0] if split is not None else [layer]:
+            piece_rule = registry.get(piece) if not captured else None  # a node with a body is computed whole
+            layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque"))
 
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}
     tensors = {k: v for k, v in tensors.items() if k in used or k in feeds or any(k in la.outputs for la in layers)}
-    opsets = {("" if is_default_domain(o.domain) else o.domain): int(o.version) for o in model.opset_import}
     graph = Graph(
         name=name,
         layers=tuple(layers),

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
+import numpy as np
+
 from bbgrap.config import CustomPartition, Direction
 from bbgrap.ir import BBGrapError, Graph, Interval, Layer, LayerPartition, ShapeMap
 from bbgrap.pass_manager import Pass, PassError, PassResult
@@ -59,15 +61,18 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
     needs: list[tuple[ShapeMap | None, ...]] = []
     computes: list[ShapeMap] = []
     attrs: list[Mapping[str, Any]] = []
+    inputs: list[Mapping[int, np.ndarray]] = []
     for out in outs:
         if out.empty:
             needs.append((None,) * n_inputs)
             computes.append(out)
             attrs.append({})
+            inputs.append({})
         elif rule is None or axis is None:
             needs.append(tuple(ShapeMap.full(graph.tensors[t].shape) if t else None for t in layer.inputs))
             computes.append(out)
             attrs.append({})
+            inputs.append({})
         else:
             local = rule.local(layer, graph, out)
             if any(need is not None and need.empty for need in local.needs):
@@ -77,7 +82,9 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             needs.append(local.needs)
             computes.append(local.computes)
             attrs.append(dict(local.attrs))
-    return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs))
+            inputs.append(dict(local.inputs))
+    return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs),
+                          tuple(inputs))
 
 
 def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:

@@ -194,5 +194,6 @@ def _with_node(part: LayerPartition, node: int, local: Local) -> LayerPartition:
     def put(values: tuple, value: object) -> tuple:
         return values[:node] + (value,) + values[node + 1:]
 
+    inputs = part.inputs or ({},) * len(part.out)
     return LayerPartition(part.axis, part.out, put(part.needs, local.needs), put(part.computes, local.computes),
-                          put(part.attrs, dict(local.attrs)))
+                          put(part.attrs, dict(local.attrs)), put(inputs, dict(local.inputs)))

@@ -82,3 +82,9 @@ def test_non_utf8_and_directory_configs(tmp_path) -> None:
         load_config(str(tmp_path / "latin1.toml"))
     with pytest.raises(BBGrapError, match="is a directory"):
         load_config(str(tmp_path))
+
+
+def test_direction_axis_of_a_scalar_is_none() -> None:
+    """A rank-0 tensor (a Gather's scalar index) has no axis along any direction, batch included."""
+    assert [Direction(d).axis(0) for d in "nchw"] == [None] * 4
+    assert [Direction(d).axis(4) for d in "nchw"] == [0, 1, 2, 3]

@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping
 
+import numpy as np
+
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -36,12 +38,16 @@ class Local:
     from the local op, as Concat drops inputs outside the region); `computes` is
     what the local op produces (a superset of the requested region when the op
     cannot produce exactly that, e.g. LRN's channel halo); `attrs` overrides the
-    layer's attributes for the local op.
+    layer's attributes for the local op; `inputs[i]` replaces the value of constant
+    input i in the local op (for what newer opsets pass as inputs rather than
+    attributes: Slice's starts and ends, Pad's pads, Gather's indices shifted to the
+    local input's origin, Reshape's shape). Where `inputs` gives input i, `needs[i]` is None.
     """
 
     needs: tuple[ShapeMap | None, ...]
     computes: ShapeMap
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[int, np.ndarray] = field(default_factory=dict)
 
 
 class Layout(enum.Enum):

@@ -1,10 +1,12 @@
-"""Elementwise ops: activations, broadcasting arithmetic, BatchNormalization.
+"""Elementwise ops: activations, broadcasting arithmetic, Expand, BatchNormalization.
 
 Every output element depends only on the input elements at the same (broadcast)
 position, so regions pass through; constant operands are sliced along with them.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
@@ -38,6 +40,19 @@ class BroadcastRule(RegionRule):
         return Local(needs, out)
 
 
+class ExpandRule(RegionRule):
+    """Expand broadcasts its input to a shape (numpy rules): Y[i] = X[i] on the input's axes of the
+    output's size, X[0] on those of size 1, so an output region reads the input as a broadcasting
+    operand does, and the local op expands to the region's shape (its `shape` input)."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        need = broadcast_need(out, shape(graph, layer.inputs[0]))
+        return Local((need, None), out, inputs={1: np.array(out.shape, np.int64)})
+
+
 class BatchNormRule(RegionRule):
     """BatchNormalization (inference): per-channel parameters follow the channel axis."""
 
@@ -65,3 +80,4 @@ def register(registry: RuleRegistry) -> None:
     registry.register(ARITHMETIC, arithmetic)
     registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED))
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS))
+    registry.register(["Expand"], ExpandRule())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from bbgrap.rules import conv, elementwise, pool, reduce, structural
+from bbgrap.rules import conv, elementwise, indexing, pool, reduce, structural
 from bbgrap.rules.base import RuleRegistry
 
 __all__ = ["RuleRegistry", "default_registry"]
@@ -16,6 +16,6 @@ __all__ = ["RuleRegistry", "default_registry"]
 def default_registry() -> RuleRegistry:
     """The registry of every rule family shipped with BBGraP (built once, never mutated after)."""
     registry = RuleRegistry()
-    for family in (conv, pool, elementwise, structural, reduce):
+    for family in (conv, pool, elementwise, structural, reduce, indexing):
         family.register(registry)
     return registry

@@ -1,9 +1,12 @@
-"""Ops that move elements around: Concat, Transpose, Flatten, Gemm, MatMul, Softmax, and
-the whole-tensor ones (Reshape, Squeeze, Unsqueeze) that are computed whole on one node."""
+"""Ops that move elements around: Concat, Transpose, Reshape (with Flatten, Squeeze and
+Unsqueeze), Gemm, MatMul, Einsum, Softmax."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.base import Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
@@ -46,28 +49,73 @@ class TransposeRule(RegionRule):
         return Local((ShapeMap(tuple((a,) for a in axes)),), out)
 
 
-class FlattenRule(RegionRule):
-    """Flatten with axis 1 keeps the batch axis and lays the rest out channel by channel: a cut
-    of the flattened axis reads the channels it covers (a classifier's Flatten after a channel-cut
-    global pool stays cut, with no gather). Other axes read the input whole."""
+@dataclass(frozen=True)
+class _Group:
+    """Consecutive input axes `ins` and output axes `outs` (sizes above 1) holding the same
+    elements in the same row-major order: their sizes' products are equal."""
+
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+
+
+def _groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[_Group]:
+    """The finest grouping of a reshape's axes of size above 1 (axes of size 1 are in none)."""
+    ins = [a for a, d in enumerate(in_shape) if d > 1]
+    outs = [a for a, d in enumerate(out_shape) if d > 1]
+    groups, i, j = [], 0, 0
+    while i < len(ins) and j < len(outs):
+        gi, go = [ins[i]], [outs[j]]
+        pi, po = in_shape[ins[i]], out_shape[outs[j]]
+        i, j = i + 1, j + 1
+        while pi != po:
+            if pi < po:
+                gi.append(ins[i])
+                pi *= in_shape[ins[i]]
+                i += 1
+            else:
+                go.append(outs[j])
+                po *= out_shape[outs[j]]
+                j += 1
+        groups.append(_Group(tuple(gi), tuple(go)))
+    return groups
+
+
+class ReshapeRule(RegionRule):
+    """Reshape, Flatten, Squeeze and Unsqueeze keep the row-major order of the elements. Their
+    axes fall into groups of input and output axes holding the same elements in order (NCHW →
+    N, C, H·W: the group (H, W) ↔ (H·W); channel shuffle's C → (g, C/g): (C) ↔ (g, C/g)). The
+    outermost output axis of a group can be cut: with S the product of the group's output axes
+    inside it and T that of its input axes inside the outermost, an output interval [o0, o1)
+    is the flat range [o0·S, o1·S), rounded out to multiples of L = lcm(S, T), which is a box
+    on both sides: output [F0/S, F1/S) × the rest whole, input [F0/T, F1/T) × the rest whole.
+    The node computes that (H·W cut off row boundaries computes whole rows of W; a cut of g
+    reads its channels exactly; a classifier's Flatten after a channel-cut global pool stays
+    cut, with no gather); the local op reshapes to the computed box's shape. A Squeeze
+    that names no axes is not cut: it would squeeze a piece one element thick."""
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        rank = len(shape(graph, layer.inputs[0]))
-        return frozenset({0, 1}) if _axis(layer, rank, 1) == 1 else frozenset()
+        if layer.op_type == "Squeeze" and "axes" not in layer.attrs and not (len(layer.inputs) > 1 and layer.inputs[1]):
+            return frozenset()
+        groups = _groups(shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0]))
+        return frozenset(g.outs[0] for g in groups)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        need = full(graph, layer.inputs[0])
-        rank = need.rank
-        if _axis(layer, rank, 1) != 1:
-            return Local((need,), out)
-        # output axis 0 is the input's batch axis; output axis 1 walks channel-major, `inner` per channel
-        need = need.with_axis(0, out.interval(0))
-        inner = max(1, math.prod(need.shape[2:]))  # 1 for an empty map: the flattened axis is empty too
-        flat = out.interval(1)
-        first, last = flat.start // inner, -(-flat.stop // inner)
-        if rank > 1:
-            need = need.with_axis(1, Interval(first, last))
-        return Local((need,), out.with_axis(1, Interval(first * inner, last * inner)))
+        in_shape, out_shape = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
+        need, computes = full(graph, layer.inputs[0]), ShapeMap.full(out_shape)
+        for g in _groups(in_shape, out_shape):
+            inner_out = math.prod(out_shape[a] for a in g.outs[1:])
+            inner_in = math.prod(in_shape[a] for a in g.ins[1:])
+            unit = math.lcm(inner_out, inner_in)
+            iv = out.interval(g.outs[0])
+            lo, hi = iv.start * inner_out // unit * unit, -(-iv.stop * inner_out // unit) * unit
+            computes = computes.with_axis(g.outs[0], Interval(lo // inner_out, hi // inner_out))
+            need = need.with_axis(g.ins[0], Interval(lo // inner_in, hi // inner_in))
+        needs = (need,) + tuple(full(graph, t) if t else None for t in layer.inputs[1:])
+        if layer.op_type != "Reshape":
+            return Local(needs, computes)  # Flatten, Squeeze, Unsqueeze: the same axes locally
+        if graph.opsets.get("", 13) < 5:
+            return Local(needs, computes, {"shape": list(computes.shape)})
+        return Local((need, None), computes, inputs={1: np.array(computes.shape, np.int64)})
 
 
 class GemmRule(RegionRule):
@@ -126,6 +174,56 @@ class MatMulRule(RegionRule):
         return Local(tuple(needs), out)
 
 
+class EinsumRule(RegionRule):
+    """Einsum (a MatMul, attention's 'bhqd,bhkd->bhqk', a batched Linear): every output element
+    sums products over the letters missing from the output, so an output interval along a letter
+    reads the same interval of every input axis with that letter (all of it where the axis
+    broadcasts, of size 1) and the summed letters whole: every output axis can be cut.
+    An ellipsis stands for the same unnamed axes in every operand, aligned right."""
+
+    def _letters(self, layer: Layer, graph: Graph) -> tuple[list[str], str]:
+        """Each input's axes and the output's axes as letters (an ellipsis' axes as letters no
+        equation uses: ONNX's are ASCII)."""
+        equation = str(layer.attrs["equation"]).replace(" ", "")
+        lhs, arrow, rhs = equation.partition("->")
+        terms = lhs.split(",")
+        ranks = [len(shape(graph, t)) for t in layer.inputs]
+        spans = [rank - len(term.replace("...", "")) for term, rank in zip(terms, ranks)]
+        width = max(spans, default=0)
+        dots = "".join(chr(0x100 + k) for k in range(width))  # the ellipsis' axes, aligned right
+        inputs = [term.replace("...", dots[width - n:]) for term, n in zip(terms, spans)]
+        if not arrow:  # implicit output: the ellipsis, then the letters used once, sorted
+            counts = "".join(terms).replace("...", "")
+            rhs = "..." + "".join(sorted(c for c in set(counts) if counts.count(c) == 1))
+        return inputs, rhs.replace("...", dots)
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        inputs, output = self._letters(layer, graph)
+        wanted = {letter: out.interval(k) for k, letter in enumerate(output)}
+        needs: list[ShapeMap | None] = []
+        for t, letters in zip(layer.inputs, inputs):
+            need = full(graph, t)
+            for a, letter in enumerate(letters):
+                if letter in wanted and need.shape[a] != 1:  # an axis of size 1 broadcasts: read whole
+                    need = need.with_axis(a, wanted[letter])
+            needs.append(need)
+        return Local(tuple(needs), out)
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """Multiply-adds (two operations) per product over the summed letters; one per summed
+        element for a one-operand Einsum (a sum or a trace)."""
+        inputs, output = self._letters(layer, graph)
+        sizes: dict[str, int] = {}
+        for t, letters in zip(layer.inputs, inputs):
+            for letter, d in zip(letters, shape(graph, t)):
+                sizes[letter] = max(d, sizes.get(letter, 1))
+        summed = math.prod(d for letter, d in sizes.items() if letter not in output)
+        return float(summed * (2 if len(inputs) > 1 else 1))
+
+
 class SoftmaxRule(RegionRule):
     """Softmax normalises over its axis (from opset 13) or over all axes from `axis`
     on (before 13): those axes are read whole, the others pass through."""
@@ -160,8 +258,8 @@ def register(registry: RuleRegistry) -> None:
     moves = OpTraits(moves_data=True)
     registry.register(["Concat"], ConcatRule(), moves)
     registry.register(["Transpose"], TransposeRule())
-    registry.register(["Flatten"], FlattenRule(), moves)
     registry.register(["Gemm"], GemmRule())
     registry.register(["MatMul"], MatMulRule())
+    registry.register(["Einsum"], EinsumRule())
     registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
-    registry.register(["Reshape", "Squeeze", "Unsqueeze"], WholeRule(), moves)
+    registry.register(["Reshape", "Flatten", "Squeeze", "Unsqueeze"], ReshapeRule(), moves)

@@ -1,7 +1,10 @@
 """Exporter-shaped models split across nodes (issue 14): a Linear on an NHWC tensor as
 ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a small attention
-block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, and a
-squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool)."""
+block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, a
+squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool), and
+the indexing and reshaping ops around them: Split, Pad, Slice and Gather, a ViT block, a
+ShuffleNet channel shuffle, a Swin stage's shift, windows and patch merging, nearest upsampling
+and attention written with Einsum."""
 
 from __future__ import annotations
 
@@ -117,4 +120,180 @@ def decomposed_layer_norm(tokens: int = 12, dim: int = 8) -> onnx.ModelProto:
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_decomposed_layer_norm_and_gelu_are_cut_by_tokens(tmp_path, nodes: int) -> None:
     cuts = exact_cuts(tmp_path, decomposed_layer_norm(), nodes=nodes, direction="c", search=True)
+    assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def split_pad_gather(channels: int = 8, opset: int = 13) -> onnx.ModelProto:
+    """ShuffleNetV2's unit without its shuffle: Split the channels in two halves (sizes a constant
+    input, as torch.chunk exports), a branch on the second (explicit Pad, then an unpadded conv),
+    Concat; then a crop (Slice of rows 1 to -1 with a step-2 column subsample) and a Gather of one
+    row (torch's `x[:, :, 0]`) and of a few columns."""
+    half = channels // 2
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Split", ["c", "sizes"], ["left", "right"], name="chunk", axis=1),
+             helper.make_node("Pad", ["right", "pads"], ["padded"], name="pad", mode="constant"),
+             helper.make_node("Conv", ["padded", "bw"], ["branch"], name="branch_conv"),
+             helper.make_node("Concat", ["left", "branch"], ["cat"], name="cat", axis=1),
+             helper.make_node("Slice", ["cat", "starts", "ends", "axes", "steps"], ["crop"], name="crop"),
+             helper.make_node("Gather", ["crop", "row"], ["first_row"], name="first_row", axis=2),
+             helper.make_node("Gather", ["crop", "cols"], ["cols_out"], name="some_cols", axis=3),
+             helper.make_node("Relu", ["first_row"], ["y0"], name="relu0"),
+             helper.make_node("Relu", ["cols_out"], ["y1"], name="relu1")]
+    weights = {"cw": weight([channels, 3, 3, 3], 30), "bw": weight([half, half, 3, 3], 31),
+               "sizes": np.array([half, half], np.int64), "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+               "starts": np.array([1, 0], np.int64), "ends": np.array([-1, 2**30], np.int64),
+               "axes": np.array([2, 3], np.int64), "steps": np.array([1, 2], np.int64),
+               "row": np.array(0, np.int64), "cols": np.array([3, 0, -1], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 16, 16]}, weights, ["y0", "y1"], opset)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (4, "c"), (2, "w")])
+def test_split_pad_slice_gather_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, split_pad_gather(), nodes=nodes, direction=direction, search=search)
+    assert all(cuts[name] != "whole" for name in ("chunk/0", "chunk/1", "pad", "crop", "first_row", "some_cols")), cuts
+
+
+def vit_block(dim: int = 8, heads: int = 2) -> onnx.ModelProto:
+    """A ViT block as torch exports it: patch embedding (a stride-4 conv, flatten(2).transpose(1, 2)
+    as Reshape and Transpose), a class token Concat, position embedding, LayerNorm, attention with
+    qkv split by Reshape, Transpose and rank-0 Gathers (`qkv[0]`), heads merged back by Transpose
+    and Reshape, a residual, and the head reading the class token (`x[:, 0]`, a rank-0 Gather)."""
+    tokens, hd = 17, dim // heads
+    nodes = [helper.make_node("Conv", ["x", "pw"], ["patches"], name="patch_embed", kernel_shape=[4, 4], strides=[4, 4]),
+             helper.make_node("Reshape", ["patches", "flat_shape"], ["flat"], name="flatten"),
+             helper.make_node("Transpose", ["flat"], ["seq"], name="to_tokens", perm=[0, 2, 1]),
+             helper.make_node("Concat", ["cls", "seq"], ["with_cls"], name="cat_cls", axis=1),
+             helper.make_node("Add", ["with_cls", "pos"], ["x0"], name="pos_embed"),
+             helper.make_node("LayerNormalization", ["x0", "ln_scale", "ln_bias"], ["xn"], name="norm1", axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["xn", "Wqkv"], ["qkv0"], name="qkv"),
+             helper.make_node("Reshape", ["qkv0", "qkv_shape"], ["qkv1"], name="qkv_heads"),
+             helper.make_node("Transpose", ["qkv1"], ["qkv2"], name="qkv_perm", perm=[2, 0, 3, 1, 4])]
+    nodes += [helper.make_node("Gather", ["qkv2", f"i{k}"], [p], name=f"take_{p}", axis=0) for k, p in enumerate("qkv")]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], name="k_t", perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s0"], name="q_kt"),
+              helper.make_node("Mul", ["s0", "scale"], ["s"], name="scale"),
+              helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o0"], name="p_v"),
+              helper.make_node("Transpose", ["o0"], ["o1"], name="merge_perm", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "merged_shape"], ["o2"], name="merge_heads"),
+              helper.make_node("MatMul", ["o2", "Wproj"], ["o3"], name="proj"),
+              helper.make_node("Add", ["x0", "o3"], ["x1"], name="residual"),
+              helper.make_node("Gather", ["x1", "i0"], ["cls_out"], name="take_cls", axis=1),
+              helper.make_node("Gemm", ["cls_out", "Whead"], ["y"], name="head")]
+    weights = {"pw": weight([dim, 3, 4, 4], 40), "cls": weight([1, 1, dim], 41), "pos": weight([1, tokens, dim], 42),
+               "ln_scale": weight([dim], 43), "ln_bias": weight([dim], 44), "Wqkv": weight([dim, 3 * dim], 45),
+               "Wproj": weight([dim, dim], 46), "Whead": weight([dim, 5], 47), "scale": np.array(hd ** -0.5, np.float32),
+               "flat_shape": np.array([1, dim, -1], np.int64), "qkv_shape": np.array([1, tokens, 3, heads, hd], np.int64),
+               "merged_shape": np.array([1, tokens, dim], np.int64)}
+    weights |= {f"i{k}": np.array(k, np.int64) for k in range(3)}
+    return build_model(nodes, {"x": [1, 3, 16, 16]}, weights, ["y"], 17)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "c"), (3, "c"), (2, "h"), (3, "n")])
+def test_vit_block_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    # "c" names the tokens on [1, T, D] tensors, "h" the embedding; qkv_perm's axis 1 is the batch of 1
+    # (naive partitioning cuts a layer only along the direction or channels: qkv_perm's are of size 1 under "c")
+    cuts = exact_cuts(tmp_path, vit_block(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole" and not (name == "qkv_perm" and direction == "c")] == [], cuts
+    if direction == "h" and search:  # the H-cut patches, flattened (H·W cut) and transposed, stay cut as tokens
+        assert (cuts["patch_embed"], cuts["flatten"], cuts["to_tokens"]) == ("h", "axis 2", "axis 1"), cuts
+
+
+def channel_shuffle(channels: int = 8, groups: int = 2) -> onnx.ModelProto:
+    """ShuffleNetV2's channel shuffle between two units: Reshape (N, g, C/g, H, W), Transpose the
+    two channel axes, Reshape back, then Split in halves (torch.chunk) and a branch conv."""
+    half = channels // 2
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "grouped_shape"], ["g0"], name="shuffle_split"),
+             helper.make_node("Transpose", ["g0"], ["g1"], name="shuffle_swap", perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["g1", "merged_shape"], ["shuffled"], name="shuffle_merge"),
+             helper.make_node("Split", ["shuffled", "sizes"], ["left", "right"], name="chunk", axis=1),
+             helper.make_node("Conv", ["right", "bw"], ["branch"], name="branch_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["left", "branch"], ["y"], name="cat", axis=1)]
+    weights = {"cw": weight([channels, 3, 3, 3], 50), "bw": weight([half, half, 3, 3], 51),
+               "grouped_shape": np.array([1, groups, channels // groups, 12, 12], np.int64),
+               "merged_shape": np.array([1, channels, 12, 12], np.int64), "sizes": np.array([half, half], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 12, 12]}, weights, ["y"], 13)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (2, "c"), (4, "c")])
+def test_channel_shuffle_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, channel_shuffle(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def upsample_einsum_attention(dim: int = 8) -> onnx.ModelProto:
+    """An FPN-style nearest ×2 upsample (`interpolate(scale_factor=2)`) between convolutions, then
+    the feature map as tokens (Reshape, Transpose) into attention written with Einsum."""
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "scales"], ["up"], name="upsample", mode="nearest"),
+             helper.make_node("Conv", ["up", "cw2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c2", "flat_shape"], ["flat"], name="flatten"),
+             helper.make_node("Transpose", ["flat"], ["t"], name="to_tokens", perm=[0, 2, 1]),
+             helper.make_node("Einsum", ["t", "Wq"], ["q"], name="proj_q", equation="bnd,de->bne"),
+             helper.make_node("Einsum", ["q", "t"], ["s"], name="q_kt", equation="bqd,bkd->bqk"),
+             helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+             helper.make_node("Einsum", ["p", "t"], ["y"], name="p_v", equation="bqk,bkd->bqd")]
+    weights = {"cw": weight([dim, 3, 3, 3], 60), "cw2": weight([dim, dim, 3, 3], 61), "Wq": weight([dim, dim], 62),
+               "scales": np.array([1, 1, 2, 2], np.float32), "flat_shape": np.array([1, dim, -1], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 6, 6]}, weights, ["y"], 13)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "h"), (3, "h"), (2, "c")])
+def test_upsample_and_einsum_attention_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, upsample_einsum_attention(), nodes=nodes, direction=direction, search=search)
+    assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def swin_stage(size: int = 8, dim: int = 4, window: int = 4) -> onnx.ModelProto:
+    """A Swin stage's data movement as torch exports it, on NHWC tokens: the cyclic shift
+    (torch.roll: Slice and Concat per axis), window partition (Reshape splitting H and W into
+    windows, Transpose, Reshape merging the windows into the batch), a per-window Linear and
+    attention scores, window reverse, and patch merging (`x[:, 0::2, 0::2]` and its three
+    siblings: Slices with step 2, Concat, LayerNorm, Linear)."""
+    shift, n = window // 2, size // window
+    nodes = []
+    for axis, src in ((1, "x"), (2, "rolled_h")):
+        out = "rolled_h" if axis == 1 else "rolled"
+        nodes += [helper.make_node("Slice", [src, "shift_start", "end", f"ax{axis}"], [f"{out}_tail"], name=f"roll{axis}_tail"),
+                  helper.make_node("Slice", [src, "zero", "shift_start", f"ax{axis}"], [f"{out}_head"], name=f"roll{axis}_head"),
+                  helper.make_node("Concat", [f"{out}_tail", f"{out}_head"], [out], name=f"roll{axis}", axis=axis)]
+    nodes += [helper.make_node("Reshape", ["rolled", "split_shape"], ["w0"], name="window_split"),
+              helper.make_node("Transpose", ["w0"], ["w1"], name="window_perm", perm=[0, 1, 3, 2, 4, 5]),
+              helper.make_node("Reshape", ["w1", "windows_shape"], ["windows"], name="window_merge"),
+              helper.make_node("MatMul", ["windows", "Wq"], ["q"], name="proj_q"),
+              helper.make_node("Transpose", ["windows"], ["kt"], name="k_t", perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["q", "kt"], ["scores"], name="q_kt"),
+              helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "windows"], ["attn"], name="p_v"),
+              helper.make_node("Reshape", ["attn", "grid_shape"], ["r0"], name="reverse_split"),
+              helper.make_node("Transpose", ["r0"], ["r1"], name="reverse_perm", perm=[0, 1, 3, 2, 4, 5]),
+              helper.make_node("Reshape", ["r1", "image_shape"], ["image"], name="reverse_merge")]
+    quarters = []
+    for k, (dh, dw) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        nodes.append(helper.make_node("Slice", ["image", f"s{k}", "ends", "hw", "twos"], [f"x{k}"], name=f"merge_take{k}"))
+        quarters.append(f"x{k}")
+    nodes += [helper.make_node("Concat", quarters, ["merged"], name="merge_cat", axis=-1),
+              helper.make_node("LayerNormalization", ["merged", "ln_scale", "ln_bias"], ["mn"], name="merge_norm", axis=-1),
+              helper.make_node("MatMul", ["mn", "Wr"], ["y"], name="reduction")]
+    ints = {"shift_start": [shift], "end": [2**30], "zero": [0], "ax1": [1], "ax2": [2],
+            "split_shape": [1, n, window, n, window, dim], "windows_shape": [n * n, window * window, dim],
+            "grid_shape": [1, n, n, window, window, dim], "image_shape": [1, size, size, dim],
+            "ends": [2**30, 2**30], "hw": [1, 2], "twos": [2, 2]}
+    weights = {k: np.array(v, np.int64) for k, v in ints.items()}
+    weights |= {f"s{k}": np.array(v, np.int64) for k, v in enumerate(((0, 0), (1, 0), (0, 1), (1, 1)))}
+    weights |= {"Wq": weight([dim, dim], 70), "ln_scale": weight([4 * dim], 71), "ln_bias": weight([4 * dim], 72),
+                "Wr": weight([4 * dim, 2 * dim], 73)}
+    return build_model(nodes, {"x": [1, size, size, dim]}, weights, ["y"], 17)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("nodes", "direction"), [(2, "c"), (2, "h"), (4, "c")])
+def test_swin_stage_is_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
+    # on NHWC tokens "c" names H (axis 1), "h" W (axis 2); every reshape, roll and strided take is cut
+    cuts = exact_cuts(tmp_path, swin_stage(), nodes=nodes, direction=direction, search=search)
     assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts

@@ -48,7 +48,16 @@ def test_constant_subgraphs_are_folded() -> None:
 def test_unknown_ops_become_opaque() -> None:
     graph = import_proto(models.unknown_ops()).graph
     opaque = {layer.op_type for layer in graph.layers if layer.group == "opaque"}
-    assert {"Resize", "DepthToSpace", "InstanceNormalization", "Split"} <= opaque
+    assert {"DepthToSpace", "InstanceNormalization"} <= opaque
+
+
+def test_split_becomes_one_slice_per_output() -> None:
+    """Each output of a Split is its own Slice layer (the IR cuts one output per layer)."""
+    graph = import_proto(models.unknown_ops()).graph
+    slices = [layer for layer in graph.layers if layer.name.startswith("split/")]
+    assert [(s.op_type, s.outputs) for s in slices] == [("Slice", ("split.a",)), ("Slice", ("split.b",))]
+    assert [graph.constants[s.inputs[1]].tolist() + graph.constants[s.inputs[2]].tolist() for s in slices] == [[0, 4], [4, 8]]
+    assert all(s.group != "opaque" for s in slices) and "Split" not in {layer.op_type for layer in graph.layers}
 
 
 def test_auto_pad_becomes_explicit_pads() -> None:

@@ -142,10 +142,14 @@ def run_local(layer: Layer, graph: Graph, local: Local, values: Mapping[str, np.
         if not tensor:
             names.append("")
             continue
+        name = f"in{k}"
+        if k in local.inputs:  # the local op's own value of a constant input (Slice's starts)
+            names.append(name)
+            inits[name] = np.asarray(local.inputs[k])
+            continue
         if need is None:
             continue  # dropped from the local op (Concat)
         piece = np.array(np.asarray(values[tensor])[need.slices()], copy=True, order="C")  # keeps 0-d 0-d
-        name = f"in{k}"
         names.append(name)
         if tensor in graph.constants:
             inits[name] = piece

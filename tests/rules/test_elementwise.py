@@ -1,4 +1,4 @@
-"""Elementwise region rules: activations, broadcasting arithmetic, BatchNormalization."""
+"""Elementwise region rules: activations, broadcasting arithmetic, Expand, BatchNormalization."""
 
 from __future__ import annotations
 
@@ -173,3 +173,17 @@ def test_batch_norm(data: st.DataObject, axes: list[int], rank: int) -> None:
     for box, local in zip(checked.boxes, checked.locals):
         for need in local.needs[1:]:
             assert need == ShapeMap.box([box.interval(1).start], [box.interval(1).stop])
+
+
+@rules_settings(60)
+@given(st.data(), st.integers(1, 4), st.integers(0, 2))
+def test_expand(data: st.DataObject, rank: int, extra: int) -> None:
+    """Expand to a shape (numpy broadcasting both ways: a 1 in the shape keeps the input's size,
+    leading axes added): every output axis is cut, an input axis of size 1 read whole, and the
+    local op expands to the piece's shape."""
+    out_shape = [data.draw(st.integers(1, 5), label=f"dim {a}") for a in range(rank + extra)]
+    x_shape = [d if data.draw(st.booleans(), label=f"keep {a}") else 1 for a, d in enumerate(out_shape[extra:])]
+    target = [1 if a >= extra and x_shape[a - extra] == d and data.draw(st.booleans(), label=f"one {a}") else d
+              for a, d in enumerate(out_shape)]
+    model = single_op("Expand", ["x", "shape"], {"x": x_shape}, {"shape": np.array(target, np.int64)}, 13)
+    check_partition(data, model, expect_axes=set(range(len(out_shape))), max_cut_axes=3)

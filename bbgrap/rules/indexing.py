@@ -1,0 +1,295 @@
+"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather, constant-mode
+Pad, and nearest Resize by integer factors.
+
+Each output element is one input element (or a pad value) at a position known at compile
+time (for Gather: along its other axes), so every output axis can be cut: an output interval
+maps to the hull of the input positions it reads, and the local op gets its starts, indices,
+pads or sizes shifted to the origin of that hull (`Local.inputs`: from opset 10 on they are
+inputs, not attributes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
+from bbgrap.rules.base import Local, RegionRule, RuleRegistry, all_axes, full, shape
+
+
+def _constant(graph: Graph, layer: Layer, k: int) -> np.ndarray | None:
+    """Constant input k of the layer (None: absent or computed from the data)."""
+    if len(layer.inputs) <= k or not layer.inputs[k]:
+        return None
+    return graph.constants.get(layer.inputs[k])
+
+
+def _normalised(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """A Slice's parameters: `axes[j]` is sliced from `starts[j]` to `ends[j]` by `steps[j]`
+    (as given, before ONNX's clamping); `dtype` is that of the starts/ends inputs."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    axes: tuple[int, ...]
+    steps: tuple[int, ...]
+    dtype: np.dtype
+
+    def positions(self, dims: tuple[int, ...]) -> list[np.ndarray]:
+        """For every data axis, the input position of each output index: ONNX's clamping,
+        negative bounds count from the end, then starts clip to [0, d] ([0, d−1] stepping
+        back), ends to [0, d] ([−1, d−1] stepping back)."""
+        out = [np.arange(d) for d in dims]
+        for a, start, end, step in zip(self.axes, self.starts, self.ends, self.steps):
+            d = dims[a]
+            start, end = start + d if start < 0 else start, end + d if end < 0 else end
+            if step > 0:
+                out[a] = np.arange(min(max(start, 0), d), min(max(end, 0), d), step)
+            else:
+                out[a] = np.arange(min(max(start, 0), d - 1), min(max(end, -1), d - 1), step)
+        return out
+
+
+def slice_spec(layer: Layer, graph: Graph) -> SliceSpec | None:
+    """The Slice's parameters, None where they are not compile-time constants."""
+    rank = len(shape(graph, layer.inputs[0]))
+    if graph.opsets.get("", 13) < 10:
+        starts, ends = layer.attrs["starts"], layer.attrs["ends"]
+        axes = layer.attrs.get("axes", list(range(len(starts))))
+        steps: list[int] = [1] * len(starts)
+        dtype = np.dtype(np.int64)
+    else:
+        values = [_constant(graph, layer, k) for k in range(1, 5)]
+        if values[0] is None or values[1] is None or any(v is None and len(layer.inputs) > k + 1 and layer.inputs[k + 1]
+                                                          for k, v in enumerate(values)):
+            return None
+        starts, ends = values[0].reshape(-1).tolist(), values[1].reshape(-1).tolist()
+        axes = values[2].reshape(-1).tolist() if values[2] is not None else list(range(len(starts)))
+        steps = values[3].reshape(-1).tolist() if values[3] is not None else [1] * len(starts)
+        dtype = values[0].dtype
+    return SliceSpec(tuple(int(v) for v in starts), tuple(int(v) for v in ends),
+                     tuple(_normalised(int(a), rank) for a in axes), tuple(int(v) for v in steps), np.dtype(dtype))
+
+
+class SliceRule(RegionRule):
+    """Y[.., i, ..] = X[.., start + step·i, ..] along each sliced axis (any step, negative too),
+    Y = X along the others: output interval [o0, o1) reads the input hull of positions
+    start + step·o0 … start + step·(o1−1), and the local Slice starts and ends relative to it."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        spec = slice_spec(layer, graph)
+        if spec is None:
+            return frozenset()
+        counts = tuple(len(p) for p in spec.positions(shape(graph, layer.inputs[0])))
+        return all_axes(layer, graph) if counts == shape(graph, layer.outputs[0]) else frozenset()
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        spec = slice_spec(layer, graph)
+        assert spec is not None, f"Slice '{layer.name}' cut without constant starts and ends"
+        positions = spec.positions(shape(graph, layer.inputs[0]))
+        need = full(graph, layer.inputs[0])
+        starts, ends = [], []
+        for a, step in zip(spec.axes, spec.steps):
+            iv = out.interval(a)
+            first, last = int(positions[a][iv.start]), int(positions[a][iv.stop - 1])
+            lo = min(first, last)
+            need = need.with_axis(a, Interval(lo, max(first, last) + 1))
+            end = last - lo + (1 if step > 0 else -1)
+            starts.append(first - lo)
+            ends.append(end if end >= 0 else int(np.iinfo(spec.dtype).min))  # before the first element
+        for a in range(out.rank):
+            if a not in spec.axes:
+                need = need.with_axis(a, out.interval(a))
+        if graph.opsets.get("", 13) < 10:
+            return Local((need,), out, {"starts": starts, "ends": ends})
+        needs: list[ShapeMap | None] = [need, None, None]
+        needs += [full(graph, t) if t else None for t in layer.inputs[3:]]
+        return Local(tuple(needs), out, inputs={1: np.array(starts, spec.dtype), 2: np.array(ends, spec.dtype)})
+
+
+def split_as_slices(layer: Layer, tensors: Mapping[str, Tensor], opset: int) -> tuple[list[Layer], dict[str, np.ndarray]] | None:
+    """A Split as the frontend imports it: one Slice layer per output (`{name}/{k}`, producing
+    the same tensor), and the constants of their starts, ends and axes. The IR cuts one output
+    per layer; as Slices, each output of a Split is cut on its own. The outputs' extents along
+    the axis are the split sizes (from the static shapes in `tensors`, however the sizes were
+    given). None for any other layer, and for a Split whose outputs' shapes are unknown."""
+    if layer.op_type != "Split" or layer.domain not in ("", "ai.onnx"):
+        return None
+    if not all(t in tensors for t in layer.outputs if t):
+        return None
+    rank = len(tensors[layer.inputs[0]].shape)
+    axis = _normalised(int(layer.attrs.get("axis", 0)), rank)
+    slices: list[Layer] = []
+    constants: dict[str, np.ndarray] = {}
+    start = 0
+    for k, t in enumerate(layer.outputs):
+        if not t:
+            continue
+        stop = start + tensors[t].shape[axis]
+        name = f"{layer.name}/{k}"
+        if opset < 10:
+            slices.append(Layer(name, "Slice", "", {"starts": [start], "ends": [stop], "axes": [axis]}, layer.inputs[:1], (t,)))
+        else:
+            names = tuple(f"{name}/{what}" for what in ("starts", "ends", "axes"))
+            constants.update(zip(names, (np.array([v], np.int64) for v in (start, stop, axis))))
+            slices.append(Layer(name, "Slice", "", {}, layer.inputs[:1] + names, (t,)))
+        start = stop
+    return slices, constants
+
+
+class GatherRule(RegionRule):
+    """Gather along `axis`: Y[p, j, q] = X[p, I[j], q] (p the axes before `axis`, j the indices'
+    axes, q the rest). Every output axis can be cut: p and q pass through to X, a cut of j keeps
+    those indices. With constant indices the data's `axis` is read over the hull
+    [min I[j], max I[j]] and the local indices are shifted to it (a rank-0 index, ViT's `x[:, 0]`
+    or `qkv[0]`, reads one row); indices computed from the data (an embedding lookup) are read
+    over the cut, and the data's `axis` whole."""
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        dims = shape(graph, layer.inputs[0])
+        axis = _normalised(int(layer.attrs.get("axis", 0)), len(dims))
+        q = len(shape(graph, layer.inputs[1]))
+        need = full(graph, layer.inputs[0])
+        for a in range(len(dims)):
+            if a != axis:
+                need = need.with_axis(a, out.interval(a if a < axis else a + q - 1))
+        indices = _constant(graph, layer, 1)
+        if indices is None:
+            return Local((need, ShapeMap(out.axes[axis:axis + q])), out)
+        mine = indices[out.slices()[axis:axis + q]] if q else indices
+        mine = np.where(mine < 0, mine + dims[axis], mine)
+        lo, hi = int(mine.min()), int(mine.max()) + 1
+        return Local((need.with_axis(axis, Interval(lo, hi)), None), out, inputs={1: np.asarray(mine - lo, dtype=indices.dtype)})
+
+
+class PadRule(RegionRule):
+    """Constant-mode Pad (opset 11 on: pads, the value and axes as inputs): Y[i] = X[i − p0]
+    inside the data, the value outside. Output interval [o0, o1) reads X[o0 − p0, o1 − p0)
+    clipped to the data; the local pads are what of the interval lies outside it (padding only
+    where the piece touches a border). A piece wholly in the padding reads the data's nearest
+    element and removes it again with a negative pad, so no piece reads nothing."""
+
+    def _pads(self, layer: Layer, graph: Graph) -> list[tuple[int, int]] | None:
+        """(begin, end) pads of every data axis; None where the rule does not apply."""
+        if graph.opsets.get("", 13) < 11 or layer.attrs.get("mode", "constant") != "constant":
+            return None
+        pads, axes = _constant(graph, layer, 1), _constant(graph, layer, 3)
+        if pads is None or (axes is None and len(layer.inputs) > 3 and layer.inputs[3]):
+            return None
+        rank = len(shape(graph, layer.inputs[0]))
+        listed = [_normalised(int(a), rank) for a in axes.reshape(-1)] if axes is not None else list(range(rank))
+        flat = [int(v) for v in pads.reshape(-1)]
+        out = [(0, 0)] * rank
+        for j, a in enumerate(listed):
+            out[a] = (flat[j], flat[j + len(listed)])
+        return out
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph) if self._pads(layer, graph) is not None else frozenset()
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        pads = self._pads(layer, graph)
+        assert pads is not None, f"Pad '{layer.name}' cut without constant pads"
+        dims = shape(graph, layer.inputs[0])
+        need = full(graph, layer.inputs[0])
+        begins, ends = [], []
+        for a, ((p0, _), size) in enumerate(zip(pads, dims)):
+            iv = out.interval(a)
+            want = Interval(iv.start - p0, iv.stop - p0)  # in data coordinates, may overhang
+            lo = min(max(want.start, 0), size - 1)
+            hi = max(min(want.stop, size), lo + 1)
+            need = need.with_axis(a, Interval(lo, hi))
+            begins.append(lo - want.start)
+            ends.append(want.stop - hi)
+        given = _constant(graph, layer, 3)
+        listed = list(range(len(dims))) if given is None else [_normalised(int(a), len(dims)) for a in given.reshape(-1)]
+        local_pads = [begins[a] for a in listed] + [ends[a] for a in listed]
+        pads_value = _constant(graph, layer, 1)
+        assert pads_value is not None
+        needs: list[ShapeMap | None] = [need, None]
+        needs += [full(graph, t) if t else None for t in layer.inputs[2:]]
+        return Local(tuple(needs), out, inputs={1: np.array(local_pads, dtype=pads_value.dtype)})
+
+
+NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+class NearestResizeRule(RegionRule):
+    """Resize in nearest mode by an integer factor s per axis (upsampling, as FPN and U-Net heads
+    export `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
+    Y[x] = X[x // s] (half_pixel, pytorch_half_pixel and asymmetric with the default rounding):
+    output interval [o0, o1) reads X[o0 // s, ⌈o1 / s⌉) and computes whole blocks of s, which the
+    local op (same scales; sizes, where given, those of its block) reproduces. Other Resizes are
+    computed whole."""
+
+    def _factors(self, layer: Layer, graph: Graph) -> tuple[int, ...] | None:
+        """The integer factor of every axis, None where the rule does not apply."""
+        attrs = layer.attrs
+        if attrs.get("mode", "nearest") != "nearest" or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return None
+        in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
+        if any(o % i for i, o in zip(in_dims, out_dims)):
+            return None
+        factors = tuple(o // i for i, o in zip(in_dims, out_dims))
+        scales = _constant(graph, layer, 2 if graph.opsets.get("", 13) >= 11 else 1)
+        if scales is not None and scales.size:
+            axes = [_normalised(int(a), len(in_dims)) for a in attrs.get("axes", range(len(in_dims)))]
+            if any(float(scales.reshape(-1)[j]) != factors[a] for j, a in enumerate(axes)):
+                return None  # e.g. a scale of 1.999 whose output size rounds to an integer factor
+        elif _constant(graph, layer, 3) is None:
+            return None  # scales or sizes computed from the data
+        modern = graph.opsets.get("", 13) >= 11  # Resize-10 maps x to x / scale and floors it when upsampling
+        transform = attrs.get("coordinate_transformation_mode", "half_pixel" if modern else "asymmetric")
+        rounding = NEAREST_MODES.get(attrs.get("nearest_mode", "round_prefer_floor" if modern else "floor"))
+        if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric") or rounding is None:
+            return None
+        for s, o in zip(factors, out_dims):
+            x = np.arange(o, dtype=np.float64)
+            origin = x / s if transform == "asymmetric" else (x + 0.5) / s - 0.5
+            if transform == "pytorch_half_pixel" and o == 1:
+                origin = np.zeros_like(x)
+            if not np.array_equal(np.clip(rounding(origin), 0, o // s - 1), x // s):
+                return None
+        return factors
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph) if self._factors(layer, graph) is not None else frozenset()
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        factors = self._factors(layer, graph)
+        assert factors is not None, f"Resize '{layer.name}' cut without integer nearest factors"
+        need, computes = full(graph, layer.inputs[0]), out
+        for a, s in enumerate(factors):
+            iv = out.interval(a)
+            block = Interval(iv.start // s, -(-iv.stop // s))
+            need = need.with_axis(a, block)
+            computes = computes.with_axis(a, Interval(block.start * s, block.stop * s))
+        needs: list[ShapeMap | None] = [need, *(full(graph, t) if t else None for t in layer.inputs[1:])]
+        sizes = _constant(graph, layer, 3)
+        if sizes is None or graph.opsets.get("", 13) < 11:
+            return Local(tuple(needs), computes)
+        axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+        needs[3] = None
+        return Local(tuple(needs), computes, inputs={3: np.array([computes.shape[a] for a in axes], sizes.dtype)})
+
+
+def register(registry: RuleRegistry) -> None:
+    registry.register(["Slice"], SliceRule())
+    registry.register(["Gather"], GatherRule())
+    registry.register(["Pad"], PadRule())
+    registry.register(["Resize"], NearestResizeRule())
+

@@ -1,0 +1,200 @@
+"""Indexing rules: Slice, Split (imported as Slices), Gather with constant indices, constant Pad, nearest Resize:
+every piece of every partition, run in onnxruntime on its cropped inputs with the rule's local
+starts, indices or pads, equals the same part of the whole op's output (tests/rules/helpers.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from bbgrap.frontends.onnx import import_proto
+from hypothesis import given
+from hypothesis import strategies as st
+from onnx import helper
+
+from bbgrap.ir import Interval
+from bbgrap.rules.registry import default_registry
+from tests.rules.helpers import build_model, check_partition, rng_of, rules_settings, single_op
+
+
+def _count(d: int, start: int, end: int, step: int) -> int:
+    """Elements a Slice takes of an axis of size d (the spec's clamping), to keep outputs non-empty."""
+    start, end = start + d if start < 0 else start, end + d if end < 0 else end
+    if step > 0:
+        return len(range(min(max(start, 0), d), min(max(end, 0), d), step))
+    return len(range(min(max(start, 0), d - 1), min(max(end, -1), d - 1), step))
+
+
+@rules_settings(100)
+@given(st.data(), st.integers(1, 4), st.sampled_from([10, 13, 18]), st.booleans())
+def test_slice(data: st.DataObject, rank: int, opset: int, int32: bool) -> None:
+    """Any subset of axes (negative too, or none given: the leading ones), starts and ends
+    anywhere (negative, past the end), any step (negative too): every output axis is cut."""
+    dims = [data.draw(st.integers(1, 7), label=f"dim {i}") for i in range(rank)]
+    axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True), label="axes")
+    starts, ends, steps = [], [], []
+    for a in axes:
+        d = dims[a]
+        step = data.draw(st.sampled_from([1, 1, 2, 3, -1, -2]), label=f"step {a}")
+        start = data.draw(st.integers(-d - 2, d + 2), label=f"start {a}")
+        end = data.draw(st.integers(-d - 2, d + 2) | st.just(2**30 if step > 0 else -(2**30)), label=f"end {a}")
+        if _count(d, start, end, step) == 0:  # an empty output: slice the whole axis instead
+            start, end = (0, 2**30) if step > 0 else (-1, -(2**30))
+        starts.append(start)
+        ends.append(end)
+        steps.append(step)
+    dtype = np.int32 if int32 else np.int64
+    consts = {"starts": np.array(starts, dtype), "ends": np.array(ends, dtype)}
+    names = ["x", "starts", "ends"]
+    leading = axes == list(range(len(axes))) and all(s == 1 for s in steps) and data.draw(st.booleans(), label="no axes")
+    if not leading:
+        consts["axes"] = np.array([a - rank if data.draw(st.booleans(), label=f"neg {a}") else a for a in axes], dtype)
+        consts["steps"] = np.array(steps, dtype)
+        names += ["axes", "steps"]
+    model = single_op("Slice", names, {"x": dims}, consts, opset)
+    check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
+
+
+@rules_settings(20)
+@given(st.data())
+def test_slice_legacy(data: st.DataObject) -> None:
+    """Opset 9: starts, ends and axes are attributes, which the local op overrides."""
+    dims = [data.draw(st.integers(3, 6), label=f"dim {i}") for i in range(3)]
+    model = single_op("Slice", ["x"], {"x": dims}, {}, 9, starts=[0, 1], ends=[100, -1], axes=[0, 2])
+    check_partition(data, model, expect_axes={0, 1, 2}, max_cut_axes=3)
+
+
+@rules_settings(60)
+@given(st.data(), st.sampled_from([11, 13, 18]), st.integers(-3, 2), st.integers(1, 4))
+def test_split(data: st.DataObject, opset: int, axis: int, parts: int) -> None:
+    """A Split is imported as one Slice per output, each cut on its own along any axis; sizes as
+    an attribute (opset 11), a constant input (13), equal parts (`num_outputs`, 18) or none given."""
+    dims = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 8)), data.draw(st.integers(1, 6))]
+    dims[axis % 3] = max(dims[axis % 3], parts)
+    size = dims[axis % 3]
+    equal = data.draw(st.booleans(), label="equal parts") and size % parts == 0
+    sizes = [size // parts] * parts if equal else [1] * (parts - 1) + [size - parts + 1]
+    outputs = [f"y{k}" for k in range(parts)]
+    consts: dict[str, np.ndarray] = {}
+    attrs: dict[str, object] = {"axis": axis}
+    inputs = ["x"]
+    if equal and opset >= 18:
+        attrs["num_outputs"] = parts
+    elif equal:
+        pass  # no sizes: equal parts
+    elif opset >= 13:
+        consts["split"] = np.array(sizes, np.int64)
+        inputs.append("split")
+    else:
+        attrs["split"] = sizes
+    node = helper.make_node("Split", inputs, outputs, name="op", **attrs)
+    relus = [helper.make_node("Relu", [o], [f"r{k}"], name=f"relu{k}") for k, o in enumerate(outputs)]
+    model = build_model([node, *relus], {"x": dims}, consts, [f"r{k}" for k in range(parts)], opset)
+    k = data.draw(st.integers(0, parts - 1), label="output")
+    checked = check_partition(data, model, layer=f"op/{k}", expect_axes={0, 1, 2}, max_cut_axes=3)
+    assert checked.layer.op_type == "Slice" and checked.layer.outputs == (f"y{k}",)
+    assert [la.name for la in checked.front.graph.layers[:parts]] == [f"op/{j}" for j in range(parts)]
+
+
+@rules_settings(80)
+@given(st.data(), st.integers(1, 4), st.integers(0, 2))
+def test_gather(data: st.DataObject, rank: int, index_rank: int) -> None:
+    """Constant indices of rank 0 (ViT's `x[:, 0]`, `qkv[0]`) to 2, negative and repeated: every
+    output axis is cut, the indices' axes too; the data's axis is read over the indices' hull."""
+    rng = rng_of(data)
+    dims = [data.draw(st.integers(1, 6), label=f"dim {i}") for i in range(rank)]
+    axis = data.draw(st.integers(-rank, rank - 1), label="axis")
+    d = dims[axis % rank]
+    index_shape = [data.draw(st.integers(1, 4), label=f"index dim {j}") for j in range(index_rank)]
+    indices = rng.integers(-d, d, size=index_shape).astype(data.draw(st.sampled_from([np.int64, np.int32]), label="dtype"))
+    model = single_op("Gather", ["x", "i"], {"x": dims}, {"i": np.asarray(indices)}, 13, axis=axis)
+    out_rank = rank - 1 + index_rank
+    checked = check_partition(data, model, expect_axes=set(range(out_rank)), max_cut_axes=max(1, out_rank))
+    if index_rank == 0:
+        a = axis % rank
+        for local in checked.locals:
+            assert local.needs[0] is not None and len(local.needs[0].interval(a)) == 1  # one row read
+
+
+@rules_settings(40)
+@given(st.data(), st.integers(0, 2), st.booleans())
+def test_gather_computed_indices(data: st.DataObject, index_rank: int, activation: bool) -> None:
+    """Indices computed from the data (an embedding lookup: a table, constant or not, read by
+    token ids): every output axis is cut, the indices over the cut, the table's axis whole."""
+    rng = rng_of(data)
+    vocab, dim = data.draw(st.integers(2, 6), label="vocab"), data.draw(st.integers(1, 5), label="dim")
+    ids = [data.draw(st.integers(1, 4), label=f"id dim {j}") for j in range(index_rank)]
+    nodes = [helper.make_node("Sigmoid", ["f"], ["s"], name="sigmoid"),
+             helper.make_node("Mul", ["s", "top"], ["scaled"], name="scale"),
+             helper.make_node("Cast", ["scaled"], ["ids"], name="ids", to=7),  # int64 in [0, vocab - 1)
+             helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup", axis=0)]
+    inputs = {"f": ids} | ({"table": [vocab, dim]} if activation else {})
+    consts = {"top": np.array(vocab - 1, np.float32)} | ({} if activation else {"table": rng.standard_normal((vocab, dim)).astype(np.float32)})
+    model = build_model(nodes, inputs, consts, ["y"], 13)
+    checked = check_partition(data, model, layer="lookup", expect_axes=set(range(index_rank + 1)), max_cut_axes=2)
+    for local in checked.locals:
+        assert local.needs[0] is not None and local.needs[0].interval(0) == Interval(0, vocab)
+
+
+@rules_settings(80)
+@given(st.data(), st.integers(1, 4), st.sampled_from([11, 13, 18]), st.booleans())
+def test_pad(data: st.DataObject, rank: int, opset: int, value: bool) -> None:
+    """Constant mode, pads as an input (negative ones crop), an optional pad value, axes (opset 18):
+    every axis is cut, pieces wholly inside the padding included."""
+    dims = [data.draw(st.integers(1, 6), label=f"dim {i}") for i in range(rank)]
+    axes = list(range(rank))
+    if opset >= 18 and data.draw(st.booleans(), label="axes given"):
+        axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True), label="axes")
+    begins = [data.draw(st.integers(-dims[a] + 1, 4), label=f"begin {a}") for a in axes]
+    ends = [data.draw(st.integers(max(-dims[a] + 1 - b, -3), 4), label=f"end {a}") for a, b in zip(axes, begins)]
+    consts: dict[str, np.ndarray] = {"pads": np.array(begins + ends, np.int64)}
+    inputs = ["x", "pads"]
+    if value:
+        consts["v"] = np.array(2.5, np.float32)
+        inputs.append("v")
+    if axes != list(range(rank)):
+        if not value:
+            inputs.append("")
+        consts["axes"] = np.array(axes, np.int64)
+        inputs.append("axes")
+    model = single_op("Pad", inputs, {"x": dims}, consts, opset, mode="constant")
+    check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
+
+
+def test_pad_reflect_is_whole() -> None:
+    """Reflect and edge modes read mirrored data: no rule cuts them (yet)."""
+    model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 5]}, {"pads": np.array([0, 0, 1, 0, 0, 1], np.int64)}, 13, mode="reflect")
+    graph = import_proto(model).graph
+    assert default_registry().get(graph.layers[0]).axes(graph.layers[0], graph) == frozenset()  # type: ignore[union-attr]
+
+
+@rules_settings(80)
+@given(st.data(), st.sampled_from([10, 13, 18]), st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
+       st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]), st.booleans())
+def test_nearest_resize(data: st.DataObject, opset: int, transform: str, rounding: str, by_sizes: bool) -> None:
+    """Nearest Resize by integer factors (scales or, from opset 11, sizes): cut along every axis
+    where the transform and rounding make Y[x] = X[x // s] (pieces off the factor's blocks compute
+    whole blocks); any other combination, or a non-integer factor, is whole."""
+    dims = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))]
+    factors = [1, 1, data.draw(st.integers(1, 3), label="fh"), data.draw(st.integers(1, 3), label="fw")]
+    odd = data.draw(st.integers(0, 5), label="odd") == 0  # a factor of 1.5: never cut
+    scales = np.array([float(f) for f in factors[:3]] + [1.5 if odd else float(factors[3])], np.float32)
+    attrs: dict[str, object] = {"mode": "nearest"}
+    if opset >= 11:
+        attrs |= {"coordinate_transformation_mode": transform, "nearest_mode": rounding}
+    if opset < 11:
+        model = single_op("Resize", ["x", "scales"], {"x": dims}, {"scales": scales}, opset, **attrs)
+    elif by_sizes:
+        sizes = np.array([int(d * s) for d, s in zip(dims, scales)], np.int64)
+        model = single_op("Resize", ["x", "", "", "sizes"], {"x": dims}, {"sizes": sizes}, opset, **attrs)
+    else:
+        model = single_op("Resize", ["x", "", "scales"], {"x": dims}, {"scales": scales}, opset, **attrs)
+    graph = import_proto(model).graph
+    layer = graph.layers[0]
+    cut = bool(default_registry().get(layer).axes(layer, graph))  # type: ignore[union-attr]
+    simple = opset < 11 or (transform in ("half_pixel", "pytorch_half_pixel") and rounding.startswith("round")) \
+        or (transform == "asymmetric" and rounding == "floor")  # Y[x] = X[x // s] for any integer s
+    if not odd and simple:
+        assert cut
+    if odd and (opset < 11 or not by_sizes):  # (sizes of a width-1 axis times 1.5 make a factor of 1)
+        assert not cut
+    if cut:
+        check_partition(data, model, expect_axes={0, 1, 2, 3}, max_cut_axes=3)
