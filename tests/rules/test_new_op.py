@@ -15,7 +15,7 @@ from onnx import helper
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config, Direction
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules import conv, elementwise, pool, reduce, structural
+from bbgrap.rules import conv, elementwise, indexing, pool, reduce, structural
 from bbgrap.rules.base import Local, RegionRule, RuleRegistry, all_axes, full, shape
 from bbgrap.rules.registry import default_registry
 from tests.rules.helpers import build_model
@@ -47,7 +47,7 @@ class CumSumRule(RegionRule):
 
 def with_cumsum() -> RuleRegistry:
     registry = RuleRegistry()
-    for family in (conv, pool, elementwise, structural, reduce):
+    for family in (conv, pool, elementwise, structural, reduce, indexing):
         family.register(registry)
     registry.register(["CumSum"], CumSumRule())
     return registry
