@@ -35,15 +35,46 @@ from bbgrap.ir import Graph, Interval, Layer, LayerPartition, Movement, SearchSt
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.search.objective import NodeCost, Weights, objective
+from bbgrap.search.objective import LayerCost, NodeCost, Weights, objective
 from bbgrap.search.procedural import size_band
 from bbgrap.search.strategies import SearchResult, search
 
 CHANNELS = 1  # the channel axis of an NCHW tensor
-# widest band of candidate sizes per node that is searched (see SearchPartitions._too_wide):
-# about a second per layer on 2 nodes at 4096, on 3-4 nodes at 256 (1000-2500 rows)
-MAX_BAND_TWO_NODES = 4096
-MAX_BAND = 256
+
+
+def max_band(nodes: int) -> int:
+    """The widest band of candidate sizes per node searched position by position. The search's
+    work grows with a power of the band's width that rises with the node count (a 4096-row layer
+    on 4 nodes took six minutes, 1024 rows on 16 nodes two); these widths keep a layer near or
+    under a tenth of a second (docs/benchmarks.md). A wider band is searched on a grid."""
+    if nodes <= 2:
+        return 4096
+    if nodes <= 4:
+        return 32
+    if nodes <= 8:
+        return 10
+    return 5 if nodes <= 16 else 3
+
+
+@dataclass
+class GridCost:
+    """A layer's cut cost with cuts only every `step` positions (the last at the extent): the
+    search then works on ceil(extent / step) positions, whatever the tensor's extent. Every
+    partition it scores is a real partition of the layer, scored exactly."""
+
+    cost: LayerCost
+    step: int
+    extent: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.extent = -(-self.cost.extent // self.step)
+
+    def node_cost(self, node: int, start: int, stop: int) -> NodeCost:
+        end = self.cost.extent
+        return self.cost.node_cost(node, min(start * self.step, end), min(stop * self.step, end))
+
+    def cuts(self, grid_cuts: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(min(c * self.step, self.cost.extent) for c in grid_cuts)
 
 
 @dataclass
@@ -168,8 +199,11 @@ class SearchPartitions(Pass):
         axis = partitions[layer.name].axis
         assert axis is not None
         cost = self._cost(graph, layer, axis, partitions)
-        result = search(cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
-        sizes = [b - a for a, b in zip(result.cuts, result.cuts[1:])]
+        step = self._grid_step(graph, layer, axis)
+        grid = GridCost(cost, step)
+        result = search(grid if step > 1 else cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
+        cuts = grid.cuts(result.cuts)
+        sizes = [b - a for a, b in zip(cuts, cuts[1:])]
         chosen = partition_layer(graph, layer, axis, sizes, self.registry)
         # Among optimal cuts, prefer one aligned with the producer, then the naive one:
         # equal for this layer, and consumers downstream then need no transfer.
@@ -185,18 +219,15 @@ class SearchPartitions(Pass):
     def _searchable(self, graph: Graph, layer: Layer) -> bool:
         axis = graph.partitions[layer.name].axis
         rank = len(graph.tensors[layer.outputs[0]].shape)
-        return axis is not None and axis == self.config.direction.axis(rank) and not self._too_wide(graph, layer, axis)
+        return axis is not None and axis == self.config.direction.axis(rank)
 
-    def _too_wide(self, graph: Graph, layer: Layer, axis: int) -> bool:
-        """Whether the layer's band of candidate sizes is too wide to search in bounded time.
-
-        The search's work grows with a power of the band's width (about the extent times
-        the threshold over the node count): 4096 rows on 4 nodes took six minutes and a
-        million rows on 2 never ended. Such a layer keeps its speed-proportional cut."""
+    def _grid_step(self, graph: Graph, layer: Layer, axis: int) -> int:
+        """Every how many positions the layer's cuts are searched: 1 where its band of candidate
+        sizes is at most `max_band` wide, else the step that narrows it to that."""
         speeds = self.config.node_speeds()
         band = size_band(graph.tensors[layer.outputs[0]].shape[axis], speeds, self.config.threshold)
         width = max(hi - lo + 1 for lo, hi in band)
-        return width > (MAX_BAND_TWO_NODES if len(speeds) <= 2 else MAX_BAND)
+        return max(1, -(-width // max_band(len(speeds))))
 
     def call(self, graph: Graph) -> PassResult:
         cfg = self.config

@@ -63,15 +63,18 @@ def test_short_maps_are_cut_along_channels_and_tall_ones_along_rows(tmp_path) ->
         assert_exact(str(tmp_path / f"plan{height}"))
 
 
-def test_layers_too_tall_to_search_keep_the_naive_cut(tmp_path) -> None:
-    """The search's work grows with a power of the band of candidate sizes: a 4096-row
-    layer on 4 nodes took six minutes and a million rows on 2 nodes (a fuzzed pads value)
-    never ended. Such layers keep the speed-proportional cut; shorter ones are searched."""
+def test_layers_with_wide_bands_are_searched_on_a_grid(tmp_path) -> None:
+    """The search's work grows with a power of the band of candidate sizes (a 4096-row layer on
+    4 nodes took six minutes; a million rows on 2 nodes, a fuzzed pads value, never ended): a
+    band wider than max_band is searched every `step` rows, so the time depends on the band over
+    the step, not on the extent; the cuts are on that grid and the plan stays exact."""
     import numpy as np
     from bbgrap.frontends.onnx import import_proto
     from bbgrap.passes.naive_partition import NaivePartition
-    from bbgrap.passes.search import SearchPartitions
+    from bbgrap.passes.search import SearchPartitions, max_band
     from onnx import TensorProto, helper, numpy_helper
+
+    from bbgrap.search.procedural import size_band
 
     w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
@@ -79,15 +82,26 @@ def test_layers_too_tall_to_search_keep_the_naive_cut(tmp_path) -> None:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", 8])], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    for rows, nodes, searched in [(4096, 4, False), (1 << 20, 2, False), (512, 4, True), (4096, 2, True)]:
+    for rows, nodes, gridded in [(4096, 4, True), (1 << 20, 2, True), (160, 4, False), (4096, 2, False), (1024, 16, True)]:
         ir = import_proto(model, input_shapes={"x": (1, 3, rows, 8)}).graph if rows < 1 << 20 else None
         if ir is None:  # a million rows: the IR without onnxruntime's sample run
             ir = import_proto(model, input_shapes={"x": (1, 3, 64, 8)}).graph
             ir = ir.replace(tensors={k: type(v)(v.name, v.shape[:2] + (rows,) + v.shape[3:], v.dtype) for k, v in ir.tensors.items()})
-        cfg = Config(nodes=nodes)
         partitioned = NaivePartition(nodes).call(ir).graph
-        assert SearchPartitions(cfg)._searchable(partitioned, partitioned.layers[0]) is searched, (rows, nodes)
+        search = SearchPartitions(Config(nodes=nodes))
+        assert search._searchable(partitioned, partitioned.layers[0]), (rows, nodes)
+        step = search._grid_step(partitioned, partitioned.layers[0], 2)
+        width = max(hi - lo + 1 for lo, hi in size_band(rows, (1.0,) * nodes, 20))
+        assert (step > 1) == gridded, (rows, nodes, step)
+        assert -(-width // step) <= max_band(nodes), (rows, nodes, step)  # the grid's band is narrow enough
+        assert step == 1 or -(-width // (step - 1)) > max_band(nodes), (rows, nodes, step)  # and no finer grid is
     path = save(model, str(tmp_path))
     m = compile_plan(path, str(tmp_path / "plan"), nodes=4, search=True, input_shapes={"x": (1, 3, 4096, 8)})
-    assert m.compiled.search is not None and m.compiled.search.layers == 0
+    assert m.compiled.search is not None and m.compiled.search.layers == 1
+    row = m.compiled.layer_table[0]
+    step = -(-max(hi - lo + 1 for lo, hi in size_band(4096, (1.0,) * 4, 20)) // max_band(4))
+    starts = [n.range[0] for n in row.per_node if n.range is not None]
+    assert row.cut == "h" and len(starts) == 4, row
+    # a cut on the grid, or the naive one where the search found nothing better (it keeps that on ties)
+    assert all(s % step == 0 for s in starts) or starts == [0, 1024, 2048, 3072], starts
     assert_exact(str(tmp_path / "plan"))
