@@ -28,7 +28,7 @@ def axis_name(axis: int | None, rank: int) -> str:
     return AXIS_NAMES_4D[axis] if rank == 4 else f"axis {axis}"
 
 
-def whole_reason(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> str:
+def whole_reason(graph: Graph, layer: Layer, registry: RuleRegistry) -> str:
     """Why a layer is computed whole on one node (see naive_partition.choose_axis)."""
     if not is_default_domain(layer.domain):
         return f"no region rule: op of the custom domain '{layer.domain}'"
@@ -36,12 +36,11 @@ def whole_reason(graph: Graph, layer: Layer, direction: Direction, registry: Rul
     if rule is None:
         return f"no region rule for {layer.op_type}"
     shape = graph.tensors[layer.outputs[0]].shape
-    wanted = [a for d in (direction, Direction.C) if (a := d.axis(len(shape))) is not None]
     allowed = rule.axes(layer, graph)
-    if not any(a in allowed for a in wanted):
-        names = ", ".join(axis_name(a, len(shape)) for a in sorted(allowed)) or "none"
-        return f"its rule cuts only along {names}, not {direction.value} or channels"
-    return f"its output ({'x'.join(map(str, shape))}) is too short along {direction.value} and channels to share"
+    if not allowed:
+        return f"its rule cannot cut this {layer.op_type} along any axis"
+    names = ", ".join(axis_name(a, len(shape)) for a in sorted(allowed))
+    return f"its output ({'x'.join(map(str, shape))}) is too short to share along every axis its rule cuts ({names})"
 
 
 def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> tuple[LayerRow, ...]:
@@ -72,7 +71,7 @@ def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | Non
         if part.axis is None:
             active = part.active_nodes()
             whole = WholeLayer(node=active[0] if active else 0,
-                               reason=whole_reason(graph, layer, direction, registry) if graph.nodes > 1 else "one node",
+                               reason=whole_reason(graph, layer, registry) if graph.nodes > 1 else "one node",
                                no_rule=registry.get(layer) is None)
         rows.append(LayerRow(
             name=layer.name, op_type=layer.op_type, cut=axis_name(part.axis, rank),

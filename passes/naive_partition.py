@@ -88,7 +88,9 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
 
 
 def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:
-    """The requested direction's axis if the layer can be cut there, else channels, else None."""
+    """The requested direction's axis if the layer can be cut there, else channels, else the
+    longest other axis its rule cuts (a token tensor's sequence, attention's heads), else None:
+    a layer computed whole keeps every other node waiting for it."""
     rule = registry.get(layer)
     if rule is None:
         return None
@@ -98,7 +100,8 @@ def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: Rule
         axis = d.axis(len(shape))
         if axis is not None and axis in allowed and shape[axis] > 1:
             return axis
-    return None
+    others = sorted((a for a in allowed if a < len(shape) and shape[a] > 1), key=lambda a: (-shape[a], a))
+    return others[0] if others else None
 
 
 @dataclass(frozen=True)
