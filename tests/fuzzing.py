@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from onnx_builder import graph_of, value_info
 
 GOOD = ("clean-error", "runs-exactly")
 BAD = ("traceback", "hang", "bad-error", "wrong-result")
@@ -298,13 +299,11 @@ def control_flow(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelP
     kind = r.choice(["if-data", "if-const", "loop"])
     k = list(m.graph.node).index(node)
     cf = f"cf_{k}"
-    body_out = helper.make_tensor_value_info(f"{cf}_out", TensorProto.FLOAT, None)
     new: list[onnx.NodeProto] = []
     if kind.startswith("if"):
-        then_g = helper.make_graph([body_node(list(node.input), f"{cf}_out")], f"{cf}_then", [], [body_out])
-        else_g = helper.make_graph([body_node(list(node.input), f"{cf}_pos"), helper.make_node("Neg", [f"{cf}_pos"], [f"{cf}_out"])],
-                                   f"{cf}_else", [],
-                                   [helper.make_tensor_value_info(f"{cf}_out", TensorProto.FLOAT, None)])
+        then_g = graph_of([body_node(list(node.input), f"{cf}_out")], [], [value_info(f"{cf}_out")], name=f"{cf}_then")
+        else_g = graph_of([body_node(list(node.input), f"{cf}_pos"), helper.make_node("Neg", [f"{cf}_pos"], [f"{cf}_out"])],
+                          [], [value_info(f"{cf}_out")], name=f"{cf}_else")
         if kind == "if-data":
             new += [helper.make_node("ReduceMax", [x], [f"{cf}_max"], keepdims=1),
                     helper.make_node("Reshape", [f"{cf}_max", f"{cf}_one"], [f"{cf}_max1"]),
@@ -315,13 +314,12 @@ def control_flow(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelP
             m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([r.random() < 0.5]), f"{cf}_cond"))
         new.append(helper.make_node("If", [f"{cf}_cond"], [y], name=cf, then_branch=then_g, else_branch=else_g))
     else:
-        body = helper.make_graph(
+        body = graph_of(
             [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Mul", ["v_in", f"{cf}_half"], ["v_sum"]),
              body_node(["v_sum", *node.input[1:]], "v_out")],
-            f"{cf}_body",
-            [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-             helper.make_tensor_value_info("v_in", TensorProto.FLOAT, None)],
-            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None)],
+            [value_info("i", [], TensorProto.INT64), value_info("cond_in", [], TensorProto.BOOL), value_info("v_in")],
+            [value_info("cond_out", [], TensorProto.BOOL), value_info("v_out")],
+            name=f"{cf}_body",
         )
         m.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(1, np.int64), f"{cf}_trips"),
                                     onnx.numpy_helper.from_array(np.array(1.0, np.float32), f"{cf}_half")])
@@ -356,7 +354,7 @@ def outputs(m: onnx.ModelProto, r: random.Random) -> tuple[str, onnx.ModelProto,
         m.graph.output[0].name = m.graph.input[0].name
     elif kind == "intermediate":
         t = r.choice(_tensors(m)[1:])
-        m.graph.output.add().CopyFrom(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+        m.graph.output.add().CopyFrom(value_info(t))
     else:
         del m.graph.output[:]
     return f"outputs({kind})", m, ()

@@ -27,7 +27,12 @@ def save(model: onnx.ModelProto, directory: str, name: str = "model") -> str:
 
 def compile_plan(model_path: str, plan_dir: str, **options: Any) -> Plan:
     """Compile with Config fields from `options` (nodes, direction, speeds, custom, ...) and
-    the compile flags optimize/search/input_shapes/recompute."""
+    the compile flags optimize/search/input_shapes/recompute.
+
+    Unlike the CLI, `search` defaults to False: the naive (even or speed-proportional) cut,
+    which most tests' expectations of regions, transfers and FLOPs are written against,
+    with transfers eliminated and halos recomputed as the CLI does. Pass search=True for
+    the CLI's default pipeline (tests/backends/test_e2e.py runs it on every zoo model)."""
     flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute") if k in options}
     if "search_strategy" in options:
         options["search"] = options.pop("search_strategy")

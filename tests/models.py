@@ -18,7 +18,8 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from onnx_builder import graph_of, model_of, value_info
 
 INPUT_SHAPE = (1, 3, 16, 16)
 CLASSES = 10
@@ -31,10 +32,10 @@ class _Weights:
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
-        self.tensors: list[TensorProto] = []
+        self.arrays: dict[str, np.ndarray] = {}
 
     def add(self, name: str, array: np.ndarray) -> str:
-        self.tensors.append(numpy_helper.from_array(np.asarray(array), name))
+        self.arrays[name] = np.asarray(array)
         return name
 
     def normal(self, shape: tuple[int, ...], fan_in: int | None = None) -> np.ndarray:
@@ -71,15 +72,11 @@ def _model(
     batch: int | str = 1,
     initializers_as_inputs: bool = False,
 ) -> onnx.ModelProto:
-    """Wraps nodes into a model with input ``input`` and output ``output``."""
-    inputs = [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, *INPUT_SHAPE[1:]])]
-    if initializers_as_inputs:
-        inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in weights.tensors]
-    output = helper.make_tensor_value_info("output", TensorProto.FLOAT, [batch, CLASSES])
-    graph = helper.make_graph(nodes, name, inputs, [output], initializer=weights.tensors)
-    opsets = [helper.make_opsetid("", opset)]
-    version = ir_version if ir_version is not None else helper.find_min_ir_version_for(opsets)
-    return helper.make_model(graph, opset_imports=opsets, ir_version=version, producer_name="bbgrap-tests")
+    """Wraps nodes into a model with input ``input`` and output ``output`` (IR version
+    `ir_version`, else the lowest the opset allows)."""
+    graph = graph_of(nodes, [value_info("input", [batch, *INPUT_SHAPE[1:]])], [value_info("output", [batch, CLASSES])],
+                     weights.arrays, name, constants_as_inputs=initializers_as_inputs)
+    return model_of(graph, {"": opset}, ir_version, producer_name="bbgrap-tests")
 
 
 def _const(name: str, array: np.ndarray) -> onnx.NodeProto:

@@ -9,13 +9,21 @@ import functools
 from bbgrap.rules import conv, elementwise, indexing, pool, reduce, structural
 from bbgrap.rules.base import RuleRegistry
 
-__all__ = ["RuleRegistry", "default_registry"]
+__all__ = ["FAMILIES", "RuleRegistry", "build_default_registry", "default_registry"]
+
+FAMILIES = (conv, pool, elementwise, structural, reduce, indexing)
+"""Every rule family shipped with BBGraP, in registration order."""
+
+
+def build_default_registry() -> RuleRegistry:
+    """A new registry holding every family shipped with BBGraP, built as the default one is."""
+    registry = RuleRegistry()
+    for family in FAMILIES:
+        family.register(registry)
+    return registry
 
 
 @functools.cache
 def default_registry() -> RuleRegistry:
     """The registry of every rule family shipped with BBGraP (built once, never mutated after)."""
-    registry = RuleRegistry()
-    for family in (conv, pool, elementwise, structural, reduce, indexing):
-        family.register(registry)
-    return registry
+    return build_default_registry()

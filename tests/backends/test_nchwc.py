@@ -15,7 +15,8 @@ from bbgrap.backends.engine import boundary_block, load_runner, load_segment, no
 from helpers import assert_exact, compile_plan, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+from onnx_builder import graph_of, model_of, value_info
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
@@ -30,14 +31,8 @@ def options() -> ort.SessionOptions:
 
 def model(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], outputs: list[str],
           weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes, "segment",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        [numpy_helper.from_array(w, n) for n, w in weights.items()],
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    return onnx.shape_inference.infer_shapes(m)
+    graph = graph_of(nodes, [value_info(n, s) for n, s in inputs.items()], [value_info(n) for n in outputs], weights, "segment")
+    return onnx.shape_inference.infer_shapes(model_of(graph, {"": 17}, ir_version=9, check=False))  # outputs of unknown rank
 
 
 def run_plain(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -120,11 +115,8 @@ def test_layout_flag_and_provider_choose_the_block() -> None:
 @needs_nchwc
 def test_numpy_reorder_matches_onnxruntime() -> None:
     x = np.random.default_rng(1).standard_normal((2, 2 * BLOCK, 3, 5)).astype(np.float32)
-    m = helper.make_model(helper.make_graph(
-        [helper.make_node("ReorderInput", ["x"], ["y"], domain=nchwc.DOMAIN)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(nchwc.DOMAIN, 1)], ir_version=9)
+    reorder = helper.make_node("ReorderInput", ["x"], ["y"], domain=nchwc.DOMAIN)
+    m = model_of(graph_of([reorder], [value_info("x", x.shape)], [value_info("y")]), {"": 17, nchwc.DOMAIN: 1}, ir_version=9, check=False)
     got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, nchwc.to_blocked(x, BLOCK))
     np.testing.assert_array_equal(nchwc.from_blocked(got, BLOCK), x)

@@ -10,78 +10,69 @@ import onnx
 import pytest
 from bbgrap.frontends.onnx import captured_inputs, import_proto
 from helpers import assert_exact, compile_plan, save
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_builder import graph_of, model_of, value_info
 
 SHAPE = [1, 2, 8, 8]
 
 
 def _vi(name: str, shape: list[int] = SHAPE) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    return value_info(name, shape)
 
 
-def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+def _model(nodes: list[onnx.NodeProto], inits: dict[str, np.ndarray]) -> onnx.ModelProto:
     """x → Conv → c → ... → Conv → y, with the control flow in between (reading c)."""
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 2, 3, 3)).astype(np.float32), "w")
+    w = np.random.default_rng(0).standard_normal((2, 2, 3, 3)).astype(np.float32)
     head = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
     tail = helper.make_node("Conv", ["z", "w"], ["y"], pads=[1, 1, 1, 1])
-    graph = helper.make_graph([head, *nodes, tail], "g", [_vi("x")], [_vi("y")], initializer=[w, *inits])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return model_of(graph_of([head, *nodes, tail], [_vi("x")], [_vi("y")], {"w": w, **inits}), full_check=True)
 
 
 def if_model(scalar_condition: bool = False) -> onnx.ModelProto:
     """An If whose branches read the outer activation `c`, the outer weight `w` and the
     graph input `x`, none of them passed as inputs; the condition depends on the data."""
     shape = [] if scalar_condition else [1, 1, 1, 1]
-    zero = numpy_helper.from_array(np.zeros(shape, np.float32), "zero")
     nodes = [
         helper.make_node("ReduceSum", ["c"], ["s"], keepdims=0 if scalar_condition else 1),
         helper.make_node("Greater", ["s", "zero"], ["cond"]),
     ]
-    then_g = helper.make_graph(
+    then_g = graph_of(
         [helper.make_node("Conv", ["c", "w"], ["t0"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["t0", "x"], ["t"])],
-        "then", [], [_vi("t")])
-    else_g = helper.make_graph([helper.make_node("Neg", ["c"], ["e"])], "else", [], [_vi("e")])
+        [], [_vi("t")], name="then")
+    else_g = graph_of([helper.make_node("Neg", ["c"], ["e"])], [], [_vi("e")], name="else")
     nodes.append(helper.make_node("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g))
-    return _model(nodes, [zero])
+    return _model(nodes, {"zero": np.zeros(shape, np.float32)})
 
 
 def loop_model() -> onnx.ModelProto:
     """A Loop of 3 iterations whose body adds the outer activation `c` to its carried
     value, with an If nested in the body that reads `c` too (two scopes out)."""
-    trips = numpy_helper.from_array(np.array(3, np.int64), "trips")
-    inner_then = helper.make_graph([helper.make_node("Mul", ["v1", "c"], ["m"])], "inner_then", [], [_vi("m")])
-    inner_else = helper.make_graph([helper.make_node("Sub", ["v1", "c"], ["d"])], "inner_else", [], [_vi("d")])
-    body = helper.make_graph(
+    inner_then = graph_of([helper.make_node("Mul", ["v1", "c"], ["m"])], [], [_vi("m")], name="inner_then")
+    inner_else = graph_of([helper.make_node("Sub", ["v1", "c"], ["d"])], [], [_vi("d")], name="inner_else")
+    body = graph_of(
         [
             helper.make_node("Add", ["v_in", "c"], ["v1"]),
             helper.make_node("Identity", ["cond_in"], ["cond_out"]),
             helper.make_node("If", ["cond_in"], ["v_out"], then_branch=inner_then, else_branch=inner_else),
         ],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         _vi("v_in")],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _vi("v_out")],
+        [value_info("i", [], TensorProto.INT64), value_info("cond_in", [], TensorProto.BOOL), _vi("v_in")],
+        [value_info("cond_out", [], TensorProto.BOOL), _vi("v_out")],
+        name="body",
     )
     nodes = [helper.make_node("Loop", ["trips", "", "c"], ["z"], body=body)]
-    return _model(nodes, [trips])
+    return _model(nodes, {"trips": np.array(3, np.int64)})
 
 
 def scan_model() -> onnx.ModelProto:
     """A Scan over the rows of `c` whose body adds the outer activation `m` (c's mean over
     rows), read by name."""
     row = [1, 2, 8]
-    body = helper.make_graph(
-        [helper.make_node("Add", ["row_in", "m"], ["row_out"])], "body",
-        [helper.make_tensor_value_info("row_in", TensorProto.FLOAT, row)],
-        [helper.make_tensor_value_info("row_out", TensorProto.FLOAT, row)])
+    body = graph_of([helper.make_node("Add", ["row_in", "m"], ["row_out"])], [_vi("row_in", row)], [_vi("row_out", row)], name="body")
     nodes = [
         helper.make_node("ReduceMean", ["c"], ["m"], axes=[2], keepdims=0),
         helper.make_node("Scan", ["c"], ["z"], body=body, num_scan_inputs=1, scan_input_axes=[2], scan_output_axes=[2]),
     ]
-    return _model(nodes, [])
+    return _model(nodes, {})
 
 
 def test_captured_names_are_found_in_nested_bodies() -> None:
@@ -123,8 +114,8 @@ def test_weight_before_a_received_input_stays_with_its_op(tmp_path) -> None:
     """Einsum(W, c) (no region rule: computed whole on node 0) receives half of `c` from
     node 1: the wait for it must not split the op from its weight W, bound first (found by
     the fuzz test, with an If whose constant condition came before a captured tensor)."""
-    mat = numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32), "mat")
-    model = _model([helper.make_node("Einsum", ["mat", "c"], ["z"], equation="ij,ncjk->ncik")], [mat])
+    mat = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
+    model = _model([helper.make_node("Einsum", ["mat", "c"], ["z"], equation="ij,ncjk->ncik")], {"mat": mat})
     path = save(model, str(tmp_path))
     compile_plan(path, str(tmp_path / "plan"), nodes=2, optimize=False)  # naive: `c` is computed on both nodes
     assert_exact(str(tmp_path / "plan"))
@@ -133,10 +124,9 @@ def test_weight_before_a_received_input_stays_with_its_op(tmp_path) -> None:
 def test_if_with_constant_condition_reading_a_received_tensor(tmp_path) -> None:
     """An If whose only activation is captured (its condition is a weight) and split over
     both nodes: the captured tensor must be gathered before it is bound."""
-    cond = numpy_helper.from_array(np.array([True]), "cond")
-    then_g = helper.make_graph([helper.make_node("Relu", ["c"], ["t"])], "then", [], [_vi("t")])
-    else_g = helper.make_graph([helper.make_node("Neg", ["c"], ["e"])], "else", [], [_vi("e")])
-    model = _model([helper.make_node("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g)], [cond])
+    then_g = graph_of([helper.make_node("Relu", ["c"], ["t"])], [], [_vi("t")], name="then")
+    else_g = graph_of([helper.make_node("Neg", ["c"], ["e"])], [], [_vi("e")], name="else")
+    model = _model([helper.make_node("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g)], {"cond": np.array([True])})
     path = save(model, str(tmp_path))
     compile_plan(path, str(tmp_path / "plan"), nodes=2, optimize=False)  # naive: `c` is computed on both nodes
     assert_exact(str(tmp_path / "plan"))

@@ -10,21 +10,17 @@ import numpy as np
 import onnx
 import pytest
 from bbgrap.frontends.onnx import _check_sample_memory, import_proto, load_model, parse_input_shapes
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_builder import graph_of, model_of, value_info
 
 from bbgrap.ir import BBGrapError
 
 
 def conv_model(dims: list[int | str]) -> onnx.ModelProto:
     """x[dims] → Conv 3→4 (3×3, pad 1) → y, with height and width as given (ints or names)."""
-    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dims[0], 4, *dims[2:]])], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = graph_of([conv], [value_info("x", dims)], [value_info("y", [dims[0], 4, *dims[2:]])], {"w": np.ones((4, 3, 3, 3), np.float32)})
+    return model_of(graph)
 
 
 def _one_clean_line(tmp_path, model: onnx.ModelProto, *flags: str) -> str:
@@ -69,8 +65,8 @@ def test_directory_model_is_called_a_directory(tmp_path) -> None:
 def test_onnxruntime_failure_is_one_line_without_its_log(tmp_path) -> None:
     """A Reshape to a shape computed from the data fails inside onnxruntime's run, which
     logs an error line (with ANSI colour codes) of its own unless told not to."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    x = value_info("x", [1, 3, 4, 4])
+    y = value_info("y", [])
     y.type.tensor_type.ClearField("shape")
     y.type.tensor_type.shape.SetInParent()
     nodes = [
@@ -81,9 +77,7 @@ def test_onnxruntime_failure_is_one_line_without_its_log(tmp_path) -> None:
         helper.make_node("Concat", ["s", "s"], ["s2"], axis=0),
         helper.make_node("Reshape", ["x", "s2"], ["y"]),
     ]
-    inits = [numpy_helper.from_array(np.array(1000.0, np.float32), "k"), numpy_helper.from_array(np.array([1], np.int64), "one")]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=inits), opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = model_of(graph_of(nodes, [x], [y], {"k": np.array(1000.0, np.float32), "one": np.array([1], np.int64)}))
     err = _one_clean_line(tmp_path, model)
     assert "\x1b[" not in err and "onnxruntime cannot run this model" in err and "Reshape" in err
 

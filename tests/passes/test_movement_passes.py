@@ -94,11 +94,13 @@ def test_naive_moves_everything_and_optimized_much_less() -> None:
 
 def test_tensor_with_two_consumers_is_gathered_once(tmp_path) -> None:
     # c0 feeds a 3x3 conv and a 5x5 conv (via the residual in resnet-like graphs: two kernels)
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
+    from onnx_builder import graph_of, model_of, value_info
+
     rng = np.random.default_rng(1)
 
-    def w(n: str, k: int) -> TensorProto:
-        return numpy_helper.from_array(rng.standard_normal((2, 2, k, k)).astype(np.float32), n)
+    def w(k: int) -> np.ndarray:
+        return rng.standard_normal((2, 2, k, k)).astype(np.float32)
 
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["c0"], name="c0", pads=[0, 0, 0, 0]),
@@ -106,11 +108,8 @@ def test_tensor_with_two_consumers_is_gathered_once(tmp_path) -> None:
         helper.make_node("Conv", ["c0", "w2"], ["c2"], name="c2", pads=[2, 2, 2, 2]),
         helper.make_node("Add", ["c1", "c2"], ["y"], name="add"),
     ]
-    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 12, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 12, 6])],
-                              [w("w0", 1), w("w1", 3), w("w2", 5)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    weights = {"w0": w(1), "w1": w(3), "w2": w(5)}
+    model = model_of(graph_of(nodes, [value_info("x", [1, 2, 12, 6])], [value_info("y", [1, 2, 12, 6])], weights, "two"))
     g = partitioned(model, 3)
     c0 = [t for t in g.transfers() if t.tensor == "c0"]
     # the middle node needs 2 rows each side (the 5x5 conv), sent once, not 1 + 2

@@ -69,15 +69,13 @@ def test_rows_wholly_inside_padding_are_computed_whole(tmp_path, pads: list[int]
     a box', found by the fuzz test), so such a layer is computed whole, and runs exactly."""
     import numpy as np
     from helpers import assert_exact, compile_plan, save
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
+    from onnx_builder import graph_of, model_of, value_info
 
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=pads)], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 46, 6])], initializer=[w, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    weights = {"w": np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "b": np.arange(4, dtype=np.float32)}
+    graph = graph_of([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=pads)], [value_info("x", [1, 3, 8, 8])],
+                     [value_info("y", [1, 4, 46, 6])], weights)
+    model = model_of(graph)
     path = save(model, str(tmp_path))
     for nodes in (2, 3):
         compile_plan(path, str(tmp_path / f"plan{nodes}"), nodes=nodes)

@@ -72,16 +72,14 @@ def test_layers_with_wide_bands_are_searched_on_a_grid(tmp_path) -> None:
     from bbgrap.frontends.onnx import import_proto
     from bbgrap.passes.naive_partition import NaivePartition
     from bbgrap.passes.search import SearchPartitions, max_band
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
+    from onnx_builder import graph_of, model_of, value_info
 
     from bbgrap.search.procedural import size_band
 
-    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", 8])], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    graph = graph_of([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], [value_info("x", [1, 3, "h", 8])],
+                     [value_info("y", [1, 4, "h", 8])], {"w": np.ones((4, 3, 3, 3), np.float32)})
+    model = model_of(graph)
     for rows, nodes, gridded in [(4096, 4, True), (1 << 20, 2, True), (160, 4, False), (4096, 2, False), (1024, 16, True)]:
         ir = import_proto(model, input_shapes={"x": (1, 3, rows, 8)}).graph if rows < 1 << 20 else None
         if ir is None:  # a million rows: the IR without onnxruntime's sample run

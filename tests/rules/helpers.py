@@ -20,7 +20,8 @@ import onnxruntime as ort
 from bbgrap.frontends.onnx import Frontend, import_proto
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+from onnx_builder import build_model, graph_of, model_of, value_info, value_info_of
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
 from bbgrap.rules.base import Local, RegionRule
@@ -55,33 +56,6 @@ def const(rng: np.random.Generator, shape: Sequence[int], low: float | None = No
     if low is None:
         return rng.standard_normal(tuple(shape)).astype(np.float32)
     return rng.uniform(low, high, tuple(shape)).astype(np.float32)
-
-
-def build_model(
-    nodes: Sequence[onnx.NodeProto],
-    inputs: Mapping[str, Sequence[int]],
-    constants: Mapping[str, np.ndarray],
-    outputs: Sequence[str],
-    opset: int,
-    opset_domain: str = "",
-) -> onnx.ModelProto:
-    """A checked model: float32 graph inputs `inputs`, initialisers `constants`;
-    `opset_domain` spells the default domain ("" or its alias "ai.onnx")."""
-    graph = helper.make_graph(
-        list(nodes),
-        "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()],
-        [onnx.ValueInfoProto(name=n) for n in outputs],  # typed below from shape inference
-        [numpy_helper.from_array(np.asarray(v), n) for n, v in constants.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(opset_domain, opset)])
-    model.ir_version = 8
-    # give the outputs the shapes ONNX infers, so that the checker accepts them
-    inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output}
-    for out in model.graph.output:
-        out.CopyFrom(inferred[out.name])
-    onnx.checker.check_model(model)
-    return model
 
 
 def single_op(
@@ -161,11 +135,8 @@ def run_local(layer: Layer, graph: Graph, local: Local, values: Mapping[str, np.
     attrs.update(local.attrs)
     outs = [f"out{k}" if t else "" for k, t in enumerate(layer.outputs)]
     node = helper.make_node(layer.op_type, names, outs, name="local", domain=layer.domain or None, **attrs)
-    gi = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)) for n, v in feeds.items()]
-    go = [helper.make_tensor_value_info(outs[0], TensorProto.FLOAT, None)]
-    g = helper.make_graph([node], "local", gi, go, [numpy_helper.from_array(v, n) for n, v in inits.items()])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opsets.items()])
-    model.ir_version = 8
+    g = graph_of([node], [value_info_of(n, v) for n, v in feeds.items()], [value_info(outs[0])], inits, "local")
+    model = model_of(g, graph.opsets, check=False)
     return run_model(model, feeds)[outs[0]]
 
 

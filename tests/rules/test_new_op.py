@@ -15,9 +15,8 @@ from onnx import helper
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config, Direction
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules import conv, elementwise, indexing, pool, reduce, structural
 from bbgrap.rules.base import Local, RegionRule, RuleRegistry, all_axes, full, shape
-from bbgrap.rules.registry import default_registry
+from bbgrap.rules.registry import build_default_registry, default_registry
 from tests.rules.helpers import build_model
 
 
@@ -46,9 +45,7 @@ class CumSumRule(RegionRule):
 
 
 def with_cumsum() -> RuleRegistry:
-    registry = RuleRegistry()
-    for family in (conv, pool, elementwise, structural, reduce, indexing):
-        family.register(registry)
+    registry = build_default_registry()
     registry.register(["CumSum"], CumSumRule())
     return registry
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 import pytest
 from bbgrap.frontends.onnx import import_proto
@@ -9,7 +11,7 @@ from onnx import helper
 
 from bbgrap.ir import GROUPS, Layer
 from bbgrap.rules.base import RegionRule, RuleRegistry
-from bbgrap.rules.registry import default_registry
+from bbgrap.rules.registry import FAMILIES, build_default_registry, default_registry
 from bbgrap.rules.structural import WholeRule
 from tests.rules.helpers import build_model, single_op
 
@@ -30,16 +32,31 @@ def test_duplicate_within_one_call_raises() -> None:
         RuleRegistry().register(["Foo", "Foo"], WholeRule())
 
 
-def test_default_registry_rejects_reregistration() -> None:
-    """A family registering an op another family already has is an error."""
-    registry = default_registry()
-    assert "Conv" in registry
-    fresh = RuleRegistry()
-    from bbgrap.rules import conv
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.__name__.rsplit(".", 1)[-1])
+def test_default_registry_rejects_reregistration(family: ModuleType) -> None:
+    """A registry built exactly as the default one refuses every shipped family registered again."""
+    registry = build_default_registry()
+    with pytest.raises(ValueError, match="registered twice"):
+        family.register(registry)
 
-    conv.register(fresh)
-    with pytest.raises(ValueError):
-        conv.register(fresh)
+
+def test_default_registry_rejects_every_shipped_op_again() -> None:
+    """Not only a family's first op: each op of the default registry, registered again, is an error."""
+    ops = default_registry().op_types()
+    assert "Conv" in ops and "MaxPool" in ops and "Relu" in ops
+    registry = build_default_registry()
+    for op in ops:
+        with pytest.raises(ValueError, match=f"region rule for {op} registered twice"):
+            registry.register([op], WholeRule())
+
+
+def test_build_default_registry_builds_the_default_one_anew() -> None:
+    built = build_default_registry()
+    assert built is not default_registry() and built is not build_default_registry()
+    assert built.op_types() == default_registry().op_types()
+    for op in built.op_types():
+        assert type(built.rule_of(op)) is type(default_registry().rule_of(op)), op
+        assert built.traits(op) == default_registry().traits(op), op
 
 
 def test_unknown_op_has_no_rule() -> None:
