@@ -1,0 +1,276 @@
+"""Models from the PyTorch ONNX exporters (issue 14): each model exported with the TorchScript
+exporter (dynamo=False, opset 17) and the dynamo exporter (its default opset), compiled for 2 and
+4 nodes (16 with --nodes), run in this process and checked against the plan's reference.
+
+Needs torch (pip install -e ".[export]"); torchvision's architectures when torchvision imports,
+else small hand-written equivalents. Per (model, exporter, nodes): compile seconds, max relative
+error (exact: <= 1e-4), per-node FLOPs max/min, the share of the model's FLOPs in layers computed
+whole on one node and the number of such layers. A failed export or compile is a row, not a skip.
+
+  python benchmarks/exporters.py                               # every model, nodes 2 and 4
+  python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+from bbgrap.backends.runtime import compare, embedded_runners, run_embedded
+from table import Table  # benchmarks/table.py, beside this script
+
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config, Direction
+from bbgrap.plan import read_manifest, read_sample
+from bbgrap.plan_schema import Plan
+
+TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2), as the tests
+EXPORTERS = ("torchscript", "dynamo")
+TORCHVISION = {  # name: (constructor keyword arguments, input resolution)
+    "resnet18": ({}, 64),
+    "mobilenet_v3_small": ({}, 64),
+    "efficientnet_b0": ({}, 64),
+    "shufflenet_v2_x0_5": ({}, 64),
+    "convnext_tiny": ({}, 64),
+    "vit_b_16": ({"image_size": 64}, 64),
+    "swin_t": ({}, 64),
+}
+HANDWRITTEN = ("resnet_block", "mobilenet_v3_block", "convnext_block", "tiny_vit", "shufflenet_block")
+
+
+def handwritten(name: str) -> tuple[Any, int]:
+    """Small plain-torch equivalents of the torchvision architectures (when torchvision is missing)."""
+    import torch
+    from torch import nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+    class SqueezeExcite(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.fc1 = nn.Conv2d(c, c // 4, 1)
+            self.fc2 = nn.Conv2d(c // 4, c, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = x.mean((2, 3), keepdim=True)
+            return x * nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, c: int, expand: int) -> None:
+            super().__init__()
+            e = c * expand
+            self.body = nn.Sequential(nn.Conv2d(c, e, 1, bias=False), nn.BatchNorm2d(e), nn.Hardswish(),
+                                      nn.Conv2d(e, e, 3, 1, 1, groups=e, bias=False), nn.BatchNorm2d(e), nn.Hardswish(),
+                                      SqueezeExcite(e), nn.Conv2d(e, c, 1, bias=False), nn.BatchNorm2d(c))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.body(x)
+
+    class ConvNeXtBlock(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+            self.norm = nn.LayerNorm(c, eps=1e-6)
+            self.fc1 = nn.Linear(c, 4 * c)
+            self.fc2 = nn.Linear(4 * c, c)
+            self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.dw(x).permute(0, 2, 3, 1)  # channels last
+            y = self.fc2(nn.functional.gelu(self.fc1(self.norm(y)))) * self.gamma
+            return x + y.permute(0, 3, 1, 2)
+
+    class ChannelShuffle(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            h = c // 2
+            self.branch = nn.Sequential(nn.Conv2d(h, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU(),
+                                        nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), nn.BatchNorm2d(h),
+                                        nn.Conv2d(h, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = x.chunk(2, dim=1)
+            y = torch.cat((a, self.branch(b)), dim=1)
+            n, c, h, w = y.shape
+            return y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+    class TinyViT(nn.Module):
+        def __init__(self, dim: int = 64, patch: int = 8, image: int = 64, depth: int = 2, heads: int = 4, classes: int = 10) -> None:
+            super().__init__()
+            self.embed = nn.Conv2d(3, dim, patch, patch)
+            self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+            self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
+            layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(dim)
+            self.head = nn.Linear(dim, classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = self.embed(x).flatten(2).transpose(1, 2)
+            t = torch.cat((self.cls.expand(x.shape[0], -1, -1), t), dim=1) + self.pos
+            return self.head(self.norm(self.encoder(t))[:, 0])
+
+    stem = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU()]
+    if name == "resnet_block":
+        return nn.Sequential(*stem, Basic(32, 32, 1), Basic(32, 64, 2), Basic(64, 64, 1)), 64
+    if name == "mobilenet_v3_block":
+        return nn.Sequential(*stem, InvertedResidual(32, 3), InvertedResidual(32, 4)), 64
+    if name == "convnext_block":
+        return nn.Sequential(nn.Conv2d(3, 48, 4, 4), ConvNeXtBlock(48), ConvNeXtBlock(48)), 64
+    if name == "tiny_vit":
+        return TinyViT(), 64
+    if name == "shufflenet_block":
+        return nn.Sequential(*stem, ChannelShuffle(32), ChannelShuffle(32)), 64
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def build(name: str, have_torchvision: bool) -> tuple[Any, int]:
+    """The model in eval mode with seeded weights, and its input resolution."""
+    import torch
+
+    torch.manual_seed(0)
+    if name in TORCHVISION:
+        if not have_torchvision:
+            raise SystemExit(f"{name} needs torchvision, which does not import here")
+        import torchvision
+
+        kwargs, resolution = TORCHVISION[name]
+        model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    else:
+        model, resolution = handwritten(name)
+    return model.eval(), resolution
+
+
+def export(model: Any, resolution: int, exporter: str, path: str) -> None:
+    import torch
+
+    x = torch.randn(1, 3, resolution, resolution)
+    with warnings.catch_warnings():  # grad on: no fused fast path (TransformerEncoderLayer) the TorchScript exporter lacks
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["input"], output_names=["output"])
+        else:  # weights inside the one file, as the TorchScript exporter writes them
+            torch.onnx.export(model, (x,), path, dynamo=True, external_data=False, verbose=False, input_names=["input"], output_names=["output"])
+
+
+def check(plan_dir: str) -> float:
+    """Run every node in this process; the max relative error against the plan's reference
+    (infinite where an output is missing or not finite), as tests/helpers.py assert_exact."""
+    manifest = read_manifest(plan_dir)
+    sample, reference = read_sample(plan_dir)
+    runners = embedded_runners(plan_dir, manifest, 1, "cpu", False, "off", "auto")
+    outputs = run_embedded(runners, sample)
+    if not outputs or any(not np.isfinite(out).all() for out in outputs.values()):
+        return math.inf
+    _, rel = compare(outputs, reference)
+    return rel if rel is not None else math.nan
+
+
+def figures(plan: Plan) -> dict[str, Any]:
+    """Per-node FLOPs max/min, and the FLOPs share and count of layers computed whole on one node."""
+    flops = [n.flops for n in plan.stats.per_node]
+    rows = plan.compiled.layer_table
+    total = sum(r.flops for r in rows)
+    whole = [r for r in rows if r.whole is not None]
+    return {"flops_max_min": (max(flops) / min(flops)) if flops and min(flops) > 0 else math.inf,
+            "whole_flops_share": (sum(r.flops for r in whole) / total) if total > 0 else 0.0,
+            "whole_layers": len(whole), "layers": len(rows),
+            "whole_ops": sorted({r.op_type for r in whole})}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=None, help="default: the torchvision models, or the hand-written ones without torchvision")
+    p.add_argument("--exporters", nargs="+", default=list(EXPORTERS), choices=EXPORTERS)
+    p.add_argument("--nodes", nargs="+", type=int, default=[2, 4])
+    p.add_argument("--threshold", type=float, default=20.0)
+    p.add_argument("--direction", default="h")
+    p.add_argument("--search", default="exact")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("benchmarks/exporters.py needs torch: pip install -e '.[export]' (torch==2.13.0, onnxscript)", file=sys.stderr)
+        return 2
+    try:
+        import torchvision  # noqa: F401
+
+        have_torchvision = True
+    except Exception:  # missing, or built for another torch
+        have_torchvision = False
+    models = args.models or (list(TORCHVISION) if have_torchvision else list(HANDWRITTEN))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+    rows: list[dict[str, Any]] = []
+    table = Table([("model", "<20"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
+                   ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("whole layers", ">13"), ("  note", "<")])
+    emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
+    with tempfile.TemporaryDirectory(prefix="bbgrap-exporters-") as work:
+        for name in models:
+            model, resolution = build(name, have_torchvision)
+            for exporter in args.exporters:
+                path = os.path.join(work, f"{name}-{exporter}.onnx")
+                base = {"model": name, "exporter": exporter, "resolution": resolution}
+                try:
+                    t0 = time.perf_counter()
+                    export(model, resolution, exporter, path)
+                    base["export_s"] = time.perf_counter() - t0
+                except Exception as e:  # an exporter that fails for this model: one row says so
+                    note = f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+                    rows.append(base | {"nodes": None, "error": note})
+                    emit(name, exporter, "-", "-", "-", "-", "-", "-", "-", "  " + note)
+                    continue
+                for nodes in args.nodes:
+                    plan_dir = os.path.join(work, f"plan-{name}-{exporter}-{nodes}")
+                    cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search)
+                    row: dict[str, Any] = base | {"nodes": nodes}
+                    try:
+                        t0 = time.perf_counter()
+                        plan = compile_model(path, cfg, plan_dir)
+                        row["compile_s"] = time.perf_counter() - t0
+                    except Exception as e:
+                        row["error"] = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+                        rows.append(row)
+                        emit(name, exporter, nodes, "-", "-", "-", "-", "-", "-", "  " + row["error"])
+                        continue
+                    row |= figures(plan)
+                    try:
+                        row["max_rel_error"] = check(plan_dir)
+                        row["ok"] = bool(row["max_rel_error"] <= TOLERANCE)
+                    except Exception as e:
+                        row["error"] = f"run failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+                        row["max_rel_error"], row["ok"] = None, False
+                    rows.append(row)
+                    whole_ops = ",".join(row["whole_ops"][:4]) + (",..." if len(row["whole_ops"]) > 4 else "")
+                    note = row.get("error") or (f"  whole: {whole_ops}" if whole_ops else "")
+                    rel = row["max_rel_error"]
+                    emit(name, exporter, nodes, f"{row['compile_s']:.2f}", "-" if rel is None else f"{rel:.1e}",
+                         "yes" if row["ok"] else "NO", f"{row['flops_max_min']:.3f}", f"{100 * row['whole_flops_share']:.1f} %",
+                         f"{row['whole_layers']}/{row['layers']}", note)
+    if args.json:
+        print(json.dumps({"torch": torch.__version__, "threshold": args.threshold, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
