@@ -88,20 +88,26 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
 
 
 def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:
-    """The requested direction's axis if the layer can be cut there, else channels, else the
-    longest other axis its rule cuts (a token tensor's sequence, attention's heads), else None:
-    a layer computed whole keeps every other node waiting for it."""
+    """The requested direction's axis if the layer can be cut there; else channels, else the
+    longest other axis its rule cuts (a token tensor's sequence, attention's heads, a channel
+    shuffle's rows), preferring those long enough for every node; else None: a layer computed
+    whole keeps every other node waiting for it."""
     rule = registry.get(layer)
     if rule is None:
         return None
     allowed = rule.axes(layer, graph)
     shape = graph.tensors[layer.outputs[0]].shape
-    for d in (direction, Direction.C):
-        axis = d.axis(len(shape))
-        if axis is not None and axis in allowed and shape[axis] > 1:
-            return axis
-    others = sorted((a for a in allowed if a < len(shape) and shape[a] > 1), key=lambda a: (-shape[a], a))
-    return others[0] if others else None
+    wanted = direction.axis(len(shape))
+    if wanted is not None and wanted in allowed and shape[wanted] > 1:
+        return wanted
+    channels = Direction.C.axis(len(shape))
+    others = sorted((a for a in allowed if a < len(shape) and a != channels), key=lambda a: (-shape[a], a))
+    order = ([channels] if channels is not None and channels in allowed else []) + others
+    for shortest in (max(2, graph.nodes), 2):
+        for axis in order:
+            if shape[axis] >= shortest:
+                return axis
+    return None
 
 
 @dataclass(frozen=True)
