@@ -26,6 +26,7 @@ from helpers import assert_exact, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
+from onnx_builder import graph_of, model_of, value_info
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model, pipeline
@@ -189,10 +190,9 @@ def test_reading_the_slack_computes_the_same_output(op: str, k: int, s: int, beg
     inits = [onnx.numpy_helper.from_array(np.random.default_rng(k).standard_normal((4, 4, k, k)).astype(np.float32), "w")] if op == "Conv" else []
 
     def run(shape: tuple[int, int]) -> np.ndarray:
-        g = helper.make_graph([helper.make_node(op, inputs, ["y"], **attrs)], "w", [helper.make_tensor_value_info("x", 1, [1, 4, *shape])],
-                              [helper.make_tensor_value_info("y", 1, None)], initializer=inits)
-        sess = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString(),
-                                    providers=["CPUExecutionProvider"])
+        constants = {t.name: onnx.numpy_helper.to_array(t) for t in inits}
+        g = graph_of([helper.make_node(op, inputs, ["y"], **attrs)], [value_info("x", [1, 4, *shape])], [value_info("y")], constants, name="w")
+        sess = ort.InferenceSession(model_of(g, check=False).SerializeToString(), providers=["CPUExecutionProvider"])
         return sess.run(["y"], {"x": np.ascontiguousarray(x[:, :, :shape[0], :shape[1]])})[0]
 
     np.testing.assert_allclose(run(got), run(need), rtol=1e-6, atol=1e-6)

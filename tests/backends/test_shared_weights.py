@@ -15,6 +15,7 @@ import onnx
 import pytest
 from bbgrap.backends.emit import EXTERNAL_MIN_BYTES, PAGE, WEIGHTS_FILE, SharedWeights
 from helpers import assert_exact, compile_plan, save
+from onnx_builder import graph_of, model_of
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
@@ -66,7 +67,7 @@ def test_segments_point_into_the_shared_file_and_small_tensors_stay_inline(tmp_p
 def test_the_same_name_with_other_bytes_gets_its_own_place() -> None:
     def model(value: float) -> onnx.ModelProto:
         w = onnx.numpy_helper.from_array(np.full((64, 16), value, np.float32), "w@0:64,0:16")
-        return onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [], [w]))
+        return model_of(graph_of([], [], [], {w.name: onnx.numpy_helper.to_array(w)}), check=False)
 
     pool = SharedWeights()
     a, b, c = model(1.0), model(1.0), model(2.0)

@@ -19,7 +19,8 @@ from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from onnx_builder import graph_of, model_of, value_info
 
 from bbgrap.config import Direction
 from bbgrap.cost import CPU_RECEIVE, ReceiveCost
@@ -59,11 +60,8 @@ def expand_then_window() -> onnx.ModelProto:
     w2 = numpy_helper.from_array(rng.standard_normal((2, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
     nodes = [helper.make_node("Conv", ["x", "w1"], ["wide"], name="expand"),
              helper.make_node("Conv", ["wide", "w2"], ["y"], name="window", pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "expand", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 5])], [w1, w2])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    constants = {t.name: numpy_helper.to_array(t) for t in (w1, w2)}
+    return model_of(graph_of(nodes, [value_info("x", [1, 2, 8, 5])], [value_info("y", [1, 2, 8, 5])], constants, name="expand"))
 
 
 def test_expensive_receives_are_recomputed_back_to_the_input(tmp_path) -> None:
@@ -146,11 +144,9 @@ def window_chain(layers: list[tuple[str, int, int, int]], channels: int, height:
         nodes.append(helper.make_node("Relu", [f"t{i}"], [f"r{i}"], name=f"relu{i}"))
         prev, h, w = f"r{i}", (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
     nodes[-1].output[0] = "y"
-    graph = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, height, width])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, h, w])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    constants = {t.name: numpy_helper.to_array(t) for t in inits}
+    return model_of(graph_of(nodes, [value_info("x", [1, channels, height, width])], [value_info("y", [1, channels, h, w])], constants,
+                             name="windows"))
 
 
 @st.composite
