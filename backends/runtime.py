@@ -251,12 +251,21 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
         raise BBGrapError(f"cannot write --output {path} ({exc.strerror or exc}); write elsewhere") from None
 
 
+def peak_memory_mb() -> float:
+    """This process's peak resident memory so far, in MB (what a node needs to run its part)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / (1 << 10)  # bytes on macOS, KB on Linux
+
+
 def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
-           profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None,
+           peak_mb: list[float], profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None,
            shared_gpus: tuple[int, int] | None = None) -> int:
-    """Print (or --json) the result; `crowded` = (ranks, cores) where more threads than cores share a
-    host, `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one."""
+    """Print (or --json) the result; `peak_mb`: each rank's peak resident memory (one entry: all nodes
+    in this process); `crowded` = (ranks, cores) where more threads than cores share a host,
+    `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one."""
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     if args.output:
@@ -276,6 +285,7 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         "max_rel_error": rel_err,
         "reference": "model" if args.check else "sample" if reference else None,
         "ok": ok,
+        "peak_memory_mb": [round(m, 1) for m in peak_mb],  # per rank
     }
     if profiles:
         result["profile_ms"] = profiles  # per rank, per inference: compute, wait, send
@@ -291,7 +301,10 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
               f"{result['layout']} between segments")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         for r, prof in enumerate(profiles or []):
-            print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms")
+            print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms, "
+                  f"peak memory {peak_mb[r]:.0f} MB")
+        if not profiles:
+            print(f"peak memory {peak_mb[0]:.0f} MB (this process, every node it runs)")
         if crowded is not None:
             print(f"note: {crowded[0]} ranks share {crowded[1]} cores on this host, so they take turns on them (their waiting "
                   f"is mostly that): the latency of {plan.nodes} separate nodes would be lower")
@@ -346,7 +359,7 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
         save_trace(args, plan, [trace_events(args.plan, plan, r.node, r.node, p, 0.0, r if ops_dir else None)
                                     for r, p in zip(runners, profiles)])
-    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block)
+    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block, [peak_memory_mb()])
 
 
 def trace_events(plan_dir: str, plan: Plan, rank: int, node: int, profile: Profile, offset: float,
@@ -476,6 +489,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if k >= args.warmup:
             latencies.append(elapsed)
     profiles = allgather(comm, profile.as_ms(args.repeat))
+    peak_mb = allgather(comm, peak_memory_mb())
     traced = allgather(comm, trace_events(args.plan, plan, rank, rank, profile, offset, runner if ops_dir else None)
                        if args.trace else [])
     status = 0
@@ -490,7 +504,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
         try:
             sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
-            status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, profiles, crowded,
+            status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, peak_mb, profiles, crowded,
                             (local.Get_size(), devices) if sharing > 1 else None)
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)

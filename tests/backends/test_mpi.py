@@ -41,6 +41,7 @@ def test_mpirun_is_exact(tmp_path, name: str, nodes: int, direction: str, iobind
     assert result["mode"] == "mpi" and result["ranks"] == nodes and result["nodes"] == nodes
     assert result["max_rel_error"] <= 1e-4 and result["ok"]
     assert result["latency_ms"] > 0
+    assert len(result["peak_memory_mb"]) == nodes and all(m > 10 for m in result["peak_memory_mb"])  # measured per rank
     assert result["oversubscribed"] == (nodes > len(os.sched_getaffinity(0)))  # more ranks than this host's cores
     assert out.exists()
 
