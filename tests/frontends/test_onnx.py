@@ -118,3 +118,30 @@ def test_a_folded_rank0_index_stays_rank_0(tmp_path, nodes: int) -> None:
     plan = str(tmp_path / "plan")
     compile_plan(save(model, str(tmp_path)), plan, nodes=nodes)
     assert_exact(plan)
+
+
+def test_a_model_with_external_weights_compiles_and_checks_exactly(tmp_path, monkeypatch) -> None:
+    """The dynamo exporter (and large models) keep weights in a file beside the model: the frontend
+    reads them from the model's directory whatever the working directory, and bbgrap-run --check
+    runs the original model with them."""
+    import os
+    import subprocess
+    import sys
+
+    import onnx
+
+    from bbgrap import zoo
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    path = str(model_dir / "net.onnx")
+    onnx.save_model(zoo.build("resnet18", resolution=48, width=0.125, seed=4), path, save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="net.onnx.data", size_threshold=256)
+    assert os.path.getsize(path) < os.path.getsize(model_dir / "net.onnx.data")  # the weights are outside the model file
+    monkeypatch.chdir(tmp_path)  # not the model's directory
+    plan = str(tmp_path / "plan")
+    compile_plan(path, plan, nodes=2, direction="h", search=True)
+    assert_exact(plan)
+    run = os.path.join(os.path.dirname(sys.executable), "bbgrap-run")
+    proc = subprocess.run([run, plan, "--check", "--repeat", "1", "--warmup", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "against the model (ok)" in proc.stdout, proc.stdout + proc.stderr
