@@ -41,6 +41,8 @@ import onnx
 from bbgrap.backends.threads import probe_options
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.rules.base import is_default_domain
+
 DOMAIN = "com.microsoft.nchwc"
 LAYOUT_BLIND = ("Relu", "Add", "Concat", "Slice", "Split")  # ops that can run on blocked data (rules in _Folder)
 
@@ -162,7 +164,7 @@ class _Folder:
         self.outputs = {o.name for o in model.graph.output}
         self.constants = {i.name: i for i in model.graph.initializer}
         self.fresh_names = 0
-        self.opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 17)
+        self.opset = next((op.version for op in model.opset_import if is_default_domain(op.domain)), 17)
 
     def run(self) -> onnx.ModelProto:
         rules: list[Callable[[onnx.NodeProto], bool]] = [self.cancel_pair, self.fuse_into_conv, self.move_reorder_later]

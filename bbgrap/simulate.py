@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from bbgrap.cluster import OP_KINDS, ClusterProfile
 from bbgrap.cost import layer_ops
 from bbgrap.ir import BBGrapError, Graph, Layer
+from bbgrap.rules.base import is_default_domain
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
     from bbgrap.backends.lower import NodeProgram, Segment
@@ -69,12 +70,12 @@ class Prediction:
 
 def op_kind(layer: Layer, graph: Graph) -> str:
     """Which of OP_KINDS the layer's op is, for its throughput."""
-    if layer.op_type in ("Conv", "ConvTranspose") and layer.domain in ("", "ai.onnx"):
+    if layer.op_type in ("Conv", "ConvTranspose") and is_default_domain(layer.domain):
         group = int(layer.attrs.get("group", 1))
         weight = graph.tensors[layer.inputs[1]].shape
         per_group = weight[1] if layer.op_type == "Conv" else weight[0] // max(group, 1)
         return "depthwise" if group > 1 and per_group == 1 else "conv"
-    if layer.op_type in ("Gemm", "MatMul") and layer.domain in ("", "ai.onnx"):
+    if layer.op_type in ("Gemm", "MatMul") and is_default_domain(layer.domain):
         return "matmul"
     return "other"
 

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
-from bbgrap.rules.base import Local, RegionRule, RuleRegistry, all_axes, full, shape
+from bbgrap.rules.base import Local, RegionRule, RuleRegistry, all_axes, full, is_default_domain, shape
 
 
 def _constant(graph: Graph, layer: Layer, k: int) -> np.ndarray | None:
@@ -119,7 +119,7 @@ def split_as_slices(layer: Layer, tensors: Mapping[str, Tensor], opset: int) -> 
     per layer; as Slices, each output of a Split is cut on its own. The outputs' extents along
     the axis are the split sizes (from the static shapes in `tensors`, however the sizes were
     given). None for any other layer, and for a Split whose outputs' shapes are unknown."""
-    if layer.op_type != "Split" or layer.domain not in ("", "ai.onnx"):
+    if layer.op_type != "Split" or not is_default_domain(layer.domain):
         return None
     if not all(t in tensors for t in layer.outputs if t):
         return None
