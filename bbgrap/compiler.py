@@ -165,7 +165,7 @@ def compile_model(
         step("lower", 0, 1)
         programs, messages = lower(graph, registry)
         step("lower", 1, 1)
-        return Partitioned(graph, manager, programs, messages, predict(graph, programs, profile) if profile else None)
+        return Partitioned(graph, manager, programs, messages, predict(graph, programs, profile, registry) if profile else None)
 
     plans = {cfg.nodes: partitioned(cfg, dump_after)}
     chosen = cfg.nodes

@@ -30,6 +30,7 @@ from bbgrap.cluster import OP_KINDS, ClusterProfile
 from bbgrap.cost import layer_ops
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.registry import RuleRegistry, default_registry
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
     from bbgrap.backends.lower import NodeProgram, Segment
@@ -95,29 +96,26 @@ def value_elements(graph: Graph, value: str) -> int:
         return 0
 
 
-# ops onnxruntime fuses into the convolution that produces their input (Conv+BatchNormalization
-# folded into the weights, Conv+activation, and in the blocked layout Conv+Add(+Relu)): no time of their own
-FUSED_INTO_CONV = {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Add", "Sum"}
-
-
-def segment_work(graph: Graph, node: int, seg: Segment) -> SegmentWork:
+def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry | None = None) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
     one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
-    into the convolution before it, and one per element of every value the segment takes or gives (each
-    crosses from one onnxruntime session to another: copied, and in the blocked layout reordered)."""
+    into the convolution before it (`OpTraits.fuses_into_conv`), and one per element of every value the
+    segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
+    blocked layout reordered)."""
+    registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = dict.fromkeys(OP_KINDS, 0)
     convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
-        if onnx_node.op_type in FUSED_INTO_CONV and any(i in convolved for i in onnx_node.input):
+        if registry.traits(onnx_node.op_type, onnx_node.domain).fuses_into_conv and any(i in convolved for i in onnx_node.input):
             convolved.update(outputs)
             continue
         layer = layers.get(onnx_node.name)
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
-            ops[kind] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node])
+            ops[kind] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node], registry)
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -140,14 +138,14 @@ class SimStep:
     nbytes: int = 0
 
 
-def program_steps(graph: Graph, programs: Sequence[NodeProgram]) -> list[list[SimStep]]:
+def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleRegistry | None = None) -> list[list[SimStep]]:
     """Lowered programs as the simulator's steps."""
     out: list[list[SimStep]] = []
     for program in programs:
         steps: list[SimStep] = []
         for step in program.steps:
             if step.op == "run":
-                steps.append(SimStep("run", work=segment_work(graph, program.node, step.seg)))
+                steps.append(SimStep("run", work=segment_work(graph, program.node, step.seg, registry)))
             else:
                 m = step.msg
                 steps.append(SimStep(step.op, message=m.id, src=m.src, dst=m.dst, nbytes=m.nbytes))
@@ -202,6 +200,6 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
     return Prediction(n, tuple(RankTime(compute[r], wait[r], clock[r]) for r in range(n)))
 
 
-def predict(graph: Graph, programs: Sequence[NodeProgram], profile: ClusterProfile) -> Prediction:
+def predict(graph: Graph, programs: Sequence[NodeProgram], profile: ClusterProfile, registry: RuleRegistry | None = None) -> Prediction:
     """The lowered plan of `graph` (lower(graph)'s programs) played against `profile`."""
-    return simulate(program_steps(graph, programs), profile)
+    return simulate(program_steps(graph, programs, registry), profile)

@@ -73,11 +73,15 @@ class OpTraits:
 
     `alias`: one output equal to the input, which lowering binds instead of emitting a node
     (Identity, inference Dropout). `moves_data`: computes nothing, only moves elements (a
-    segment of such ops is folded into the segment before it). `layout`: see `Layout`."""
+    segment of such ops is folded into the segment before it). `layout`: see `Layout`.
+    `fuses_into_conv`: onnxruntime folds it into the convolution that produces its input
+    (Conv+BatchNormalization into the weights, Conv+activation, Conv+Add in the blocked
+    layout), so it takes no time of its own (the simulator's cost of a segment)."""
 
     alias: bool = False
     moves_data: bool = False
     layout: Layout = Layout.PLAIN
+    fuses_into_conv: bool = False
 
 
 class RegionRule(ABC):

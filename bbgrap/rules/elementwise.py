@@ -12,14 +12,14 @@ from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
 
 ACTIVATIONS = (
-    "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
+    "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
     "Elu", "Selu", "Celu", "Softplus", "Softsign", "ThresholdedRelu", "Gelu", "Mish", "Erf",
     "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
     "Sin", "Cos", "Not", "Cast", "Shrink",
 )
-KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through them
+KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through them, and fuses them into a Conv
 ARITHMETIC = ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
-BLOCKED_ARITHMETIC = ("Add", "Sum")  # onnxruntime's NCHWc layout runs them blocked
+BLOCKED_ARITHMETIC = ("Add", "Sum")  # onnxruntime's NCHWc layout runs them blocked, and fuses them into a Conv
 
 
 class BroadcastRule(RegionRule):
@@ -76,8 +76,9 @@ def register(registry: RuleRegistry) -> None:
     # the output is the input (Dropout at inference): lowering binds it instead of emitting a node
     registry.register(["Identity"], activation, OpTraits(alias=True, moves_data=True))
     registry.register(["Dropout"], activation, OpTraits(alias=True))
-    registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS))
+    registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS, fuses_into_conv=True))
+    registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True))
     registry.register(ARITHMETIC, arithmetic)
-    registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED))
-    registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS))
+    registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True))
+    registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True))
     registry.register(["Expand"], ExpandRule())
