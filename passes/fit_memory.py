@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 import numpy as np
-from bbgrap.passes.naive_partition import partition_layer, split_sizes
+from bbgrap.passes.naive_partition import CHANNELS, channel_cut
 
 from bbgrap.cost import CPU_MEMORY, MemoryCost
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, Movement
@@ -31,7 +31,6 @@ from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
-CHANNELS = 1
 MB = 1e6
 
 
@@ -80,40 +79,36 @@ class FitMemory(Pass):
         if not self.memory_mb:
             return PassResult(graph, False)
         partitions = dict(graph.partitions)
-        tried: set[str] = set()
-        changed = False
+        shards: dict[str, LayerPartition] | None = None  # each layer's channel cut, made once where needed
         while True:
             usage = node_memory(graph, partitions)
             over = [n for n, (w, a) in enumerate(usage) if self.memory.of(w, a) > self.memory_mb[n] * MB]
             if not over:
                 break
-            layer = self._heaviest_shardable(graph, partitions, over, tried)
-            if layer is None:
+            if shards is None:
+                speeds = self.speeds or (1.0,) * graph.nodes
+                cuts = {layer.name: channel_cut(graph, layer, speeds, self.registry) for layer in graph.layers
+                        if partitions[layer.name].axis != CHANNELS}
+                shards = {name: part for name, part in cuts.items() if part is not None}
+            name = self._heaviest(graph, partitions, shards, over)
+            if name is None:
                 raise BBGrapError(self._does_not_fit(graph, usage, over))
-            tried.add(layer.name)
-            shape = graph.tensors[layer.outputs[0]].shape
-            sizes = split_sizes(shape[CHANNELS], self.speeds or (1.0,) * graph.nodes)
-            partitions[layer.name] = partition_layer(graph, layer, CHANNELS, sizes, self.registry)
-            changed = True
-        if not changed:
+            partitions[name] = shards.pop(name)
+        if shards is None:
             return PassResult(graph, False)
         new = graph.replace(partitions=partitions)
         return PassResult(new.replace(gathers=derive_gathers(new, graph.movement)), True)
 
-    def _heaviest_shardable(self, graph: Graph, partitions: dict[str, LayerPartition], over: Sequence[int],
-                            tried: set[str]) -> Layer | None:
-        """The layer whose weights weigh most on the nodes that are over, among those a channel cut can shard."""
-        best: tuple[int, Layer] | None = None
+    def _heaviest(self, graph: Graph, partitions: dict[str, LayerPartition], shards: dict[str, LayerPartition],
+                  over: Sequence[int]) -> str | None:
+        """The layer, among those not yet sharded, whose weights weigh most on the nodes that are over."""
+        best: tuple[int, str] | None = None
         for layer in graph.layers:
-            part = partitions[layer.name]
-            rule = self.registry.get(layer)
-            shape = graph.tensors[layer.outputs[0]].shape
-            if (layer.name in tried or part.axis == CHANNELS or rule is None or len(shape) < 2
-                    or CHANNELS not in rule.axes(layer, graph) or shape[CHANNELS] < graph.nodes):
+            if layer.name not in shards:
                 continue
-            held = sum(layer_weight_bytes(graph, layer, part, n) for n in over)
+            held = sum(layer_weight_bytes(graph, layer, partitions[layer.name], n) for n in over)
             if held > 0 and (best is None or held > best[0]):
-                best = (held, layer)
+                best = (held, layer.name)
         return best[1] if best is not None else None
 
     def _does_not_fit(self, graph: Graph, usage: Sequence[tuple[int, int]], over: Sequence[int]) -> str:

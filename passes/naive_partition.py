@@ -21,6 +21,7 @@ from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 WHOLE_NODE = 0  # where layers that cannot be cut are computed
+CHANNELS = 1  # the channel axis of an NCHW tensor
 
 
 def split_sizes(extent: int, speeds: Sequence[float]) -> list[int]:
@@ -85,6 +86,16 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             inputs.append(dict(local.inputs))
     return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs),
                           tuple(inputs))
+
+
+def channel_cut(graph: Graph, layer: Layer, speeds: Sequence[float], registry: RuleRegistry) -> LayerPartition | None:
+    """The layer cut along its output channels in proportion to `speeds`, where its rule allows
+    that and every node gets a channel; else None."""
+    rule = registry.get(layer)
+    shape = graph.tensors[layer.outputs[0]].shape
+    if rule is None or len(shape) < 2 or CHANNELS not in rule.axes(layer, graph) or shape[CHANNELS] < graph.nodes:
+        return None
+    return partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], speeds), registry)
 
 
 def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
-from bbgrap.passes.naive_partition import partition_layer, split_sizes
+from bbgrap.passes.naive_partition import CHANNELS, channel_cut, partition_layer
 
 from bbgrap.config import Config
 from bbgrap.cost import layer_ops
@@ -38,8 +38,6 @@ from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.objective import LayerCost, NodeCost, Weights, objective
 from bbgrap.search.procedural import size_band
 from bbgrap.search.strategies import SearchResult, search
-
-CHANNELS = 1  # the channel axis of an NCHW tensor
 
 
 def max_band(nodes: int) -> int:
@@ -186,12 +184,10 @@ class SearchPartitions(Pass):
 
         It wins where the cut direction is too short to split evenly (a 7x7 map on 2 nodes
         leaves one node 4 rows and the other 3) and what it must receive is worth less."""
-        rule = self.registry.get(layer)
-        shape = graph.tensors[layer.outputs[0]].shape
-        if rule is None or len(shape) < 3 or CHANNELS not in rule.axes(layer, graph) or shape[CHANNELS] < graph.nodes:
+        if len(graph.tensors[layer.outputs[0]].shape) < 3:  # no spatial axis to compare with
             return None
-        part = partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], self.config.node_speeds()), self.registry)
-        return part, self._cost(graph, layer, CHANNELS, partitions).cost_of(part)
+        part = channel_cut(graph, layer, self.config.node_speeds(), self.registry)
+        return (part, self._cost(graph, layer, CHANNELS, partitions).cost_of(part)) if part is not None else None
 
     def _search_layer(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> tuple[LayerPartition, SearchResult]:
         """The layer's best cut given its producers' cuts, and the strategy's result."""
