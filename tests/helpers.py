@@ -1,8 +1,11 @@
-"""Shared test helpers: compile a model through the real pipeline and run the plan."""
+"""Shared test helpers: compile a model through the real pipeline and run the plan, in process
+or as a user runs the commands."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -65,3 +68,26 @@ def assert_exact(plan_dir: str, iobinding: str = "off", layout: str = "auto") ->
     assert not bad, f"plan {plan_dir}: non-finite values in {bad}"
     assert np.isfinite(rel) and rel <= TOLERANCE, f"plan {plan_dir}: max relative error {rel}"
     return rel
+
+
+BIN = os.path.dirname(sys.executable)
+
+
+def bbgrap(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The `bbgrap` command of this environment, as a user runs it."""
+    return subprocess.run([os.path.join(BIN, "bbgrap"), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def bbgrap_run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The `bbgrap-run` command of this environment, in one process."""
+    return subprocess.run([os.path.join(BIN, "bbgrap-run"), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Exit status 2 and one line on stderr naming `words`, with no traceback."""
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]

@@ -7,28 +7,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
-
-BIN = os.path.dirname(sys.executable)
-
-
-def bbgrap(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([os.path.join(BIN, "bbgrap"), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
-def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([os.path.join(BIN, "bbgrap-run"), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
-def one_error_line(proc: subprocess.CompletedProcess[str], *words: str) -> None:
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
+from helpers import BIN, bbgrap, one_error_line
+from helpers import bbgrap_run as run
 
 
 @pytest.fixture(scope="module")

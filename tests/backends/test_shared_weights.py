@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from bbgrap.backends.emit import EXTERNAL_MIN_BYTES, PAGE, WEIGHTS_FILE, SharedWeights
-from helpers import assert_exact, compile_plan, save
+from helpers import assert_exact, bbgrap_run, compile_plan, one_error_line, save
 from onnx_builder import graph_of, model_of
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
-
-RUN = os.path.join(os.path.dirname(sys.executable), "bbgrap-run")
 
 
 def plan_bytes(plan: str) -> int:
@@ -86,6 +82,4 @@ def test_a_damaged_weights_file_is_refused_in_one_line(tmp_path, resnet: str) ->
     data = bytearray((damaged / WEIGHTS_FILE).read_bytes())
     data[PAGE + 7] ^= 0xFF
     (damaged / WEIGHTS_FILE).write_bytes(bytes(data))
-    proc = subprocess.run([RUN, str(damaged), "--repeat", "1", "--warmup", "0"], capture_output=True, text=True, timeout=180)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and WEIGHTS_FILE in lines[0], proc.stderr
+    one_error_line(bbgrap_run(str(damaged), "--repeat", "1", "--warmup", "0"), WEIGHTS_FILE)

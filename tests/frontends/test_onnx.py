@@ -7,7 +7,7 @@ import models
 import numpy as np
 import pytest
 from bbgrap.frontends.onnx import import_proto, parse_input_shapes
-from helpers import assert_exact, compile_plan, save
+from helpers import assert_exact, bbgrap_run, compile_plan, save
 
 from bbgrap.ir import BBGrapError
 
@@ -125,8 +125,6 @@ def test_a_model_with_external_weights_compiles_and_checks_exactly(tmp_path, mon
     reads them from the model's directory whatever the working directory, and bbgrap-run --check
     runs the original model with them."""
     import os
-    import subprocess
-    import sys
 
     import onnx
 
@@ -142,6 +140,5 @@ def test_a_model_with_external_weights_compiles_and_checks_exactly(tmp_path, mon
     plan = str(tmp_path / "plan")
     compile_plan(path, plan, nodes=2, direction="h", search=True)
     assert_exact(plan)
-    run = os.path.join(os.path.dirname(sys.executable), "bbgrap-run")
-    proc = subprocess.run([run, plan, "--check", "--repeat", "1", "--warmup", "0"], capture_output=True, text=True, timeout=300)
+    proc = bbgrap_run(plan, "--check", "--repeat", "1", "--warmup", "0")
     assert proc.returncode == 0 and "against the model (ok)" in proc.stdout, proc.stdout + proc.stderr

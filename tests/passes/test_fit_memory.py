@@ -5,13 +5,11 @@ one line saying by how much; every plan stays exact."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from bbgrap.passes.fit_memory import MB
-from helpers import assert_exact, compile_plan, save
+from helpers import assert_exact, bbgrap, compile_plan, one_error_line, save
 from onnx import helper
 
 from bbgrap.cost import CPU_MEMORY
@@ -19,7 +17,6 @@ from bbgrap.ir import BBGrapError
 from bbgrap.plan import read_manifest
 from tests.rules.helpers import build_model
 
-BBGRAP = os.path.join(os.path.dirname(sys.executable), "bbgrap")
 RUNTIME_MB = CPU_MEMORY.runtime_bytes / MB
 
 
@@ -66,8 +63,5 @@ def test_a_plan_that_cannot_fit_says_by_how_much(tmp_path) -> None:
 @pytest.mark.parametrize(("value", "words"), [(f"{RUNTIME_MB + 1:g}", "does not fit"), ("x", "--memory-mb 'x'"), ("1,2,3", "--memory-mb has 3 entries")])
 def test_the_flag_is_checked_and_a_plan_too_big_is_one_line(tmp_path, value: str, words: str) -> None:
     model = heavy_convs(tmp_path)
-    proc = subprocess.run([BBGRAP, "compile", model, "--nodes", "2", "--memory-mb", value, "-o", str(tmp_path / "plan"), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
+    one_error_line(bbgrap("compile", model, "--nodes", "2", "--memory-mb", value, "-o", str(tmp_path / "plan"), "--quiet"), words)
     assert not os.path.exists(tmp_path / "plan")
