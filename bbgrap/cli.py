@@ -11,7 +11,7 @@ import sys
 from typing import Any, Sequence
 
 from bbgrap import package_version
-from bbgrap.config import DIRECTIONS, SEARCHES, Config, load_config
+from bbgrap.config import DIRECTIONS, PLANNERS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import file_target_problem, new_dir_problem, written_whole
 from bbgrap.plan_schema import Plan, PredictionRecord
@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="memory of each node in MB (one for all, or one per node): heavy layers are cut along channels, "
                         "sharding their weights, until every node's weights and activations fit")
     c.add_argument("--search", help=f"search strategy: {', '.join(SEARCHES)} (default exact)")
+    c.add_argument("--planner", help=f"how cuts are chosen across layers: {', '.join(PLANNERS)} (default greedy: each layer's best "
+                   "cut given its producers'); dp: every layer's cut jointly, the exact minimum of the layer-synchronous time by "
+                   "dynamic programming; heft: list scheduling on each node's timeline (layers may go whole to one node); ga: a "
+                   "genetic algorithm on that timeline seeded with the others. Costs come from --profile (else the default "
+                   "profile scaled by --speeds); the plan kept is the faster predicted of the planner's and greedy's")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")
     c.add_argument("-o", "--output", default="bbgrap-plan", metavar="DIR", help="plan directory (default ./bbgrap-plan)")
@@ -130,10 +135,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         raise BBGrapError(f"--direction '{args.direction}' is not one of {', '.join(DIRECTIONS)} (n: batch, c: channels, h: height, w: width)")
     if args.search is not None and args.search not in SEARCHES:
         raise BBGrapError(f"--search '{args.search}' is not one of {', '.join(SEARCHES)}")
+    if args.planner is not None and args.planner not in PLANNERS:
+        raise BBGrapError(f"--planner '{args.planner}' is not one of {', '.join(PLANNERS)}")
     if memory is not None and len(memory) == 1:  # one size for every node
         memory = memory * (nodes if nodes is not None else base.nodes)
     cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search,
-                              memory_mb=memory)
+                              planner=args.planner, memory_mb=memory)
     if args.force_nodes and not args.profile:
         raise BBGrapError("--force-nodes only matters with --profile FILE; drop it or give a profile (bbgrap calibrate writes one)")
     profile = None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -88,6 +88,15 @@ class ClusterProfile:
     def node(self, n: int) -> NodeProfile:
         """Node n's profile (the last one listed where the profile lists fewer)."""
         return self.nodes[min(n, len(self.nodes) - 1)]
+
+
+def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterProfile:
+    """`profile`'s first node for every node, its throughputs times the node's relative speed (the
+    default profile for a cluster known only by its --speeds)."""
+    base = profile.nodes[0]
+    scaled = tuple(
+        replace(base, **{f"{kind}_ops_per_s": base.ops_per_s(kind) * s for kind in OP_KINDS}) for s in speeds)
+    return ClusterProfile(scaled, profile.link, f"{profile.source} with speeds {','.join(f'{s:g}' for s in speeds)}")
 
 
 # Roughly the hand weights elsewhere: recompute-halos' 1e5 operations per microsecond and

@@ -7,12 +7,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from bbgrap.cluster import ClusterProfile
+from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, with_speeds
 from bbgrap.config import Config, Direction
+from bbgrap.cost import CPU_RECEIVE, receive_cost
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import CompileRecord, Plan, PredictionRecord, RankPrediction, Source
+from bbgrap.plan_schema import CompileRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.simulate import Prediction, predict
@@ -21,13 +22,20 @@ if TYPE_CHECKING:
     from bbgrap.backends.lower import Message, NodeProgram
 
 
+def planner_profile(cfg: Config, profile: ClusterProfile | None) -> ClusterProfile:
+    """The profile the whole-network planner and the plans' comparison use: the given one, else
+    the default profile with the config's node speeds."""
+    return profile if profile is not None else with_speeds(DEFAULT_PROFILE, cfg.node_speeds())
+
+
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
              progress: Callable[[str, int, int], None] | None = None, recompute: bool = True,
-             registry: RuleRegistry | None = None) -> list[Pass]:
+             registry: RuleRegistry | None = None, profile: ClusterProfile | None = None) -> list[Pass]:
     """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search
-    → fit-memory → recompute-halos`, or part of it (`--no-search`, `--no-recompute`,
-    `--no-optimize`; fit-memory where the config gives the nodes' memory), with the rules of
-    `registry` (default: every family shipped)."""
+    → [plan-network] → fit-memory → recompute-halos`, or part of it (`--no-search`,
+    `--no-recompute`, `--no-optimize`; plan-network with a planner other than greedy, costed
+    with `profile` (planner_profile); fit-memory where the config gives the nodes' memory), with
+    the rules of `registry` (default: every family shipped)."""
     from bbgrap.passes.eliminate_transfers import EliminateTransfers
     from bbgrap.passes.insert_crop_concat import InsertCropConcat
     from bbgrap.passes.naive_partition import NaivePartition
@@ -40,6 +48,11 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
             from bbgrap.passes.search import SearchPartitions
 
             passes.append(SearchPartitions(cfg, progress=progress, registry=registry))
+        if cfg.planner != "greedy" and cfg.nodes > 1:
+            from bbgrap.passes.plan_network import PlanNetwork
+
+            passes.append(PlanNetwork(cfg.planner, planner_profile(cfg, profile), cfg.node_speeds(),
+                                      frozenset(c.layer for c in cfg.custom), registry=registry))
     if cfg.memory_mb:
         from bbgrap.passes.fit_memory import FitMemory
 
@@ -48,7 +61,9 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
 
-            passes.append(RecomputeHalos(speeds=cfg.node_speeds(), progress=progress, registry=registry))
+            # with a measured profile a receive costs what it measured; else the CPU provider's constants
+            receive = receive_cost(profile) if profile is not None else CPU_RECEIVE
+            passes.append(RecomputeHalos(receive=receive, speeds=cfg.node_speeds(), progress=progress, registry=registry))
     return passes
 
 
@@ -85,6 +100,7 @@ class Partitioned:
     programs: list[NodeProgram]
     messages: list[Message]
     prediction: Prediction | None
+    planner: PlannerRecord | None = None
 
     @property
     def latency(self) -> float:
@@ -135,6 +151,7 @@ def compile_model(
     registry: RuleRegistry | None = None,
     profile: ClusterProfile | None = None,
     force_nodes: bool = False,
+    judge: bool = True,
 ) -> Plan:
     """Compile `model` for `cfg.nodes` nodes into `out_dir` with the rules of `registry`
     (default: every family shipped); returns the plan as written.
@@ -143,7 +160,11 @@ def compile_model(
     node, and the plan's compile record holds the prediction. Where the plan is predicted no
     faster than one node, the counts in between are simulated too and the plan is compiled for
     the fastest predicted count (fewer nodes on a tie), unless `force_nodes`: a plan for more
-    nodes than pay off only adds waiting and copies."""
+    nodes than pay off only adds waiting and copies.
+
+    With a whole-network planner (`cfg.planner`), the plan kept is the faster predicted of the
+    planner's and the per-layer search's, or without `judge` the planner's (benchmarks and tests
+    comparing the planners themselves)."""
     from bbgrap.backends.emit import emit
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
@@ -159,13 +180,32 @@ def compile_model(
     requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
 
-    def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
-        manager = PassManager(pipeline(c, optimize, search, progress, recompute, registry), dump_after=dump, dump=dump_ir(dump_dir))
+    def run_pipeline(c: Config, dump: Sequence[str] = ()) -> Partitioned:
+        manager = PassManager(pipeline(c, optimize, search, progress, recompute, registry, profile), dump_after=dump, dump=dump_ir(dump_dir))
         graph = manager.run(front.graph)
         step("lower", 0, 1)
         programs, messages = lower(graph, registry)
         step("lower", 1, 1)
         return Partitioned(graph, manager, programs, messages, predict(graph, programs, profile, registry) if profile else None)
+
+    def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
+        """The plan for `c`; with a whole-network planner, the plan the simulator predicts faster of
+        the planner's and the per-layer search's alone (so a planner never makes a plan slower);
+        without `judge`, the planner's (both predictions recorded)."""
+        planned = run_pipeline(c, dump)
+        if c.planner == "greedy" or c.nodes == 1 or not optimize:
+            return planned
+        greedy = run_pipeline(replace(c, planner="greedy"))
+        costs = planner_profile(c, profile)
+        times = {name: p.prediction.latency if p.prediction is not None else predict(p.graph, p.programs, costs, registry).latency
+                 for name, p in ((c.planner, planned), ("greedy", greedy))}
+        kept = c.planner if times[c.planner] <= times["greedy"] or not judge else "greedy"
+        stats = planned.graph.planner_stats
+        assert stats is not None, "the pipeline with a planner ran plan-network"
+        record = PlannerRecord(c.planner, kept, costs.source, round(times[c.planner] * 1e3, 4), round(times["greedy"] * 1e3, 4), stats)
+        log(f"planner {c.planner}: predicted {times[c.planner] * 1e3:.3f} ms, per-layer search alone {times['greedy'] * 1e3:.3f} ms; "
+            f"kept {kept}")
+        return replace(planned if kept == c.planner else greedy, planner=record)
 
     plans = {cfg.nodes: partitioned(cfg, dump_after)}
     chosen = cfg.nodes
@@ -190,6 +230,7 @@ def compile_model(
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         source=Source(os.path.abspath(model), file_sha256(model)),
         prediction=prediction_record(profile, requested, chosen, plans) if profile is not None else None,
+        planner=plans[chosen].planner,
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"

@@ -52,6 +52,8 @@ def parse_direction(text: str, problem: Callable[[str], BBGrapError]) -> Directi
         raise problem(f"must be one of {', '.join(DIRECTIONS)}, not '{text}'") from None
 
 SEARCHES = ("exact", "pruned-tree", "exhaustive")
+# greedy: the per-layer search alone; dp, heft, ga: a whole-network planner after it (bbgrap/search/network.py)
+PLANNERS = ("greedy", "dp", "heft", "ga")
 # More nodes than any model here has rows or channels to share out; compile time and memory grow with the count.
 MAX_NODES = 1024
 
@@ -79,6 +81,7 @@ class Config:
     threshold: float = 20.0
     direction: Direction = Direction.H
     search: str = "exact"
+    planner: str = "greedy"
     objective: Weights = DEFAULT_WEIGHTS
     custom: tuple[CustomPartition, ...] = ()
     source: str = "<defaults>"
@@ -103,7 +106,7 @@ class Config:
 
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "cluster": {"nodes": (int,), "speeds": (list,), "memory_mb": (list,)},
-    "partition": {"threshold": (int, float), "direction": (str,), "search": (str,)},
+    "partition": {"threshold": (int, float), "direction": (str,), "search": (str,), "planner": (str,)},
     "objective": {k: (int, float) for k in ("operations_w", "data_w", "over_w", "harmonic_w")},
 }
 
@@ -171,6 +174,7 @@ def load_config(path: str) -> Config:
         threshold=float(part.get("threshold", 20.0)),
         direction=parse_direction(part.get("direction", "h"), lambda problem: _fail(path, "partition.direction", problem)),
         search=str(part.get("search", "exact")),
+        planner=str(part.get("planner", "greedy")),
         objective=replace(DEFAULT_WEIGHTS, **{k: float(v) for k, v in obj.items()}),
         custom=tuple(custom),
         source=path,
@@ -181,7 +185,7 @@ def load_config(path: str) -> Config:
 
 # The flag that sets a Config field on the command line, to name it in errors.
 FLAGS = {"nodes": "--nodes", "speeds": "--speeds", "threshold": "--threshold", "direction": "--direction", "search": "--search",
-         "memory_mb": "--memory-mb"}
+         "planner": "--planner", "memory_mb": "--memory-mb"}
 
 
 def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
@@ -209,6 +213,8 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
         raise fail("threshold", "partition.threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
     if cfg.search not in SEARCHES:
         raise fail("search", "partition.search", f"must be one of {', '.join(SEARCHES)}, not '{cfg.search}'")
+    if cfg.planner not in PLANNERS:
+        raise fail("planner", "partition.planner", f"must be one of {', '.join(PLANNERS)}, not '{cfg.planner}'")
     for name in ("operations_w", "data_w", "over_w", "harmonic_w"):
         weight = getattr(cfg.objective, name)
         if not (math.isfinite(weight) and weight >= 0):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bbgrap.cluster import ClusterProfile
 from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
@@ -54,6 +55,17 @@ class ReceiveCost:
 # onnxruntime's CPU provider does about 1e5 operations per microsecond per core; one receive
 # point costs roughly 50 us there, a byte it moves about 0.1 ns (docs/benchmarks.md).
 CPU_RECEIVE = ReceiveCost(sync_ops=5e6, byte_ops=10.0)
+
+
+def receive_cost(profile: ClusterProfile, itemsize: int = 4) -> ReceiveCost:
+    """A receive's cost from a measured cluster profile, in operations of the slowest node's
+    convolution (what recomputing a halo mostly is): per receive point one message's latency and
+    a segment's fixed cost; per byte the link's time for it and the concat's and the session
+    hand-over's (an "other" operation per element each)."""
+    slowest = min(profile.nodes, key=lambda p: p.conv_ops_per_s)
+    ops_per_s = slowest.conv_ops_per_s
+    per_byte = 1.0 / profile.link.bandwidth_Bps + 2.0 / itemsize / slowest.other_ops_per_s
+    return ReceiveCost(sync_ops=(profile.link.latency_s + slowest.segment_s) * ops_per_s, byte_ops=per_byte * ops_per_s)
 
 
 @dataclass(frozen=True)

@@ -398,6 +398,28 @@ class SearchStats:
 
 
 @dataclass(frozen=True)
+class PlannerStats:
+    """What the whole-network planner did (passes/plan_network.py): its name, the layers it could
+    choose for and their candidates in all, the states or choices it scored, whether its result is
+    its objective's exact minimum, the synchronous and timeline objectives (ms) of its choice and of
+    the plan it started from, and its seconds."""
+
+    planner: str
+    layers: int
+    candidates: int
+    evaluated: int
+    exact: bool
+    synchronous_ms: float
+    timeline_ms: float
+    start_synchronous_ms: float
+    start_timeline_ms: float
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Graph:
     """The whole model: layers in topological order, tensors, constants, and (once
     partitioned) the per-layer partitions and per-tensor gathers."""
@@ -414,6 +436,7 @@ class Graph:
     gathers: Mapping[tuple[str, int], Gather] = field(default_factory=dict)
     movement: Movement = Movement.NONE
     search_stats: SearchStats | None = None
+    planner_stats: PlannerStats | None = None
 
     def replace(self, **changes: Any) -> Graph:
         return dataclasses.replace(self, **changes)

@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, TypeVar, Union
 import numpy as np
 
 from bbgrap.config import DIRECTIONS, Direction
-from bbgrap.ir import BBGrapError, Movement, SearchStats
+from bbgrap.ir import BBGrapError, Movement, PlannerStats, SearchStats
 
 PLAN_FORMAT = "bbgrap-plan"
 PLAN_VERSION = 3
@@ -495,6 +495,39 @@ class PredictionRecord:
                    _number(rec, where, "one_node_ms"), _number(rec, where, "speedup"), {int(k): float(ms) for k, ms in candidates.items()})
 
 
+def planner_stats_from_json(value: Any, where: str) -> PlannerStats:
+    """The plan-network pass's statistics (bbgrap.ir.PlannerStats, which writes itself with to_json)."""
+    rec = _object(value, where)
+    exact = _take(rec, where, "exact", lambda v: isinstance(v, bool), "true or false")
+    return PlannerStats(_str(rec, where, "planner"), _int(rec, where, "layers"), _int(rec, where, "candidates"),
+                        _int(rec, where, "evaluated"), exact, *(_number(rec, where, k) for k in (
+                            "synchronous_ms", "timeline_ms", "start_synchronous_ms", "start_timeline_ms", "seconds")))
+
+
+@dataclass(frozen=True)
+class PlannerRecord:
+    """What a whole-network planner (compile --planner) did: its name, which plan was kept (its own
+    or the per-layer search's, whichever the simulator predicted faster with `profile`), both
+    predicted latencies, and the plan-network pass's statistics."""
+
+    planner: str
+    kept: str
+    profile: str
+    planner_ms: float
+    greedy_ms: float
+    stats: PlannerStats
+
+    def to_json(self) -> Json:
+        return {"planner": self.planner, "kept": self.kept, "profile": self.profile, "planner_ms": self.planner_ms,
+                "greedy_ms": self.greedy_ms, "stats": self.stats.to_json()}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> PlannerRecord:
+        rec = _object(value, where)
+        return cls(_str(rec, where, "planner"), _str(rec, where, "kept"), _str(rec, where, "profile"), _number(rec, where, "planner_ms"),
+                   _number(rec, where, "greedy_ms"), _record(rec, where, "stats", planner_stats_from_json))
+
+
 @dataclass(frozen=True)
 class CompileRecord:
     """How the plan was compiled: the cut direction, the search threshold and node speeds, the passes
@@ -510,12 +543,14 @@ class CompileRecord:
     compile_seconds: float
     source: Source | None = None
     prediction: PredictionRecord | None = None  # with a cluster profile (compile --profile)
+    planner: PlannerRecord | None = None  # with a whole-network planner (compile --planner)
 
     def to_json(self) -> Json:
         out = {"direction": self.direction.value, "threshold": self.threshold, "speeds": list(self.speeds), "passes": list(self.passes),
                "search": self.search.to_json() if self.search is not None else None,
                "layer_table": [r.to_json() for r in self.layer_table], "compile_seconds": self.compile_seconds,
-               "prediction": self.prediction.to_json() if self.prediction is not None else None}
+               "prediction": self.prediction.to_json() if self.prediction is not None else None,
+               "planner": self.planner.to_json() if self.planner is not None else None}
         return out if self.source is None else out | {"source": self.source.to_json()}
 
     @classmethod
@@ -531,10 +566,13 @@ class CompileRecord:
         prediction = None
         if _take(rec, where, "prediction", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
             prediction = _record(rec, where, "prediction", PredictionRecord.from_json)
+        planner = None
+        if "planner" in rec and _take(rec, where, "planner", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
+            planner = _record(rec, where, "planner", PlannerRecord.from_json)
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
-                   prediction)
+                   prediction, planner)
 
 
 @dataclass(frozen=True)

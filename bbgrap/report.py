@@ -43,6 +43,13 @@ def whole_reason(graph: Graph, layer: Layer, registry: RuleRegistry) -> str:
     return f"its output ({'x'.join(map(str, shape))}) is too short to share along every axis its rule cuts ({names})"
 
 
+def cuttable(graph: Graph, layer: Layer, registry: RuleRegistry) -> bool:
+    """Whether the layer's rule cuts it along an axis long enough for every node."""
+    rule = registry.get(layer)
+    shape = graph.tensors[layer.outputs[0]].shape
+    return rule is not None and any(a < len(shape) and shape[a] >= graph.nodes for a in rule.axes(layer, graph))
+
+
 def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> tuple[LayerRow, ...]:
     """One row per layer, in the graph's order (see the module docstring)."""
     registry = registry or default_registry()
@@ -68,15 +75,18 @@ def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | Non
                 redundant_flops=flops - layer_ops(layer, graph, out, registry),
             ))
         whole = None
-        if part.axis is None:
-            active = part.active_nodes()
-            whole = WholeLayer(node=active[0] if active else 0,
-                               reason=whole_reason(graph, layer, registry) if graph.nodes > 1 else "one node",
-                               no_rule=registry.get(layer) is None)
+        active = part.active_nodes()
+        placed = part.axis is not None and len(active) == 1 and graph.nodes > 1  # cut, all of it to one node
+        if part.axis is None or placed:
+            reason = whole_reason(graph, layer, registry) if graph.nodes > 1 else "one node"
+            if graph.planner_stats is not None and (placed or cuttable(graph, layer, registry)):
+                reason = f"the {graph.planner_stats.planner} planner placed it there: predicted faster than cutting it"
+            whole = WholeLayer(node=active[0] if active else 0, reason=reason, no_rule=registry.get(layer) is None)
+        axis = None if placed else part.axis
         rows.append(LayerRow(
-            name=layer.name, op_type=layer.op_type, cut=axis_name(part.axis, rank),
+            name=layer.name, op_type=layer.op_type, cut=axis_name(axis, rank),
             output_shape=tuple(graph.tensors[layer.outputs[0]].shape),
-            extent=graph.tensors[layer.outputs[0]].shape[part.axis] if part.axis is not None else None,
+            extent=graph.tensors[layer.outputs[0]].shape[axis] if axis is not None else None,
             flops=sum(n.flops for n in nodes), bytes_sent=sum(crossing.get(t, 0) for t in layer.outputs if t),
             per_node=tuple(nodes), whole=whole,
         ))

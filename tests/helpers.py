@@ -35,15 +35,16 @@ def compile_plan(model_path: str, plan_dir: str, **options: Any) -> Plan:
     Unlike the CLI, `search` defaults to False: the naive (even or speed-proportional) cut,
     which most tests' expectations of regions, transfers and FLOPs are written against,
     with transfers eliminated and halos recomputed as the CLI does. Pass search=True for
-    the CLI's default pipeline (tests/backends/test_e2e.py runs it on every zoo model)."""
-    flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute") if k in options}
+    the CLI's default pipeline (tests/backends/test_e2e.py runs it on every zoo model). With a
+    `planner`, judge=False keeps the planner's own plan (else the faster predicted of it and greedy's)."""
+    flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute", "judge") if k in options}
     if "search_strategy" in options:
         options["search"] = options.pop("search_strategy")
     if isinstance(options.get("direction"), str):
         options["direction"] = Direction(options["direction"])
     cfg = Config(**options)
     return compile_model(model_path, cfg, plan_dir, flags.get("input_shapes"), flags.get("optimize", True), flags.get("search", False),
-                         recompute=flags.get("recompute", True))
+                         recompute=flags.get("recompute", True), judge=flags.get("judge", True))
 
 
 def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobinding: str = "off",

@@ -20,7 +20,7 @@ from bbgrap.plan_schema import PLAN_VERSION, Plan, PlanSchemaError, PlanVersionE
 from tests.rules.helpers import build_model
 
 MAPS = {"files", "outputs"}  # objects of names, not records: checked whole
-OPTIONAL = {"source"}  # absent for a plan built from a model in memory
+OPTIONAL = {"source", "planner"}  # absent for a plan built from a model in memory, or compiled before planners
 
 
 def conv_then_hardmax_model() -> Any:
@@ -104,6 +104,23 @@ def test_every_field_missing_or_mistyped_is_named(raw: dict[str, Any]) -> None:
         checked += 1
     Plan.from_json(raw)  # every change undone
     assert checked > 80
+
+
+def test_every_field_of_the_planner_record_is_named(tmp_path: Path) -> None:
+    plan = compile_plan(save(conv_then_hardmax_model(), str(tmp_path)), str(tmp_path / "plan"), nodes=2, search=True, planner="dp")
+    assert plan.compiled.planner is not None and plan.compiled.planner.stats.planner == "dp"
+    raw = json.loads((tmp_path / "plan" / MANIFEST).read_text())
+    checked = 0
+    for path, container, key in list(fields(raw["planner"], "planner")):
+        original = container[key]
+        del container[key]
+        assert f"'{path}' is missing" in schema_error(raw), path
+        container[key] = mistyped(original)
+        assert f"'{path}'" in schema_error(raw), path
+        container[key] = original
+        checked += 1
+    assert Plan.from_json(raw) == plan
+    assert checked == 6 + 10  # the record's fields and its statistics'
 
 
 def test_optional_source(raw: dict[str, Any]) -> None:

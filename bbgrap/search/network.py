@@ -1,0 +1,443 @@
+"""Whole-network planning: every layer's cut chosen jointly, against the cluster profile.
+
+The per-layer search (passes/search.py) is optimal layer by layer and greedy across layers.
+The planners here choose one *candidate* per layer for the whole network at once.
+
+**Candidates** of a layer (`layer_candidates`): the cut it already has (the per-layer
+search's, or the naive one), the speed-proportional cut along every axis its rule allows
+that is long enough for every node, and the layer whole on each node. A layer
+without a rule, with more than one output, or with a custom partition keeps the one it has; a
+layer too short to cut still has its placements.
+
+**Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
+takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
+computes, the profile's throughput for the op's kind). Reading an input whose producer chose
+candidate d, node n receives from every other node s the part of its need that s owns and n
+does not hold; each message costs `latency + bytes / bandwidth`, and a node that receives
+anything for the layer pays one segment boundary (`segment_s`) and the concat of what it
+received (one "other" operation per element). The model's outputs are gathered on node 0.
+
+Two evaluations of a whole choice `x` (one candidate per layer):
+
+* **synchronous** (the planners' exact objective): every layer starts when the slowest node
+  of the one before it is done,
+
+      S(x) = sum over layers L of  max over nodes n of (compute(L, x_L, n) + receive(L, x_L, x_P, n))
+             + output gather,
+
+  a sum of terms each of which couples a layer only with its producers, so it can be
+  minimised exactly by dynamic programming over the layers (`plan_dp`);
+* **timeline** (`NetworkCost.timeline`): each node keeps its own clock and a layer starts on
+  node n when n is free and every message it needs has arrived (sent when its sender
+  finished the producer). It credits what the synchronous sum cannot: parallel branches
+  placed on different nodes. HEFT and the genetic algorithm minimise it.
+
+Neither replaces the simulator of the lowered plan (bbgrap/simulate.py), which judges the
+planners' results against the per-layer search's (bbgrap/compiler.py).
+
+**Planners**
+
+* `plan_dp`: the exact minimum of S over all candidate choices (proof in its docstring),
+  unless the frontier of live layers holds more than `max_states` assignments, when the
+  cheapest are kept (a beam; `NetworkResult.exact` says whether that happened);
+* `plan_heft`: list scheduling in order of upward rank (Topcuoglu et al.'s HEFT), each
+  layer taking the candidate with the earliest finish on the timeline so far;
+* `plan_ga`: a genetic algorithm over whole choices, seeded with the current plan, the DP's
+  and HEFT's, minimising the timeline (seeded random generator: the same input gives the same
+  plan).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bbgrap.cluster import ClusterProfile
+from bbgrap.config import PLANNERS
+from bbgrap.cost import layer_ops
+from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
+from bbgrap.movement import OUTPUT_NODE
+from bbgrap.passes.naive_partition import partition_layer, split_sizes
+from bbgrap.rules.registry import RuleRegistry
+from bbgrap.simulate import op_kind
+
+Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
+
+
+def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds: Sequence[float],
+                     registry: RuleRegistry, fixed: bool) -> tuple[list[LayerPartition], int]:
+    """The cuts a planner may choose for `layer` (module docstring), the current one first and the
+    layer whole on node 0, then the layer whole on each other node (placement); and how many come
+    before those placements (the DP chooses among these only: a layer placed away from node 0
+    pays off where branches run side by side, which its objective does not credit)."""
+    out = [current]
+    rule = registry.get(layer)
+    if fixed or rule is None or len(layer.outputs) > 1:
+        return out, 1
+    shape = graph.tensors[layer.outputs[0]].shape
+    axes = sorted(a for a in rule.axes(layer, graph) if a < len(shape))
+    for axis in axes:
+        if shape[axis] >= graph.nodes:
+            out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
+    out.append(partition_layer(graph, layer, None, None, registry))
+    cuts = len(out)
+    if axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
+        for k in range(1, graph.nodes):
+            sizes = [0] * graph.nodes
+            sizes[k] = shape[axes[0]]
+            out.append(partition_layer(graph, layer, axes[0], sizes, registry))
+    unique: list[LayerPartition] = []
+    for k, part in enumerate(out):
+        if all(part.out != seen.out or part.computes != seen.computes for seen in unique):
+            unique.append(part)
+        elif k < cuts:
+            cuts -= 1
+    return unique, cuts
+
+
+@dataclass(frozen=True)
+class Receives:
+    """What each node receives for one input of a layer: per node the (sender, bytes) messages,
+    and the seconds they cost it (messages, the segment boundary, the concat)."""
+
+    messages: tuple[tuple[tuple[int, int], ...], ...]
+    seconds: tuple[float, ...]
+
+
+@dataclass
+class NetworkCost:
+    """The cost tables of every layer's candidates (module docstring), filled as they are asked for."""
+
+    graph: Graph
+    candidates: list[list[LayerPartition]]
+    cuts: list[int]  # per layer, how many candidates come before the placements on nodes other than 0
+    profile: ClusterProfile
+    registry: RuleRegistry
+    _compute: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)
+    _receives: dict[tuple[int, int, int, int], Receives] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        graph = self.graph
+        self.nodes = graph.nodes
+        self.index = {layer.name: i for i, layer in enumerate(graph.layers)}
+        producers = graph.producers()
+        # per layer: (input position, producer's layer index) of each activation input another layer makes
+        self.edges: list[tuple[tuple[int, int], ...]] = []
+        for layer in graph.layers:
+            self.edges.append(tuple((k, self.index[producers[t].name]) for k, t in enumerate(layer.inputs)
+                                    if t and t in producers and graph.is_activation(t)))
+        self.outputs = [tuple(t for t in layer.outputs if t in graph.outputs) for layer in graph.layers]
+        self.kinds = [op_kind(layer, graph) for layer in graph.layers]
+
+    # tables -----------------------------------------------------------------------------------
+    def compute(self, i: int, c: int) -> tuple[float, ...]:
+        """Seconds each node computes candidate c of layer i (0 where it computes nothing)."""
+        key = (i, c)
+        got = self._compute.get(key)
+        if got is None:
+            layer, part, kind = self.graph.layers[i], self.candidates[i][c], self.kinds[i]
+            times = [0.0] * self.nodes
+            for n in part.active_nodes():
+                p = self.profile.node(n)
+                times[n] = layer_ops(layer, self.graph, part.computes[n], self.registry) / p.ops_per_s(kind) + p.op_s(kind)
+            got = self._compute[key] = tuple(times)
+        return got
+
+    def receives(self, i: int, k: int, j: int, d: int, c: int) -> Receives:
+        """What the nodes computing candidate c of layer i receive for its input k, whose producer
+        (layer j) chose candidate d."""
+        key = (i, k, d, c)
+        got = self._receives.get(key)
+        if got is not None:
+            return got
+        graph, link = self.graph, self.profile.link
+        part, source = self.candidates[i][c], self.candidates[j][d]
+        tensor = graph.layers[i].inputs[k]
+        owned, holds = source.out, source.computes
+        if graph.layers[j].outputs[0] != tensor:  # a further output: only layers computed whole have them
+            whole = ShapeMap.full(graph.tensors[tensor].shape)
+            owned = holds = tuple(whole if not r.empty else ShapeMap.empty_like(len(whole.axes)) for r in source.out)
+        itemsize = np.dtype(graph.tensors[tensor].dtype).itemsize
+        messages: list[tuple[tuple[int, int], ...]] = []
+        seconds: list[float] = []
+        senders = source.active_nodes()
+        for n in range(self.nodes):
+            need = part.needs[n][k] if not part.out[n].empty else None
+            got_n: list[tuple[int, int]] = []
+            if need is not None and not need.empty:
+                held = holds[n] if not owned[n].empty else None
+                for s in senders:
+                    if s == n or not need.overlaps(owned[s]):
+                        continue
+                    part_s = need.intersect(owned[s])
+                    values = part_s.volume - (part_s.intersect(held).volume if held is not None and part_s.overlaps(held) else 0)
+                    if values > 0:
+                        got_n.append((s, values * itemsize))
+            messages.append(tuple(got_n))
+            if got_n:
+                p = self.profile.node(n)
+                nbytes = sum(b for _, b in got_n)
+                seconds.append(math.fsum(link.message_s(b) for _, b in got_n) + p.segment_s
+                               + nbytes / itemsize / p.ops_per_s("other"))
+            else:
+                seconds.append(0.0)
+        got = self._receives[key] = Receives(tuple(messages), tuple(seconds))
+        return got
+
+    def output_seconds(self, i: int, c: int) -> float:
+        """Gathering layer i's model outputs on node 0 (messages from the nodes that own them)."""
+        if not self.outputs[i]:
+            return 0.0
+        part = self.candidates[i][c]
+        total = 0.0
+        for t in self.outputs[i]:
+            itemsize = np.dtype(self.graph.tensors[t].dtype).itemsize
+            for s in part.active_nodes():
+                if s != OUTPUT_NODE:
+                    total += self.profile.link.message_s(part.out[s].volume * itemsize)
+        return total
+
+    # evaluations ------------------------------------------------------------------------------
+    def step(self, i: int, c: int, chosen: Mapping[int, int]) -> float:
+        """Layer i's term of the synchronous objective: its slowest node (computing and
+        receiving), given its producers' candidates in `chosen` (layer index → candidate)."""
+        times = list(self.compute(i, c))
+        for k, j in self.edges[i]:
+            rec = self.receives(i, k, j, chosen[j], c)
+            for n, s in enumerate(rec.seconds):
+                times[n] += s
+        return max(times) + self.output_seconds(i, c)
+
+    def synchronous(self, x: Choice) -> float:
+        """S(x) of the module docstring."""
+        return math.fsum(self.step(i, c, dict(enumerate(x))) for i, c in enumerate(x))
+
+    def finish(self, i: int, c: int, x: Mapping[int, int], clock: list[float], done: Mapping[int, tuple[float, ...]]) -> tuple[float, ...]:
+        """When each node finishes candidate c of layer i on the timeline: `clock` holds when
+        each node is free, `done` when each node finished each earlier layer. Advances `clock`."""
+        compute = self.compute(i, c)
+        link = self.profile.link
+        out = [0.0] * self.nodes
+        for n in self.candidates[i][c].active_nodes():
+            ready, extra = clock[n], 0.0
+            for k, j in self.edges[i]:
+                rec = self.receives(i, k, j, x[j], c)
+                for s, nbytes in rec.messages[n]:
+                    ready = max(ready, done[j][s] + link.message_s(nbytes))
+                if rec.messages[n]:
+                    extra += rec.seconds[n] - math.fsum(link.message_s(b) for _, b in rec.messages[n])
+            out[n] = clock[n] = ready + extra + compute[n]
+        return tuple(out)
+
+    def timeline(self, x: Choice) -> float:
+        """The timeline latency of choice x (module docstring), layers in the graph's order."""
+        clock = [0.0] * self.nodes
+        done: dict[int, tuple[float, ...]] = {}
+        chosen = dict(enumerate(x))
+        end = 0.0
+        for i, c in enumerate(x):
+            done[i] = self.finish(i, c, chosen, clock, done)
+            if self.outputs[i]:
+                end = max(end, max(done[i]) + self.output_seconds(i, c))
+        return max(end, max(clock))
+
+
+@dataclass(frozen=True)
+class NetworkResult:
+    """A planner's choice, its objective values, and what it took to find it."""
+
+    planner: str
+    choice: Choice
+    synchronous: float
+    timeline: float
+    evaluated: int  # states (DP), candidate placements (HEFT) or whole choices (GA) scored
+    exact: bool  # the DP's result is S's minimum over all candidate choices
+    seconds: float
+
+
+def last_uses(cost: NetworkCost) -> list[int]:
+    """Per layer, the index of the last layer that reads its outputs (itself where none does)."""
+    last = list(range(len(cost.edges)))
+    for i, edges in enumerate(cost.edges):
+        for _, j in edges:
+            last[j] = max(last[j], i)
+    return last
+
+
+def plan_dp(cost: NetworkCost, max_states: int = 4096) -> NetworkResult:
+    """The choice minimising the synchronous objective S, by dynamic programming over the layers,
+    among each layer's cuts and the layer whole on node 0 (`NetworkCost.cuts`; placements on other
+    nodes pay off where branches run side by side, which S does not credit: they are left to the
+    timeline's planners).
+
+    Proof. Write S(x) = Σ_i f_i(x_i, x_{P(i)}), P(i) the producers of layer i. After layer i,
+    the *frontier* F_i is the set of layers j ≤ i read by some layer after i. Let V_i(a) be the
+    least Σ_{i' ≤ i} f_{i'} over choices of layers 0..i that agree with the assignment a of F_i.
+    Every producer of layer i+1 is in F_i, so f_{i+1} depends only on x_{i+1} and a; and no later
+    term depends on a layer once it has left the frontier. Hence
+    V_{i+1}(b) = min over (a, x_{i+1}) restricting to b of V_i(a) + f_{i+1}(x_{i+1}, a), and
+    min S = V_last(∅) (the frontier after the last layer is empty). The recursion below computes
+    exactly this, keeping one predecessor per state to recover the choice. It enumerates
+    Π_{j ∈ F_i} K_j states per layer: a chain has one layer in its frontier, a residual block two.
+    Where a frontier holds more than `max_states` assignments, only the cheapest `max_states`
+    are kept and the result is marked not exact.
+    """
+    t0 = time.perf_counter()
+    last = last_uses(cost)
+    frontier: tuple[int, ...] = ()
+    states: dict[tuple[int, ...], float] = {(): 0.0}
+    back: list[dict[tuple[int, ...], tuple[tuple[int, ...], int]]] = []
+    exact, evaluated = True, 0
+    for i in range(len(cost.candidates)):
+        widened = frontier + (i,)
+        new_frontier = tuple(j for j in widened if last[j] > i)
+        keep = [widened.index(j) for j in new_frontier]
+        new_states: dict[tuple[int, ...], float] = {}
+        links: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
+        for a, value in states.items():
+            chosen = dict(zip(frontier, a))
+            for c in range(cost.cuts[i]):
+                evaluated += 1
+                total = value + cost.step(i, c, chosen)
+                full = a + (c,)
+                b = tuple(full[p] for p in keep)
+                if total < new_states.get(b, math.inf):
+                    new_states[b] = total
+                    links[b] = (a, c)
+        if len(new_states) > max_states:
+            exact = False
+            best = heapq.nsmallest(max_states, new_states.items(), key=lambda kv: (kv[1], kv[0]))
+            new_states = dict(best)
+            links = {b: links[b] for b in new_states}
+        back.append(links)
+        frontier, states = new_frontier, new_states
+    # walk back from the empty frontier: each layer's choice and its predecessor state
+    choice = [0] * len(cost.candidates)
+    (state, value), = states.items()
+    for i in range(len(cost.candidates) - 1, -1, -1):
+        prev, c = back[i][state]
+        choice[i] = c
+        state = prev
+    x = tuple(choice)
+    return NetworkResult("dp", x, value, cost.timeline(x), evaluated, exact, time.perf_counter() - t0)
+
+
+def upward_ranks(cost: NetworkCost) -> list[float]:
+    """HEFT's upward rank: a layer's mean compute over its candidates (its slowest node) plus the
+    longest such path from it to the network's end."""
+    n = len(cost.candidates)
+    mean = [sum(max(cost.compute(i, c)) for c in range(len(cost.candidates[i]))) / len(cost.candidates[i]) for i in range(n)]
+    rank = mean[:]
+    for i in range(n - 1, -1, -1):
+        for _, j in cost.edges[i]:
+            rank[j] = max(rank[j], mean[j] + rank[i])
+    return rank
+
+
+def plan_heft(cost: NetworkCost) -> NetworkResult:
+    """HEFT list scheduling: among the layers whose producers are placed, the one of highest
+    upward rank goes next, with the candidate whose slowest node finishes first on the timeline
+    so far (the current cut on a tie)."""
+    t0 = time.perf_counter()
+    n = len(cost.candidates)
+    rank = upward_ranks(cost)
+    waiting = [len({j for _, j in cost.edges[i]}) for i in range(n)]
+    readers: list[set[int]] = [set() for _ in range(n)]
+    for i in range(n):
+        for _, j in cost.edges[i]:
+            readers[j].add(i)
+    ready = [(-rank[i], i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    clock = [0.0] * cost.nodes
+    done: dict[int, tuple[float, ...]] = {}
+    chosen: dict[int, int] = {}
+    evaluated = 0
+    while ready:
+        _, i = heapq.heappop(ready)
+        best: tuple[float, int, list[float], tuple[float, ...]] | None = None
+        for c in range(len(cost.candidates[i])):
+            evaluated += 1
+            trial = clock[:]
+            finish = cost.finish(i, c, chosen | {i: c}, trial, done)
+            end = max(finish) + cost.output_seconds(i, c)
+            if best is None or end < best[0]:
+                best = (end, c, trial, finish)
+        assert best is not None
+        _, chosen[i], clock, done[i] = best
+        for r in readers[i]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, (-rank[r], r))
+    x = tuple(chosen[i] for i in range(n))
+    return NetworkResult("heft", x, cost.synchronous(x), cost.timeline(x), evaluated, False, time.perf_counter() - t0)
+
+
+def plan_ga(cost: NetworkCost, seeds: Sequence[Choice], generations: int = 60, population: int = 24,
+            seed: int = 0) -> NetworkResult:
+    """A genetic algorithm over whole choices minimising the timeline: the seeds and their
+    mutations start it; each generation keeps the best quarter, and fills the rest with
+    children of two tournament winners (each layer's candidate from either parent) mutated at a
+    few layers (one layer, or a run of consecutive layers set to one axis' cut)."""
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    n = len(cost.candidates)
+    choosable = [i for i in range(n) if len(cost.candidates[i]) > 1]
+    scores: dict[Choice, float] = {}
+
+    def score(x: Choice) -> float:
+        got = scores.get(x)
+        if got is None:
+            got = scores[x] = cost.timeline(x)
+        return got
+
+    def mutate(x: Choice) -> Choice:
+        if not choosable:
+            return x
+        y = list(x)
+        if rng.random() < 0.5:
+            i = rng.choice(choosable)
+            y[i] = rng.randrange(len(cost.candidates[i]))
+        else:  # a run of layers to the same candidate position (the same axis where the sets match)
+            start = rng.randrange(len(choosable))
+            run = choosable[start:start + rng.randint(2, 8)]
+            c = rng.randrange(max(len(cost.candidates[i]) for i in run))
+            for i in run:
+                y[i] = min(c, len(cost.candidates[i]) - 1)
+        return tuple(y)
+
+    starts = list(dict.fromkeys(seeds))
+    pool = starts[:]
+    while len(pool) < population:
+        pool.append(mutate(rng.choice(starts)))
+    for _ in range(generations):
+        pool.sort(key=lambda x: (score(x), x))
+        elite = pool[: max(2, population // 4)]
+        children: list[Choice] = []
+        while len(elite) + len(children) < population:
+            a, b = (min(rng.sample(pool, 3), key=lambda x: (score(x), x)) for _ in range(2))
+            child = tuple(a[i] if rng.random() < 0.5 else b[i] for i in range(n))
+            children.append(mutate(child))
+        pool = elite + children
+    best = min(pool, key=lambda x: (score(x), x))
+    return NetworkResult("ga", best, cost.synchronous(best), score(best), len(scores), False, time.perf_counter() - t0)
+
+
+def plan_network(cost: NetworkCost, planner: str, seed: int = 0) -> NetworkResult:
+    """The named planner's choice (dp, heft or ga; ga is seeded with the current plan, dp's and heft's)."""
+    if planner == "dp":
+        return plan_dp(cost)
+    if planner == "heft":
+        return plan_heft(cost)
+    if planner == "ga":
+        current = tuple(0 for _ in cost.candidates)
+        dp, heft = plan_dp(cost), plan_heft(cost)
+        ga = plan_ga(cost, [current, dp.choice, heft.choice], seed=seed)
+        return NetworkResult("ga", ga.choice, ga.synchronous, ga.timeline, ga.evaluated + dp.evaluated + heft.evaluated, False,
+                             ga.seconds + dp.seconds + heft.seconds)
+    raise ValueError(f"unknown planner '{planner}' (known: {', '.join(PLANNERS[1:])})")

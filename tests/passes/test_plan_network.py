@@ -1,0 +1,55 @@
+"""The plan-network pass end to end: every planner's own plan (not only the one the compiler keeps)
+is exact on the zoo models, mixed cuts, placements and all; the compiler keeps the faster
+predicted of the planner's plan and the per-layer search's and records both; a custom partition
+is left alone; a bad planner name is one line."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_exact, compile_plan, save
+
+from bbgrap import zoo
+from bbgrap.config import CustomPartition, Direction
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    work = str(tmp_path_factory.mktemp("plan-network"))
+    return {name: save(zoo.build(name, resolution=48, width=0.125), work, name) for name in zoo.NAMES}
+
+
+@pytest.mark.parametrize("planner", ["dp", "heft", "ga"])
+@pytest.mark.parametrize(("name", "nodes", "speeds"), [("resnet18", 2, ()), ("inception", 3, (1.0, 2.0, 1.0)), ("mobilenet_v2", 4, ())])
+def test_every_planners_own_plan_is_exact(tmp_path, models: dict[str, str], planner: str, name: str, nodes: int,
+                                          speeds: tuple[float, ...]) -> None:
+    plan = compile_plan(models[name], str(tmp_path / "plan"), nodes=nodes, speeds=speeds, search=True, planner=planner, judge=False)
+    record = plan.compiled.planner
+    assert record is not None and record.kept == planner and record.stats.planner == planner
+    assert record.stats.layers > 0 and record.stats.candidates > record.stats.layers
+    assert "plan-network" in plan.compiled.passes
+    if planner == "dp":
+        assert record.stats.exact and record.stats.synchronous_ms <= record.stats.start_synchronous_ms * (1 + 1e-9)
+    assert_exact(str(tmp_path / "plan"))
+
+
+@pytest.mark.parametrize("name", sorted(set(zoo.NAMES) - {"resnet18", "inception", "mobilenet_v2"}))
+def test_the_other_zoo_models_planned_are_exact(tmp_path, models: dict[str, str], name: str) -> None:
+    plan = compile_plan(models[name], str(tmp_path / "plan"), nodes=3, search=True, planner="ga", judge=False)
+    assert plan.compiled.planner is not None
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_the_compiler_keeps_the_faster_predicted(tmp_path, models: dict[str, str]) -> None:
+    plan = compile_plan(models["resnet18"], str(tmp_path / "plan"), nodes=2, search=True, planner="heft")
+    record = plan.compiled.planner
+    assert record is not None and record.kept in ("heft", "greedy")
+    assert record.kept == ("heft" if record.planner_ms <= record.greedy_ms else "greedy")
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_a_custom_partition_is_kept(tmp_path, models: dict[str, str]) -> None:
+    custom = (CustomPartition("conv1", Direction.H, (20, 4)),)
+    plan = compile_plan(models["resnet18"], str(tmp_path / "plan"), nodes=2, search=True, planner="dp", judge=False, custom=custom)
+    row = next(r for r in plan.compiled.layer_table if r.name == "conv1")
+    assert [n.range for n in row.per_node] == [(0, 20), (20, 24)]
+    assert_exact(str(tmp_path / "plan"))

@@ -1,0 +1,157 @@
+"""Whole-network planners (bbgrap/search/network.py): the DP is the exact minimum of its objective
+(checked against every choice on small graphs, chains and a residual block), the beam says when
+it is not; HEFT places parallel branches on different nodes; the GA is never worse than its
+seeds; the costs follow the profile (a slow link makes cuts dearer)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from bbgrap.frontends.onnx import import_model
+from onnx import helper
+
+from bbgrap.cluster import ClusterProfile, LinkProfile, NodeProfile
+from bbgrap.compiler import pipeline
+from bbgrap.config import Config
+from bbgrap.ir import Graph
+from bbgrap.pass_manager import PassManager
+from bbgrap.rules.registry import default_registry
+from bbgrap.search.network import NetworkCost, layer_candidates, plan_dp, plan_ga, plan_heft, plan_network
+from tests.onnx_builder import build_model
+
+RNG = np.random.default_rng(0)
+
+
+def conv(name: str, x: str, y: str, cin: int, cout: int, kernel: int = 3) -> tuple[helper.NodeProto, dict[str, np.ndarray]]:
+    w = RNG.standard_normal((cout, cin, kernel, kernel)).astype(np.float32)
+    pad = kernel // 2
+    return helper.make_node("Conv", [x, f"{name}.w"], [y], name=name, pads=[pad] * 4), {f"{name}.w": w}
+
+
+def residual_model() -> object:
+    """conv → relu → conv → add(relu) → conv: a chain with one skip connection."""
+    nodes, consts = [], {}
+    for node, c in (conv("c1", "x", "a", 3, 4), conv("c2", "r", "b", 4, 4), conv("c3", "s", "y", 4, 2)):
+        nodes.append(node)
+        consts.update(c)
+    nodes[1:1] = [helper.make_node("Relu", ["a"], ["r"], name="relu")]
+    nodes[3:3] = [helper.make_node("Add", ["b", "r"], ["s"], name="add")]
+    return build_model(nodes, {"x": [1, 3, 12, 10]}, consts, ["y"], 13)
+
+
+def branches_model(size: int = 32, channels: int = 16) -> object:
+    """Two independent three-convolution branches from the input, concatenated."""
+    nodes, consts = [], {}
+    for b in ("p", "q"):
+        prev, cin = "x", 8
+        for k in range(3):
+            node, c = conv(f"{b}{k}", prev, f"{b}{k}.y", cin, channels, kernel=3 if size > 1 else 1)
+            nodes.append(node)
+            consts.update(c)
+            prev, cin = f"{b}{k}.y", channels
+    nodes.append(helper.make_node("Concat", ["p2.y", "q2.y"], ["y"], name="concat", axis=1))
+    return build_model(nodes, {"x": [1, 8, size, size]}, consts, ["y"], 13)
+
+
+def partitioned(model: object, nodes: int, tmp_path) -> Graph:
+    import onnx
+
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    cfg = Config(nodes=nodes)
+    passes = [p for p in pipeline(cfg, recompute=False) if p.name != "fit-memory"]
+    return PassManager(passes).run(import_model(path).graph)
+
+
+def network_cost(graph: Graph, profile: ClusterProfile) -> NetworkCost:
+    registry = default_registry()
+    offered = [layer_candidates(graph, layer, graph.partitions[layer.name], (1.0,) * graph.nodes, registry, False) for layer in graph.layers]
+    return NetworkCost(graph, [c for c, _ in offered], [k for _, k in offered], profile, registry)
+
+
+PROFILES = {
+    "fast link": ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1e-6, bandwidth_Bps=1e10)),
+    "slow link": ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1e-3, bandwidth_Bps=1e7)),
+    "mixed speeds": ClusterProfile((NodeProfile(), NodeProfile(conv_ops_per_s=7.5e10)), LinkProfile()),
+}
+
+
+@pytest.mark.parametrize("profile", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_dp_is_the_minimum_over_every_choice(tmp_path, profile: ClusterProfile, nodes: int) -> None:
+    graph = partitioned(residual_model(), nodes, tmp_path)
+    cost = network_cost(graph, profile)
+    assert max(cost.cuts) >= 3, "the test needs real choices"
+    result = plan_dp(cost)
+    every = min(cost.synchronous(x) for x in itertools.product(*(range(k) for k in cost.cuts)))
+    assert result.exact
+    assert result.synchronous == pytest.approx(every, rel=1e-12)
+    assert cost.synchronous(result.choice) == pytest.approx(result.synchronous, rel=1e-12)
+    assert result.synchronous <= cost.synchronous(tuple(0 for _ in cost.candidates)) * (1 + 1e-12)  # the start is a choice
+
+
+def test_a_narrow_beam_says_it_is_not_exact(tmp_path) -> None:
+    graph = partitioned(residual_model(), 3, tmp_path)
+    cost = network_cost(graph, PROFILES["fast link"])
+    full, narrow = plan_dp(cost), plan_dp(cost, max_states=1)
+    assert full.exact and not narrow.exact
+    assert narrow.synchronous >= full.synchronous
+    assert all(0 <= c < k for c, k in zip(narrow.choice, cost.cuts))
+
+
+def test_the_profile_decides(tmp_path) -> None:
+    """With a fast link the DP cuts the heavy convolutions; with a slow one it keeps the network
+    on one node, where nothing is sent."""
+    graph = partitioned(branches_model(), 2, tmp_path)
+    fast, slow = (plan_dp(network_cost(graph, PROFILES[k])) for k in ("fast link", "slow link"))
+    cost = network_cost(graph, PROFILES["slow link"])
+    active = {len(cost.candidates[i][c].active_nodes()) for i, c in enumerate(slow.choice)}
+    assert active == {1}
+    cost = network_cost(graph, PROFILES["fast link"])
+    assert any(len(cost.candidates[i][c].active_nodes()) == 2 for i, c in enumerate(fast.choice))
+
+
+def test_heft_runs_parallel_branches_on_different_nodes(tmp_path) -> None:
+    """Branches too small to cut (one channel of one pixel), each a long computation on slow
+    nodes: HEFT runs one on each node, where the DP's objective (and cutting) cannot help."""
+    graph = partitioned(branches_model(size=1, channels=1), 2, tmp_path)
+    slow = ClusterProfile((NodeProfile(conv_ops_per_s=1e4),), LinkProfile(latency_s=1e-5))
+    cost = network_cost(graph, slow)
+    heft, dp = plan_heft(cost), plan_dp(cost)
+    names = [layer.name for layer in graph.layers]
+    where = {names[i]: tuple(cost.candidates[i][c].active_nodes()) for i, c in enumerate(heft.choice)}
+    assert {where["p0"], where["q0"]} == {(0,), (1,)}, where  # one branch per node, each whole
+    assert heft.timeline < dp.timeline  # the synchronous objective cannot credit that
+
+
+def test_ga_is_never_worse_than_its_seeds(tmp_path) -> None:
+    graph = partitioned(residual_model(), 3, tmp_path)
+    cost = network_cost(graph, PROFILES["mixed speeds"])
+    seeds = [tuple(0 for _ in cost.candidates), plan_heft(cost).choice]
+    ga = plan_ga(cost, seeds, generations=10, population=8)
+    assert ga.timeline <= min(cost.timeline(x) for x in seeds)
+
+
+def test_ga_is_deterministic(tmp_path) -> None:
+    graph = partitioned(residual_model(), 2, tmp_path)
+    cost = network_cost(graph, PROFILES["fast link"])
+    a, b = (plan_network(cost, "ga", seed=3) for _ in range(2))
+    assert a.choice == b.choice and a.timeline == b.timeline
+
+
+def test_timeline_of_a_plan_on_one_node_is_its_compute(tmp_path) -> None:
+    graph = partitioned(residual_model(), 2, tmp_path)
+    cost = network_cost(graph, PROFILES["fast link"])
+    whole = tuple(k - 1 for k in cost.cuts)  # the last cut candidate: whole on node 0
+    assert all(cost.candidates[i][c].active_nodes() == [0] for i, c in enumerate(whole))
+    compute = math.fsum(cost.compute(i, c)[0] for i, c in enumerate(whole))
+    assert cost.timeline(whole) == pytest.approx(compute, rel=1e-9)
+    assert cost.synchronous(whole) == pytest.approx(compute, rel=1e-9)
+
+
+def test_unknown_planner() -> None:
+    with pytest.raises(ValueError, match="unknown planner"):
+        plan_network(NetworkCost.__new__(NetworkCost), "annealing")
