@@ -180,22 +180,31 @@ def compile_model(
     requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
 
-    def run_pipeline(c: Config, dump: Sequence[str] = ()) -> Partitioned:
-        manager = PassManager(pipeline(c, optimize, search, progress, recompute, registry, profile), dump_after=dump, dump=dump_ir(dump_dir))
-        graph = manager.run(front.graph)
+    def finish(graph: Graph, manager: PassManager) -> Partitioned:
         step("lower", 0, 1)
         programs, messages = lower(graph, registry)
         step("lower", 1, 1)
         return Partitioned(graph, manager, programs, messages, predict(graph, programs, profile, registry) if profile else None)
 
+    def run(passes: Sequence[Pass], graph: Graph, dump: Sequence[str]) -> Graph:
+        names = {p.name for p in passes}
+        return PassManager(passes, dump_after=[d for d in dump if d in names], dump=dump_ir(dump_dir)).run(graph)
+
     def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
-        """The plan for `c`; with a whole-network planner, the plan the simulator predicts faster of
-        the planner's and the per-layer search's alone (so a planner never makes a plan slower);
-        without `judge`, the planner's (both predictions recorded)."""
-        planned = run_pipeline(c, dump)
-        if c.planner == "greedy" or c.nodes == 1 or not optimize:
-            return planned
-        greedy = run_pipeline(replace(c, planner="greedy"))
+        """The plan for `c`. With a whole-network planner the passes before it run once, and the
+        rest twice, with and without it: the plan kept is the one the simulator predicts faster
+        (a planner never makes a plan slower than the per-layer search's), or without `judge` the
+        planner's; both predictions are recorded."""
+        passes = pipeline(c, optimize, search, progress, recompute, registry, profile)
+        manager = PassManager(passes, dump_after=dump, dump=dump_ir(dump_dir))  # checks the names in `dump`
+        names = [p.name for p in passes]
+        if "plan-network" not in names:
+            return finish(manager.run(front.graph), manager)
+        k = names.index("plan-network")
+        head = run(passes[:k], front.graph, dump)
+        planned = finish(run(passes[k:], head, dump), manager)
+        rest = passes[:k] + passes[k + 1:]
+        greedy = finish(run(passes[k + 1:], head, ()), PassManager(rest))
         costs = planner_profile(c, profile)
         times = {name: p.prediction.latency if p.prediction is not None else predict(p.graph, p.programs, costs, registry).latency
                  for name, p in ((c.planner, planned), ("greedy", greedy))}

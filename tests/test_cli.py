@@ -92,6 +92,7 @@ def test_help_is_complete() -> None:
     # defect 12: values accepted silently
     (["compile", "{model}", "--config", "{negmem}"], ["cluster.memory_mb", "positive"]),
     (["compile", "{model}", "--config", "{dupcustom}"], ["is given twice"]),
+    (["compile", "{model}", "--nodes", "2", "--planner", "annealing"], ["--planner", "'annealing'", "dp"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
     (tmp_path / "badkey.toml").write_text("[cluster]\ncores = 4\n")

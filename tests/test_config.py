@@ -30,6 +30,7 @@ def test_heterogeneous_example() -> None:
     ("[cluster]\nspeeds = ['fast']\n", "cluster.speeds"),
     ("[partition]\ndirection = 'x'\n", "direction"),
     ("[partition]\nthreshold = 150\n", "threshold"),
+    ("[partition]\nplanner = 'annealing'\n", "partition.planner"),
     ("[objective]\ndata_w = -1\n", "objective.data_w"),
     ("[objective]\nspeed_w = 1\n", "objective.speed_w"),
     ("[nodes]\nx = 1\n", "nodes"),
@@ -67,7 +68,7 @@ def test_flags_override_file() -> None:
 @pytest.mark.parametrize(("flags", "start"), [
     ({"threshold": 150.0}, "--threshold must be"), ({"direction": "z"}, "--direction must be"),
     ({"search": "dfs"}, "--search must be"), ({"nodes": 2, "speeds": (1.0, float("nan"))}, "--speeds must"),
-    ({"nodes": 2000}, "--nodes must be at most"),
+    ({"nodes": 2000}, "--nodes must be at most"), ({"planner": "sa"}, "--planner must be"),
 ])
 def test_flag_errors_name_the_flag(flags: dict, start: str) -> None:
     # issue 12, defect 11: a bad flag was blamed on '<defaults>:'

@@ -101,6 +101,36 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
     return unique, cuts
 
 
+Box = tuple[tuple[int, int], ...]  # (start, stop) per axis
+
+
+def box(region: ShapeMap) -> Box | None:
+    """The region as (start, stop) per axis where it is one box (an empty region: the empty box
+    `()` of no volume), else None."""
+    if region.rank == 0 or not region.is_box and not region.empty:  # a scalar has no axis to be empty along
+        return None
+    if region.empty:
+        return ()
+    return tuple((iv.start, iv.stop) for iv in (region.interval(a) for a in range(region.rank)))
+
+
+def box_intersect(a: Box | None, b: Box) -> Box | None:
+    """The common box of two boxes (None where they share nothing)."""
+    if not a or not b:
+        return None
+    out = []
+    for (a0, a1), (b0, b1) in zip(a, b):
+        lo, hi = max(a0, b0), min(a1, b1)
+        if hi <= lo:
+            return None
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def box_volume(b: Box | None) -> int:
+    return math.prod(hi - lo for lo, hi in b) if b else 0
+
+
 @dataclass(frozen=True)
 class Receives:
     """What each node receives for one input of a layer: per node the (sender, bytes) messages,
@@ -159,24 +189,32 @@ class NetworkCost:
         graph, link = self.graph, self.profile.link
         part, source = self.candidates[i][c], self.candidates[j][d]
         tensor = graph.layers[i].inputs[k]
-        owned, holds = source.out, source.computes
+        owned, holds, axis = source.out, source.computes, source.axis
         if graph.layers[j].outputs[0] != tensor:  # a further output: only layers computed whole have them
             whole = ShapeMap.full(graph.tensors[tensor].shape)
             owned = holds = tuple(whole if not r.empty else ShapeMap.empty_like(len(whole.axes)) for r in source.out)
+            axis = None
         itemsize = np.dtype(graph.tensors[tensor].dtype).itemsize
         messages: list[tuple[tuple[int, int], ...]] = []
         seconds: list[float] = []
-        senders = source.active_nodes()
+        senders = [(s, box(owned[s])) for s in source.active_nodes()]
         for n in range(self.nodes):
             need = part.needs[n][k] if not part.out[n].empty else None
             got_n: list[tuple[int, int]] = []
             if need is not None and not need.empty:
                 held = holds[n] if not owned[n].empty else None
-                for s in senders:
-                    if s == n or not need.overlaps(owned[s]):
+                need_box, held_box = box(need), box(held) if held is not None else ()
+                for s, own in senders:
+                    if s == n:
                         continue
-                    part_s = need.intersect(owned[s])
-                    values = part_s.volume - (part_s.intersect(held).volume if held is not None and part_s.overlaps(held) else 0)
+                    if need_box and own and axis is not None and (own[axis][1] <= need_box[axis][0] or need_box[axis][1] <= own[axis][0]):
+                        continue  # apart along the producer's cut: most pairs, decided by one comparison
+                    if need_box is not None and own is not None and held_box is not None:  # boxes: the volumes directly
+                        common = box_intersect(need_box, own)
+                        values = 0 if common is None else box_volume(common) - box_volume(box_intersect(common, held_box))
+                    else:
+                        common_map = need.intersect(owned[s])
+                        values = common_map.volume - (common_map.intersect(held).volume if held is not None else 0)
                     if values > 0:
                         got_n.append((s, values * itemsize))
             messages.append(tuple(got_n))
@@ -270,7 +308,7 @@ def last_uses(cost: NetworkCost) -> list[int]:
     return last
 
 
-def plan_dp(cost: NetworkCost, max_states: int = 4096) -> NetworkResult:
+def plan_dp(cost: NetworkCost, max_states: int = 256) -> NetworkResult:
     """The choice minimising the synchronous objective S, by dynamic programming over the layers,
     among each layer's cuts and the layer whole on node 0 (`NetworkCost.cuts`; placements on other
     nodes pay off where branches run side by side, which S does not credit: they are left to the

@@ -61,6 +61,19 @@ def test_mpirun_blocked_layout_between_segments_is_exact(tmp_path, nodes: int, d
         assert result["layout"] == expected and result["ok"] and result["max_rel_error"] <= 1e-4
 
 
+@pytest.mark.parametrize(("name", "nodes", "planner"), [("inception", 2, "heft"), ("resnet18", 3, "dp")])
+def test_mpirun_of_a_planned_network_is_exact(tmp_path, name: str, nodes: int, planner: str) -> None:
+    """Mixed cuts, layers placed whole on other nodes than 0, ranks idle for stretches: under real MPI."""
+    model = save(zoo.build(name, resolution=48, width=0.125), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compiled = compile_plan(model, plan, nodes=nodes, search=True, planner=planner, judge=False)
+    assert compiled.compiled.planner is not None and compiled.compiled.planner.kept == planner
+    proc = mpirun(nodes, plan, "--json", "--repeat", "2", "--warmup", "1", "--check")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["max_rel_error"] <= 1e-4
+
+
 def test_mpirun_without_single_copy_transfers_is_exact(tmp_path) -> None:
     # MPICH without CMA (as under Ubuntu's default ptrace_scope): messages larger than its
     # shared-memory cells move in pieces, driven by the runtime's progress calls

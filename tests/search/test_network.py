@@ -93,6 +93,32 @@ def test_dp_is_the_minimum_over_every_choice(tmp_path, profile: ClusterProfile, 
     assert result.synchronous <= cost.synchronous(tuple(0 for _ in cost.candidates)) * (1 + 1e-12)  # the start is a choice
 
 
+def test_receives_are_what_the_regions_say(tmp_path) -> None:
+    """Each node receives, from each other node, the part of its need that node owns and it does
+    not hold itself: checked with the IR's region algebra for every pair of candidates."""
+    graph = partitioned(residual_model(), 3, tmp_path)
+    cost = network_cost(graph, PROFILES["fast link"])
+    checked = 0
+    for i, layer in enumerate(graph.layers):
+        for k, j in cost.edges[i]:
+            for d, source in enumerate(cost.candidates[j]):
+                for c, part in enumerate(cost.candidates[i]):
+                    got = cost.receives(i, k, j, d, c).messages
+                    for n in range(graph.nodes):
+                        need = part.needs[n][k]
+                        expected = []
+                        for s in source.active_nodes():
+                            if s == n or need is None or part.out[n].empty:
+                                continue
+                            common = need.intersect(source.out[s])
+                            values = common.volume - common.intersect(source.computes[n]).volume
+                            if values > 0:
+                                expected.append((s, 4 * values))
+                        assert list(got[n]) == expected, (layer.name, n, d, c)
+                        checked += 1
+    assert checked > 100
+
+
 def test_a_narrow_beam_says_it_is_not_exact(tmp_path) -> None:
     graph = partitioned(residual_model(), 3, tmp_path)
     cost = network_cost(graph, PROFILES["fast link"])
