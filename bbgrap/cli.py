@@ -205,6 +205,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "opaque": [o.to_json() for o in plan.opaque],
         "whole": whole_layers(plan),
         "search": plan.compiled.search.to_json() if plan.compiled.search is not None else None,
+        "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
     }
 
 
@@ -257,6 +258,13 @@ def summary(plan: Plan, where: str) -> str:
         lines.append(
             f"search: {s['strategy']}, objective {s['objective']:.4g}, {s['evaluated']} candidates evaluated of "
             f"10^{s['log10_total']:.1f}, {s['seconds']:.2f}s"
+        )
+    p = plan.compiled.planner
+    if p is not None:
+        lines.append(
+            f"planner: {p.planner} ({'exact' if p.stats.exact else 'not proven optimal'}, {p.stats.evaluated} scored, "
+            f"{p.stats.seconds:.2f}s); predicted {p.planner_ms:.3f} ms against {p.greedy_ms:.3f} ms for the per-layer search "
+            f"alone ({p.profile}): kept {'the ' + p.planner + ' plan' if p.kept == p.planner else 'the per-layer search'}"
         )
     return "\n".join(lines)
 

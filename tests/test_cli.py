@@ -39,6 +39,21 @@ def test_quickstart_flow(tmp_path, small_model: str) -> None:
     assert info["bytes_transferred"] == sum(n["bytes_sent"] for n in info["per_node"])
 
 
+def test_planner_flow(tmp_path, small_model: str) -> None:
+    """compile --planner says what it predicted and kept; inspect shows it; the plan runs exactly."""
+    proc = bbgrap("compile", small_model, "--nodes", "2", "--planner", "ga", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "planner ga: predicted" in proc.stderr and "kept" in proc.stderr
+    info = json.loads(bbgrap("inspect", "--json", cwd=str(tmp_path)).stdout)
+    planner = info["planner"]
+    assert planner["planner"] == "ga" and planner["kept"] in ("ga", "greedy")
+    assert planner["planner_ms"] > 0 and planner["greedy_ms"] > 0 and planner["stats"]["layers"] > 0
+    assert "planner: ga" in bbgrap("inspect", cwd=str(tmp_path)).stdout
+    res = run("--json", "--repeat", "2", "--check", cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["ok"]
+
+
 def test_input_and_output_files(tmp_path, small_model: str) -> None:
     import numpy as np
     assert bbgrap("compile", small_model, "--nodes", "2", "-o", str(tmp_path / "p")).returncode == 0
