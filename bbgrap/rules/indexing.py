@@ -1,12 +1,14 @@
-"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather, constant-mode
-Pad, and nearest Resize by integer factors.
+"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather, Pad (constant,
+reflect, edge and wrap modes), and nearest Resize by integer factors.
 
 Each output element is one input element (or a pad value) at a position known at compile
 time (for Gather: along its other axes), so every output axis can be cut: an output interval
 maps to the hull of the input positions it reads, and the local op gets its starts, indices,
 pads or sizes shifted to the origin of that hull (`Local.inputs`: from opset 10 on they are
-inputs, not attributes).
-"""
+inputs, not attributes). Where the local op cannot stop at the piece's edge (a reflect Pad
+mirrors about the tensor's border row, so its piece starts there; nearest Resize makes whole
+blocks of its factor) it computes more than the piece, and all it computes is exact: a node
+holds it and reads from it (bbgrap/movement.py)."""
 
 from __future__ import annotations
 
@@ -171,26 +173,77 @@ class GatherRule(RegionRule):
         return Local((need.with_axis(axis, Interval(lo, hi)), None), out, inputs={1: np.asarray(mine - lo, dtype=indices.dtype)})
 
 
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def pad_sources(mode: str, rows: np.ndarray, p0: int, size: int) -> np.ndarray:
+    """The input row each output row of a reflect, edge or wrap Pad copies, along an axis of
+    `size` rows with `p0` rows of padding before them: j = i − p0 inside the data; outside it
+    reflect mirrors about the border row (−j before, 2(size − 1) − j after; one reflection, as
+    pads of at most size − 1 make it), edge repeats the border row, wrap takes j mod size."""
+    j = rows - p0
+    if mode == "reflect":
+        j = np.abs(j)
+        return np.where(j > size - 1, 2 * (size - 1) - j, j)
+    if mode == "edge":
+        return np.clip(j, 0, size - 1)
+    return np.mod(j, size)
+
+
 class PadRule(RegionRule):
-    """Constant-mode Pad (opset 11 on: pads, the value and axes as inputs): Y[i] = X[i − p0]
-    inside the data, the value outside. Output interval [o0, o1) reads X[o0 − p0, o1 − p0)
-    clipped to the data; the local pads are what of the interval lies outside it (padding only
-    where the piece touches a border). A piece wholly in the padding reads the data's nearest
-    element and removes it again with a negative pad, so no piece reads nothing."""
+    """Pad from opset 11 (pads, the value and, from 18, axes as inputs), along every axis.
+
+    Constant mode: Y[i] = X[i − p0] inside the data, the value outside. Output interval
+    [o0, o1) reads X[o0 − p0, o1 − p0) clipped to the data; the local pads are what of the
+    interval lies outside it (padding only where the piece touches a border). A piece wholly in
+    the padding reads the data's nearest element and removes it again with a negative pad, so no
+    piece reads nothing.
+
+    Reflect, edge and wrap modes (pads ≥ 0; reflect's at most size − 1, as onnxruntime requires;
+    wrap is opset 19's): Y[i] = X[σ(i)] with σ of `pad_sources`, axis by axis (the padding of
+    several axes is the product of theirs). A piece [a, b) of an axis of n rows padded (p0, p1)
+    reads [lo, hi) with lo = min σ over the piece, or 0 where the piece has rows of the begin
+    padding (a < p0); hi = max σ + 1, or n where it has rows of the end padding (b > p0 + n);
+    wrap reads the whole axis where it has either. Its local op is the same Pad of X[lo, hi)
+    with pads (q0, q1) = (max(p0 − a, 0), max(b − p0 − n, 0)), which computes output rows
+    [c0, c1): c0 = a where a < p0, else p0 + lo; c1 = b where b > p0 + n, else p0 + hi
+    (a superset of [a, b): its extra rows are data rows, copied exactly).
+
+    Proof that every computed row is exact: local output row k is global row i = c0 + k, and in
+    both cases of c0 its local source index is j' = k − q0 = i − p0 − lo = j − lo (j = i − p0, the
+    global one). (1) Where 0 ≤ j < n, j lies in [lo, hi) (the rows of [c0, c1) inside the data
+    run from p0 + lo, or from p0 with lo = 0, to p0 + hi, or to p0 + n with hi = n), and the local
+    op copies X[lo + j'] = X[j]. (2) Where j < 0, a < p0 so lo = 0 and j' = j: the local op
+    mirrors about its row 0, which is X's row 0: reflect gives X[−j], and −j ≤ p0 − a = σ(a) < hi,
+    inside the piece; edge gives X[0]; wrap, with the whole axis, X[j mod n]. (3) Where j ≥ n,
+    hi = n and the local piece ends at X's last row: reflect gives local row 2(m − 1) − j' with
+    m = n − lo, i.e. X[2(n − 1) − j], and 2(n − 1) − j ≥ σ(b − 1) ≥ lo keeps it inside the piece
+    (the rows of [c0, c1) past the data are those of [a, b)); edge gives X[n − 1]; wrap X[j mod n].
+    The local pads are legal: reflect's q0 ≤ σ(a) ≤ m − 1 and q1 ≤ n − 1 − σ(b − 1) ≤ m − 1.
+    An edge piece wholly inside one padding computes just itself: the border row, padded by
+    b − a − 1 on the padding's side (every row of it is that row). Negative pads in these modes
+    (onnxruntime crops before it mirrors) are computed whole.
+    """
 
     def _pads(self, layer: Layer, graph: Graph) -> list[tuple[int, int]] | None:
         """(begin, end) pads of every data axis; None where the rule does not apply."""
-        if graph.opsets.get("", 13) < 11 or layer.attrs.get("mode", "constant") != "constant":
+        mode = layer.attrs.get("mode", "constant")
+        if graph.opsets.get("", 13) < 11 or mode not in PAD_MODES:
             return None
         pads, axes = _constant(graph, layer, 1), _constant(graph, layer, 3)
         if pads is None or (axes is None and len(layer.inputs) > 3 and layer.inputs[3]):
             return None
-        rank = len(shape(graph, layer.inputs[0]))
+        dims = shape(graph, layer.inputs[0])
+        rank = len(dims)
         listed = [_normalised(int(a), rank) for a in axes.reshape(-1)] if axes is not None else list(range(rank))
         flat = [int(v) for v in pads.reshape(-1)]
         out = [(0, 0)] * rank
         for j, a in enumerate(listed):
             out[a] = (flat[j], flat[j + len(listed)])
+        if mode != "constant":
+            for (p0, p1), size in zip(out, dims):
+                if min(p0, p1) < 0 or (size == 0 and p0 + p1 > 0) or (mode == "reflect" and max(p0, p1) > size - 1):
+                    return None
         return out
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
@@ -199,17 +252,36 @@ class PadRule(RegionRule):
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         pads = self._pads(layer, graph)
         assert pads is not None, f"Pad '{layer.name}' cut without constant pads"
+        mode = layer.attrs.get("mode", "constant")
         dims = shape(graph, layer.inputs[0])
-        need = full(graph, layer.inputs[0])
+        need, computes = full(graph, layer.inputs[0]), out
         begins, ends = [], []
         for a, ((p0, _), size) in enumerate(zip(pads, dims)):
             iv = out.interval(a)
-            want = Interval(iv.start - p0, iv.stop - p0)  # in data coordinates, may overhang
-            lo = min(max(want.start, 0), size - 1)
-            hi = max(min(want.stop, size), lo + 1)
+            if mode == "constant":
+                want = Interval(iv.start - p0, iv.stop - p0)  # in data coordinates, may overhang
+                lo = min(max(want.start, 0), size - 1)
+                hi = max(min(want.stop, size), lo + 1)
+                need = need.with_axis(a, Interval(lo, hi))
+                begins.append(lo - want.start)
+                ends.append(want.stop - hi)
+                continue
+            before, after = iv.start < p0, iv.stop > p0 + size
+            if mode == "edge" and (iv.stop <= p0 or iv.start >= p0 + size):  # copies of one border row
+                row = 0 if iv.stop <= p0 else size - 1
+                need = need.with_axis(a, Interval(row, row + 1))
+                begins.append(len(iv) - 1 if iv.stop <= p0 else 0)
+                ends.append(0 if iv.stop <= p0 else len(iv) - 1)
+                continue
+            sources = pad_sources(mode, np.arange(iv.start, iv.stop), p0, size)
+            lo, hi = int(sources.min()), int(sources.max()) + 1
+            if mode == "wrap" and (before or after):
+                lo, hi = 0, size
+            lo, hi = (0 if before else lo), (size if after else hi)
             need = need.with_axis(a, Interval(lo, hi))
-            begins.append(lo - want.start)
-            ends.append(want.stop - hi)
+            computes = computes.with_axis(a, Interval(iv.start if before else p0 + lo, iv.stop if after else p0 + hi))
+            begins.append(max(p0 - iv.start, 0))
+            ends.append(max(iv.stop - p0 - size, 0))
         given = _constant(graph, layer, 3)
         listed = list(range(len(dims))) if given is None else [_normalised(int(a), len(dims)) for a in given.reshape(-1)]
         local_pads = [begins[a] for a in listed] + [ends[a] for a in listed]
@@ -217,7 +289,7 @@ class PadRule(RegionRule):
         assert pads_value is not None
         needs: list[ShapeMap | None] = [need, None]
         needs += [full(graph, t) if t else None for t in layer.inputs[2:]]
-        return Local(tuple(needs), out, inputs={1: np.array(local_pads, dtype=pads_value.dtype)})
+        return Local(tuple(needs), computes, inputs={1: np.array(local_pads, dtype=pads_value.dtype)})
 
 
 NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -2,7 +2,8 @@
 ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a small attention
 block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, a
 squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool), and
-the indexing and reshaping ops around them: Split, Pad, Slice and Gather, a ViT block, a
+the indexing and reshaping ops around them: Split, Pad (constant; reflect, edge and wrap before
+an unpadded conv), Slice and Gather, a ViT block, a
 ShuffleNet channel shuffle, a Swin stage's shift, windows and patch merging, nearest upsampling
 and attention written with Einsum."""
 
@@ -152,6 +153,27 @@ def split_pad_gather(channels: int = 8, opset: int = 13) -> onnx.ModelProto:
 def test_split_pad_slice_gather_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
     cuts = exact_cuts(tmp_path, split_pad_gather(), nodes=nodes, direction=direction, search=search)
     assert all(cuts[name] != "whole" for name in ("chunk/0", "chunk/1", "pad", "crop", "first_row", "some_cols")), cuts
+
+
+def padded_convs(mode: str, opset: int = 13) -> onnx.ModelProto:
+    """`nn.Conv2d(padding_mode="reflect")` (or "replicate", "circular") as torch exports it: an
+    explicit Pad before an unpadded conv; the pads wider than a third of the rows, so an even
+    cut of 2 or 3 nodes falls inside the padding, or a node's rows are all padding."""
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", ["c", "pads"], ["padded"], name="pad", mode=mode),
+             helper.make_node("Conv", ["padded", "cw2"], ["c2"], name="conv2"),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu")]
+    weights = {"cw": weight([8, 3, 3, 3], 40), "cw2": weight([8, 8, 3, 3], 41),
+               "pads": np.array([0, 0, 5, 2, 0, 0, 4, 3], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 6, 10]}, weights, ["y"], opset)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("mode", "opset"), [("reflect", 13), ("edge", 13), ("wrap", 19)])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_reflect_edge_wrap_pad_is_split_and_exact(tmp_path, mode: str, opset: int, nodes: int, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, padded_convs(mode, opset), nodes=nodes, direction="h", search=search)
+    assert cuts["pad"] == "h", cuts
 
 
 def vit_block(dim: int = 8, heads: int = 2) -> onnx.ModelProto:

@@ -1,10 +1,12 @@
-"""Indexing rules: Slice, Split (imported as Slices), Gather with constant indices, constant Pad, nearest Resize:
+"""Indexing rules: Slice, Split (imported as Slices), Gather with constant indices, Pad (constant, reflect,
+edge, wrap), nearest Resize:
 every piece of every partition, run in onnxruntime on its cropped inputs with the rule's local
 starts, indices or pads, equals the same part of the whole op's output (tests/rules/helpers.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
@@ -159,9 +161,73 @@ def test_pad(data: st.DataObject, rank: int, opset: int, value: bool) -> None:
     check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
 
 
-def test_pad_reflect_is_whole() -> None:
-    """Reflect and edge modes read mirrored data: no rule cuts them (yet)."""
-    model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 5]}, {"pads": np.array([0, 0, 1, 0, 0, 1], np.int64)}, 13, mode="reflect")
+def _pad_model(data: st.DataObject, rank: int, mode: str, opset: int, max_dim: int = 7):
+    """A Pad of `mode` with pads that mode allows (reflect: at most size − 1; edge and wrap:
+    beyond the axis too), on all axes or, from opset 18, on some; and the pads per data axis."""
+    dims = [data.draw(st.integers(1, max_dim), label=f"dim {i}") for i in range(rank)]
+    axes = list(range(rank))
+    if opset >= 18 and data.draw(st.booleans(), label="axes given"):
+        axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True), label="axes")
+    top = {a: dims[a] - 1 if mode == "reflect" else dims[a] + 2 for a in axes}
+    begins = [data.draw(st.integers(0, top[a]), label=f"begin {a}") for a in axes]
+    ends = [data.draw(st.integers(0, top[a]), label=f"end {a}") for a in axes]
+    consts: dict[str, np.ndarray] = {"pads": np.array(begins + ends, np.int64)}
+    inputs = ["x", "pads"]
+    if axes != list(range(rank)):
+        consts["axes"] = np.array([a - rank if data.draw(st.booleans(), label=f"neg {a}") else a for a in axes], np.int64)
+        inputs += ["", "axes"]
+    pads = [(0, 0)] * rank
+    for a, b, e in zip(axes, begins, ends):
+        pads[a] = (b, e)
+    return single_op("Pad", inputs, {"x": dims}, consts, opset, mode=mode), dims, pads
+
+
+@rules_settings(100)
+@given(st.data(), st.integers(1, 4), st.sampled_from(["reflect", "edge", "wrap"]), st.sampled_from([11, 13, 18, 19]))
+def test_pad_reflect_edge_wrap(data: st.DataObject, rank: int, mode: str, opset: int) -> None:
+    """Reflect and edge (and opset 19's wrap): every axis is cut, anywhere (inside the padding
+    too); each piece is the same Pad of the input rows its rows copy, padded only where it
+    touches a border of the output, and all it computes is exact."""
+    opset = 19 if mode == "wrap" else opset
+    model, dims, pads = _pad_model(data, rank, mode, opset)
+    checked = check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
+    _check_pad_pieces(checked, mode, dims, pads)
+
+
+@rules_settings(60)
+@given(st.data(), st.integers(1, 3), st.sampled_from(["reflect", "edge", "wrap"]))
+def test_pad_reflect_edge_wrap_every_row(data: st.DataObject, rank: int, mode: str) -> None:
+    """Every output row of one axis its own piece: each row of the padding, mirrored or repeated,
+    alone, and the rows next to the borders."""
+    model, dims, pads = _pad_model(data, rank, mode, 19, max_dim=9)
+    axis = data.draw(st.integers(0, rank - 1), label="axis")
+    checked = check_partition(data, model, expect_axes=set(range(rank)), cut_axes=[axis], finest=True)
+    _check_pad_pieces(checked, mode, dims, pads)
+
+
+def _check_pad_pieces(checked, mode: str, dims: list[int], pads: list[tuple[int, int]]) -> None:
+    """A piece inside the data along an axis reads its rows there and computes just them; edge
+    computes just the piece; reflect at most the mirror's rows beside it (2p + 1, p the pad), wrap
+    at most the pads and the axis beside it."""
+    for box, local in zip(checked.boxes, checked.locals):
+        for a, ((p0, p1), size) in enumerate(zip(pads, dims)):
+            iv, need, computes = box.interval(a), local.needs[0].interval(a), local.computes.interval(a)
+            if p0 <= iv.start and iv.stop <= p0 + size:
+                assert need == Interval(iv.start - p0, iv.stop - p0) and computes == iv, (a, box, local)
+            extra = {"edge": 0, "reflect": 2 * max(p0, p1) + 1, "wrap": p0 + p1 + size}[mode]
+            assert iv.start - extra <= computes.start and computes.stop <= iv.stop + extra, (a, box, local.computes)
+
+
+@pytest.mark.parametrize(("mode", "pads", "opset"), [("reflect", [0, 0, -1, 0, 0, 1], 13),  # a negative pad: crops first
+                                                      ("edge", [0, 0, 1, 0, 0, -2], 13),
+                                                      ("reflect", [0, 0, 1, 0, 0, 1], 10)])  # pads an attribute
+def test_pad_modes_left_whole(mode: str, pads: list[int], opset: int) -> None:
+    """Negative pads outside constant mode (onnxruntime crops, then mirrors what is left), and
+    opset 10 and before (pads an attribute): whole."""
+    if opset < 11:
+        model = single_op("Pad", ["x"], {"x": [1, 3, 3]}, {}, opset, mode=mode, pads=pads)
+    else:
+        model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 3]}, {"pads": np.array(pads, np.int64)}, opset, mode=mode)
     graph = import_proto(model).graph
     assert default_registry().get(graph.layers[0]).axes(graph.layers[0], graph) == frozenset()  # type: ignore[union-attr]
 
