@@ -300,16 +300,44 @@ NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-class NearestResizeRule(RegionRule):
-    """Resize in nearest mode by an integer factor s per axis (upsampling, as FPN and U-Net heads
-    export `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
+class ResizeRule(RegionRule):
+    """Resize: nearest by integer factors along every axis, any mode along the axes it leaves as
+    they are.
+
+    Nearest by an integer factor s per axis (upsampling, as FPN and U-Net heads export
+    `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
     Y[x] = X[x // s] (half_pixel, pytorch_half_pixel and asymmetric with the default rounding):
     output interval [o0, o1) reads X[o0 // s, ⌈o1 / s⌉) and computes whole blocks of s, which the
-    local op (same scales; sizes, where given, those of its block) reproduces. Other Resizes are
-    computed whole."""
+    local op (same scales; sizes, where given, those of its block) reproduces.
+
+    Any other Resize (linear, cubic, nearest by other factors; every coordinate transform but
+    tf_crop_and_resize, whose roi places the grid) is cut along its unit axes: those it keeps
+    with a scale of exactly 1 (a scale input of 1.0, or sizes equal to the input's with the
+    stretch policy): batch and channels of an NCHW upsampling, and H or W where only the other
+    is scaled. Along such an axis every transform maps output row y to input coordinate x = y,
+    exactly in floating point ((y + 0.5)/1 − 0.5, y·(n − 1)/(n − 1), y/1; 0 for one row), so
+    the element blends the taps of row y with weight 1 and the others with weight 0 (linear's
+    clamped last row weighs its one tap 0.5 + 0.5; the cubic kernel is 1, 0, 0, 0 at 0, ±1, 2):
+    a piece reads its own rows, and its local op (same attributes; sizes, where given, those of
+    the piece) computes exactly them.
+
+    Linear and cubic upsampling are not cut along a scaled axis: no one local Resize computes
+    a piece of it exactly, everything it computes included (a node holds and reads all of it,
+    bbgrap/movement.py). The piece's rows blend the input rows around their coordinates x(y), so
+    a local op must give them the same coordinates, slope 1/s included. In the half_pixel
+    transforms that fixes the local scale to s, so m input rows give s·m output rows, whose last
+    (and first) the local op clamps to its last (first) input row where the whole op blends it
+    with the next one; asymmetric clamps its last s − 1 rows; align_corners ties the slope to the
+    lengths, (n − 1)/(s·n − 1), which no shorter crop has. A tf_crop_and_resize roi places any
+    grid, but extrapolates a constant where the whole op clamps (half_pixel's first and last rows,
+    asymmetric's last) and at a last row that rounding puts past the input's (align_corners).
+    The piece's own rows would be exact: the same Resize of input rows [⌊x(o0)⌋, ⌊x(o1 − 1)⌋ + 2)
+    computes them; a local op whose extra rows are dropped before the node holds them would make
+    these cuts exact (tests/rules/test_indexing.py checks both facts).
+    """
 
     def _factors(self, layer: Layer, graph: Graph) -> tuple[int, ...] | None:
-        """The integer factor of every axis, None where the rule does not apply."""
+        """The integer factor of every axis of a nearest Resize, None where that rule does not apply."""
         attrs = layer.attrs
         if attrs.get("mode", "nearest") != "nearest" or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
             return None
@@ -338,30 +366,71 @@ class NearestResizeRule(RegionRule):
                 return None
         return factors
 
+    def _unit_axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        """The axes this Resize keeps with a scale of exactly 1 (see the class docstring)."""
+        attrs = layer.attrs
+        modern = graph.opsets.get("", 13) >= 11
+        if attrs.get("coordinate_transformation_mode", "half_pixel" if modern else "asymmetric") == "tf_crop_and_resize":
+            return frozenset()
+        in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
+        unit = {a for a, (i, o) in enumerate(zip(in_dims, out_dims)) if i == o}
+        scales = _constant(graph, layer, 2 if modern else 1)
+        if scales is not None and scales.size:
+            listed = [_normalised(int(a), len(in_dims)) for a in attrs.get("axes", range(len(in_dims)))]
+            unit -= {a for j, a in enumerate(listed) if float(scales.reshape(-1)[j]) != 1.0}
+        elif not modern or _constant(graph, layer, 3) is None:
+            return frozenset()  # scales or sizes computed from the data
+        elif attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return frozenset()  # one scale for all the axes sizes name, which may keep an extent by rounding
+        return frozenset(unit)
+
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return all_axes(layer, graph) if self._factors(layer, graph) is not None else frozenset()
+        if self._factors(layer, graph) is not None:
+            return all_axes(layer, graph)
+        return self._unit_axes(layer, graph)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         factors = self._factors(layer, graph)
-        assert factors is not None, f"Resize '{layer.name}' cut without integer nearest factors"
         need, computes = full(graph, layer.inputs[0]), out
-        for a, s in enumerate(factors):
-            iv = out.interval(a)
-            block = Interval(iv.start // s, -(-iv.stop // s))
-            need = need.with_axis(a, block)
-            computes = computes.with_axis(a, Interval(block.start * s, block.stop * s))
+        if factors is not None:
+            for a, s in enumerate(factors):
+                iv = out.interval(a)
+                block = Interval(iv.start // s, -(-iv.stop // s))
+                need = need.with_axis(a, block)
+                computes = computes.with_axis(a, Interval(block.start * s, block.stop * s))
+        else:
+            unit, out_dims = self._unit_axes(layer, graph), shape(graph, layer.outputs[0])
+            for a in range(out.rank):
+                if a in unit:
+                    need = need.with_axis(a, out.interval(a))
+                else:
+                    assert out.interval(a) == Interval(0, out_dims[a]), f"Resize '{layer.name}' cut along its scaled axis {a}"
         needs: list[ShapeMap | None] = [need, *(full(graph, t) if t else None for t in layer.inputs[1:])]
+        inputs: dict[int, np.ndarray] = {}
+        for k in range(1, len(layer.inputs)):
+            value = _constant(graph, layer, k)
+            if value is not None and value.size == 0:  # opsets 11 and 12: an empty roi, or scales beside sizes
+                needs[k], inputs[k] = None, value  # (a need cannot be empty)
         sizes = _constant(graph, layer, 3)
-        if sizes is None or graph.opsets.get("", 13) < 11:
-            return Local(tuple(needs), computes)
-        axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
-        needs[3] = None
-        return Local(tuple(needs), computes, inputs={3: np.array([computes.shape[a] for a in axes], sizes.dtype)})
+        if sizes is not None and sizes.size and graph.opsets.get("", 13) >= 11:
+            axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+            needs[3], inputs[3] = None, np.array([computes.shape[a] for a in axes], sizes.dtype)
+        return Local(tuple(needs), computes, inputs=inputs)
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """Nearest copies one element (1). Linear and cubic blend 2 or 4 taps along each axis whose
+        extent changes, a multiply-add per tap of their product: 2·2^k or 2·4^k for k such axes
+        (bilinear 8, bicubic 32). Antialiased downsampling reads more taps than that."""
+        mode = layer.attrs.get("mode", "nearest")
+        if mode not in ("linear", "cubic"):
+            return 1.0
+        resized = sum(i != o for i, o in zip(shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])))
+        return 2.0 * (2 if mode == "linear" else 4) ** resized
 
 
 def register(registry: RuleRegistry) -> None:
     registry.register(["Slice"], SliceRule())
     registry.register(["Gather"], GatherRule())
     registry.register(["Pad"], PadRule())
-    registry.register(["Resize"], NearestResizeRule())
+    registry.register(["Resize"], ResizeRule())
 
