@@ -207,7 +207,7 @@ class PadRule(RegionRule):
     wrap reads the whole axis where it has either. Its local op is the same Pad of X[lo, hi)
     with pads (q0, q1) = (max(p0 − a, 0), max(b − p0 − n, 0)), which computes output rows
     [c0, c1): c0 = a where a < p0, else p0 + lo; c1 = b where b > p0 + n, else p0 + hi
-    (a superset of [a, b): its extra rows are data rows, copied exactly).
+    (a superset of [a, b) by at most the rows a mirror needs beside it, all of them exact).
 
     Proof that every computed row is exact: local output row k is global row i = c0 + k, and in
     both cases of c0 its local source index is j' = k − q0 = i − p0 − lo = j − lo (j = i − p0, the
