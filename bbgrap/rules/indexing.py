@@ -1,12 +1,14 @@
-"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather, constant-mode
-Pad, and nearest Resize by integer factors.
+"""Indexing ops: Slice (and Split, imported as one Slice per output), Gather, Pad (constant,
+reflect, edge and wrap modes), and nearest Resize by integer factors.
 
 Each output element is one input element (or a pad value) at a position known at compile
 time (for Gather: along its other axes), so every output axis can be cut: an output interval
 maps to the hull of the input positions it reads, and the local op gets its starts, indices,
 pads or sizes shifted to the origin of that hull (`Local.inputs`: from opset 10 on they are
-inputs, not attributes).
-"""
+inputs, not attributes). Where the local op cannot stop at the piece's edge (a reflect Pad
+mirrors about the tensor's border row, so its piece starts there; nearest Resize makes whole
+blocks of its factor) it computes more than the piece, and all it computes is exact: a node
+holds it and reads from it (bbgrap/movement.py)."""
 
 from __future__ import annotations
 
@@ -171,26 +173,77 @@ class GatherRule(RegionRule):
         return Local((need.with_axis(axis, Interval(lo, hi)), None), out, inputs={1: np.asarray(mine - lo, dtype=indices.dtype)})
 
 
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def pad_sources(mode: str, rows: np.ndarray, p0: int, size: int) -> np.ndarray:
+    """The input row each output row of a reflect, edge or wrap Pad copies, along an axis of
+    `size` rows with `p0` rows of padding before them: j = i − p0 inside the data; outside it
+    reflect mirrors about the border row (−j before, 2(size − 1) − j after; one reflection, as
+    pads of at most size − 1 make it), edge repeats the border row, wrap takes j mod size."""
+    j = rows - p0
+    if mode == "reflect":
+        j = np.abs(j)
+        return np.where(j > size - 1, 2 * (size - 1) - j, j)
+    if mode == "edge":
+        return np.clip(j, 0, size - 1)
+    return np.mod(j, size)
+
+
 class PadRule(RegionRule):
-    """Constant-mode Pad (opset 11 on: pads, the value and axes as inputs): Y[i] = X[i − p0]
-    inside the data, the value outside. Output interval [o0, o1) reads X[o0 − p0, o1 − p0)
-    clipped to the data; the local pads are what of the interval lies outside it (padding only
-    where the piece touches a border). A piece wholly in the padding reads the data's nearest
-    element and removes it again with a negative pad, so no piece reads nothing."""
+    """Pad from opset 11 (pads, the value and, from 18, axes as inputs), along every axis.
+
+    Constant mode: Y[i] = X[i − p0] inside the data, the value outside. Output interval
+    [o0, o1) reads X[o0 − p0, o1 − p0) clipped to the data; the local pads are what of the
+    interval lies outside it (padding only where the piece touches a border). A piece wholly in
+    the padding reads the data's nearest element and removes it again with a negative pad, so no
+    piece reads nothing.
+
+    Reflect, edge and wrap modes (pads ≥ 0; reflect's at most size − 1, as onnxruntime requires;
+    wrap is opset 19's): Y[i] = X[σ(i)] with σ of `pad_sources`, axis by axis (the padding of
+    several axes is the product of theirs). A piece [a, b) of an axis of n rows padded (p0, p1)
+    reads [lo, hi) with lo = min σ over the piece, or 0 where the piece has rows of the begin
+    padding (a < p0); hi = max σ + 1, or n where it has rows of the end padding (b > p0 + n);
+    wrap reads the whole axis where it has either. Its local op is the same Pad of X[lo, hi)
+    with pads (q0, q1) = (max(p0 − a, 0), max(b − p0 − n, 0)), which computes output rows
+    [c0, c1): c0 = a where a < p0, else p0 + lo; c1 = b where b > p0 + n, else p0 + hi
+    (a superset of [a, b) by at most the rows a mirror needs beside it, all of them exact).
+
+    Proof that every computed row is exact: local output row k is global row i = c0 + k, and in
+    both cases of c0 its local source index is j' = k − q0 = i − p0 − lo = j − lo (j = i − p0, the
+    global one). (1) Where 0 ≤ j < n, j lies in [lo, hi) (the rows of [c0, c1) inside the data
+    run from p0 + lo, or from p0 with lo = 0, to p0 + hi, or to p0 + n with hi = n), and the local
+    op copies X[lo + j'] = X[j]. (2) Where j < 0, a < p0 so lo = 0 and j' = j: the local op
+    mirrors about its row 0, which is X's row 0: reflect gives X[−j], and −j ≤ p0 − a = σ(a) < hi,
+    inside the piece; edge gives X[0]; wrap, with the whole axis, X[j mod n]. (3) Where j ≥ n,
+    hi = n and the local piece ends at X's last row: reflect gives local row 2(m − 1) − j' with
+    m = n − lo, i.e. X[2(n − 1) − j], and 2(n − 1) − j ≥ σ(b − 1) ≥ lo keeps it inside the piece
+    (the rows of [c0, c1) past the data are those of [a, b)); edge gives X[n − 1]; wrap X[j mod n].
+    The local pads are legal: reflect's q0 ≤ σ(a) ≤ m − 1 and q1 ≤ n − 1 − σ(b − 1) ≤ m − 1.
+    An edge piece wholly inside one padding computes just itself: the border row, padded by
+    b − a − 1 on the padding's side (every row of it is that row). Negative pads in these modes
+    (onnxruntime crops before it mirrors) are computed whole.
+    """
 
     def _pads(self, layer: Layer, graph: Graph) -> list[tuple[int, int]] | None:
         """(begin, end) pads of every data axis; None where the rule does not apply."""
-        if graph.opsets.get("", 13) < 11 or layer.attrs.get("mode", "constant") != "constant":
+        mode = layer.attrs.get("mode", "constant")
+        if graph.opsets.get("", 13) < 11 or mode not in PAD_MODES:
             return None
         pads, axes = _constant(graph, layer, 1), _constant(graph, layer, 3)
         if pads is None or (axes is None and len(layer.inputs) > 3 and layer.inputs[3]):
             return None
-        rank = len(shape(graph, layer.inputs[0]))
+        dims = shape(graph, layer.inputs[0])
+        rank = len(dims)
         listed = [_normalised(int(a), rank) for a in axes.reshape(-1)] if axes is not None else list(range(rank))
         flat = [int(v) for v in pads.reshape(-1)]
         out = [(0, 0)] * rank
         for j, a in enumerate(listed):
             out[a] = (flat[j], flat[j + len(listed)])
+        if mode != "constant":
+            for (p0, p1), size in zip(out, dims):
+                if min(p0, p1) < 0 or (size == 0 and p0 + p1 > 0) or (mode == "reflect" and max(p0, p1) > size - 1):
+                    return None
         return out
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
@@ -199,17 +252,36 @@ class PadRule(RegionRule):
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         pads = self._pads(layer, graph)
         assert pads is not None, f"Pad '{layer.name}' cut without constant pads"
+        mode = layer.attrs.get("mode", "constant")
         dims = shape(graph, layer.inputs[0])
-        need = full(graph, layer.inputs[0])
+        need, computes = full(graph, layer.inputs[0]), out
         begins, ends = [], []
         for a, ((p0, _), size) in enumerate(zip(pads, dims)):
             iv = out.interval(a)
-            want = Interval(iv.start - p0, iv.stop - p0)  # in data coordinates, may overhang
-            lo = min(max(want.start, 0), size - 1)
-            hi = max(min(want.stop, size), lo + 1)
+            if mode == "constant":
+                want = Interval(iv.start - p0, iv.stop - p0)  # in data coordinates, may overhang
+                lo = min(max(want.start, 0), size - 1)
+                hi = max(min(want.stop, size), lo + 1)
+                need = need.with_axis(a, Interval(lo, hi))
+                begins.append(lo - want.start)
+                ends.append(want.stop - hi)
+                continue
+            before, after = iv.start < p0, iv.stop > p0 + size
+            if mode == "edge" and (iv.stop <= p0 or iv.start >= p0 + size):  # copies of one border row
+                row = 0 if iv.stop <= p0 else size - 1
+                need = need.with_axis(a, Interval(row, row + 1))
+                begins.append(len(iv) - 1 if iv.stop <= p0 else 0)
+                ends.append(0 if iv.stop <= p0 else len(iv) - 1)
+                continue
+            sources = pad_sources(mode, np.arange(iv.start, iv.stop), p0, size)
+            lo, hi = int(sources.min()), int(sources.max()) + 1
+            if mode == "wrap" and (before or after):
+                lo, hi = 0, size
+            lo, hi = (0 if before else lo), (size if after else hi)
             need = need.with_axis(a, Interval(lo, hi))
-            begins.append(lo - want.start)
-            ends.append(want.stop - hi)
+            computes = computes.with_axis(a, Interval(iv.start if before else p0 + lo, iv.stop if after else p0 + hi))
+            begins.append(max(p0 - iv.start, 0))
+            ends.append(max(iv.stop - p0 - size, 0))
         given = _constant(graph, layer, 3)
         listed = list(range(len(dims))) if given is None else [_normalised(int(a), len(dims)) for a in given.reshape(-1)]
         local_pads = [begins[a] for a in listed] + [ends[a] for a in listed]
@@ -217,7 +289,7 @@ class PadRule(RegionRule):
         assert pads_value is not None
         needs: list[ShapeMap | None] = [need, None]
         needs += [full(graph, t) if t else None for t in layer.inputs[2:]]
-        return Local(tuple(needs), out, inputs={1: np.array(local_pads, dtype=pads_value.dtype)})
+        return Local(tuple(needs), computes, inputs={1: np.array(local_pads, dtype=pads_value.dtype)})
 
 
 NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -228,16 +300,44 @@ NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-class NearestResizeRule(RegionRule):
-    """Resize in nearest mode by an integer factor s per axis (upsampling, as FPN and U-Net heads
-    export `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
+class ResizeRule(RegionRule):
+    """Resize: nearest by integer factors along every axis, any mode along the axes it leaves as
+    they are.
+
+    Nearest by an integer factor s per axis (upsampling, as FPN and U-Net heads export
+    `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
     Y[x] = X[x // s] (half_pixel, pytorch_half_pixel and asymmetric with the default rounding):
     output interval [o0, o1) reads X[o0 // s, ⌈o1 / s⌉) and computes whole blocks of s, which the
-    local op (same scales; sizes, where given, those of its block) reproduces. Other Resizes are
-    computed whole."""
+    local op (same scales; sizes, where given, those of its block) reproduces.
+
+    Any other Resize (linear, cubic, nearest by other factors; every coordinate transform but
+    tf_crop_and_resize, whose roi places the grid) is cut along its unit axes: those it keeps
+    with a scale of exactly 1 (a scale input of 1.0, or sizes equal to the input's with the
+    stretch policy): batch and channels of an NCHW upsampling, and H or W where only the other
+    is scaled. Along such an axis every transform maps output row y to input coordinate x = y,
+    exactly in floating point ((y + 0.5)/1 − 0.5, y·(n − 1)/(n − 1), y/1; 0 for one row), so
+    the element blends the taps of row y with weight 1 and the others with weight 0 (linear's
+    clamped last row weighs its one tap 0.5 + 0.5; the cubic kernel is 1, 0, 0, 0 at 0, ±1, 2):
+    a piece reads its own rows, and its local op (same attributes; sizes, where given, those of
+    the piece) computes exactly them.
+
+    Linear and cubic upsampling are not cut along a scaled axis: no one local Resize computes
+    a piece of it exactly, everything it computes included (a node holds and reads all of it,
+    bbgrap/movement.py). The piece's rows blend the input rows around their coordinates x(y), so
+    a local op must give them the same coordinates, slope 1/s included. In the half_pixel
+    transforms that fixes the local scale to s, so m input rows give s·m output rows, whose last
+    (and first) the local op clamps to its last (first) input row where the whole op blends it
+    with the next one; asymmetric clamps its last s − 1 rows; align_corners ties the slope to the
+    lengths, (n − 1)/(s·n − 1), which no shorter crop has. A tf_crop_and_resize roi places any
+    grid, but extrapolates a constant where the whole op clamps (half_pixel's first and last rows,
+    asymmetric's last) and at a last row that rounding puts past the input's (align_corners).
+    The piece's own rows would be exact: the same Resize of input rows [⌊x(o0)⌋, ⌊x(o1 − 1)⌋ + 2)
+    computes them; a local op whose extra rows are dropped before the node holds them would make
+    these cuts exact (tests/rules/test_indexing.py checks both facts).
+    """
 
     def _factors(self, layer: Layer, graph: Graph) -> tuple[int, ...] | None:
-        """The integer factor of every axis, None where the rule does not apply."""
+        """The integer factor of every axis of a nearest Resize, None where that rule does not apply."""
         attrs = layer.attrs
         if attrs.get("mode", "nearest") != "nearest" or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
             return None
@@ -266,30 +366,71 @@ class NearestResizeRule(RegionRule):
                 return None
         return factors
 
+    def _unit_axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        """The axes this Resize keeps with a scale of exactly 1 (see the class docstring)."""
+        attrs = layer.attrs
+        modern = graph.opsets.get("", 13) >= 11
+        if attrs.get("coordinate_transformation_mode", "half_pixel" if modern else "asymmetric") == "tf_crop_and_resize":
+            return frozenset()
+        in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
+        unit = {a for a, (i, o) in enumerate(zip(in_dims, out_dims)) if i == o}
+        scales = _constant(graph, layer, 2 if modern else 1)
+        if scales is not None and scales.size:
+            listed = [_normalised(int(a), len(in_dims)) for a in attrs.get("axes", range(len(in_dims)))]
+            unit -= {a for j, a in enumerate(listed) if float(scales.reshape(-1)[j]) != 1.0}
+        elif not modern or _constant(graph, layer, 3) is None:
+            return frozenset()  # scales or sizes computed from the data
+        elif attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return frozenset()  # one scale for all the axes sizes name, which may keep an extent by rounding
+        return frozenset(unit)
+
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return all_axes(layer, graph) if self._factors(layer, graph) is not None else frozenset()
+        if self._factors(layer, graph) is not None:
+            return all_axes(layer, graph)
+        return self._unit_axes(layer, graph)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         factors = self._factors(layer, graph)
-        assert factors is not None, f"Resize '{layer.name}' cut without integer nearest factors"
         need, computes = full(graph, layer.inputs[0]), out
-        for a, s in enumerate(factors):
-            iv = out.interval(a)
-            block = Interval(iv.start // s, -(-iv.stop // s))
-            need = need.with_axis(a, block)
-            computes = computes.with_axis(a, Interval(block.start * s, block.stop * s))
+        if factors is not None:
+            for a, s in enumerate(factors):
+                iv = out.interval(a)
+                block = Interval(iv.start // s, -(-iv.stop // s))
+                need = need.with_axis(a, block)
+                computes = computes.with_axis(a, Interval(block.start * s, block.stop * s))
+        else:
+            unit, out_dims = self._unit_axes(layer, graph), shape(graph, layer.outputs[0])
+            for a in range(out.rank):
+                if a in unit:
+                    need = need.with_axis(a, out.interval(a))
+                else:
+                    assert out.interval(a) == Interval(0, out_dims[a]), f"Resize '{layer.name}' cut along its scaled axis {a}"
         needs: list[ShapeMap | None] = [need, *(full(graph, t) if t else None for t in layer.inputs[1:])]
+        inputs: dict[int, np.ndarray] = {}
+        for k in range(1, len(layer.inputs)):
+            value = _constant(graph, layer, k)
+            if value is not None and value.size == 0:  # opsets 11 and 12: an empty roi, or scales beside sizes
+                needs[k], inputs[k] = None, value  # (a need cannot be empty)
         sizes = _constant(graph, layer, 3)
-        if sizes is None or graph.opsets.get("", 13) < 11:
-            return Local(tuple(needs), computes)
-        axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
-        needs[3] = None
-        return Local(tuple(needs), computes, inputs={3: np.array([computes.shape[a] for a in axes], sizes.dtype)})
+        if sizes is not None and sizes.size and graph.opsets.get("", 13) >= 11:
+            axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+            needs[3], inputs[3] = None, np.array([computes.shape[a] for a in axes], sizes.dtype)
+        return Local(tuple(needs), computes, inputs=inputs)
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """Nearest copies one element (1). Linear and cubic blend 2 or 4 taps along each axis whose
+        extent changes, a multiply-add per tap of their product: 2·2^k or 2·4^k for k such axes
+        (bilinear 8, bicubic 32). Antialiased downsampling reads more taps than that."""
+        mode = layer.attrs.get("mode", "nearest")
+        if mode not in ("linear", "cubic"):
+            return 1.0
+        resized = sum(i != o for i, o in zip(shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])))
+        return 2.0 * (2 if mode == "linear" else 4) ** resized
 
 
 def register(registry: RuleRegistry) -> None:
     registry.register(["Slice"], SliceRule())
     registry.register(["Gather"], GatherRule())
     registry.register(["Pad"], PadRule())
-    registry.register(["Resize"], NearestResizeRule())
+    registry.register(["Resize"], ResizeRule())
 

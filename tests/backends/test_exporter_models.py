@@ -2,9 +2,10 @@
 ConvNeXt's exporters write it (Transpose, MatMul, Add with the bias first), a small attention
 block (LayerNorm, Q·Kᵀ, Softmax over keys, P·V), whose token cut gathers K and V, a
 squeeze-excite block as the dynamo exporter writes it (ReduceMean for the global pool), and
-the indexing and reshaping ops around them: Split, Pad, Slice and Gather, a ViT block, a
+the indexing and reshaping ops around them: Split, Pad (constant; reflect, edge and wrap before
+an unpadded conv), Slice and Gather, a ViT block, a
 ShuffleNet channel shuffle, a Swin stage's shift, windows and patch merging, nearest upsampling
-and attention written with Einsum."""
+and attention written with Einsum, and a segmentation head's bilinear upsampling."""
 
 from __future__ import annotations
 
@@ -154,6 +155,27 @@ def test_split_pad_slice_gather_are_split_and_exact(tmp_path, nodes: int, direct
     assert all(cuts[name] != "whole" for name in ("chunk/0", "chunk/1", "pad", "crop", "first_row", "some_cols")), cuts
 
 
+def padded_convs(mode: str, opset: int = 13) -> onnx.ModelProto:
+    """`nn.Conv2d(padding_mode="reflect")` (or "replicate", "circular") as torch exports it: an
+    explicit Pad before an unpadded conv; the pads wider than a third of the rows, so an even
+    cut of 2 or 3 nodes falls inside the padding, or a node's rows are all padding."""
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", ["c", "pads"], ["padded"], name="pad", mode=mode),
+             helper.make_node("Conv", ["padded", "cw2"], ["c2"], name="conv2"),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu")]
+    weights = {"cw": weight([8, 3, 3, 3], 40), "cw2": weight([8, 8, 3, 3], 41),
+               "pads": np.array([0, 0, 5, 2, 0, 0, 4, 3], np.int64)}
+    return build_model(nodes, {"x": [1, 3, 6, 10]}, weights, ["y"], opset)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize(("mode", "opset"), [("reflect", 13), ("edge", 13), ("wrap", 19)])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_reflect_edge_wrap_pad_is_split_and_exact(tmp_path, mode: str, opset: int, nodes: int, search: bool) -> None:
+    cuts = exact_cuts(tmp_path, padded_convs(mode, opset), nodes=nodes, direction="h", search=search)
+    assert cuts["pad"] == "h", cuts
+
+
 def vit_block(dim: int = 8, heads: int = 2) -> onnx.ModelProto:
     """A ViT block as torch exports it: patch embedding (a stride-4 conv, flatten(2).transpose(1, 2)
     as Reshape and Transpose), a class token Concat, position embedding, LayerNorm, attention with
@@ -247,6 +269,43 @@ def upsample_einsum_attention(dim: int = 8) -> onnx.ModelProto:
 def test_upsample_and_einsum_attention_are_split_and_exact(tmp_path, nodes: int, direction: str, search: bool) -> None:
     cuts = exact_cuts(tmp_path, upsample_einsum_attention(), nodes=nodes, direction=direction, search=search)
     assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+def bilinear_head(transform: str, scales: list[float], mode: str = "linear", opset: int = 13) -> onnx.ModelProto:
+    """A segmentation head's upsampling, `F.interpolate(mode="bilinear")` as torch exports it
+    (pytorch_half_pixel, or align_corners=True), between convolutions; at opsets 11 and 12 with
+    the empty roi those opsets require."""
+    roi = "roi" if opset < 13 else ""
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", roi, "scales"], ["up"], name="upsample", mode=mode,
+                              coordinate_transformation_mode=transform),
+             helper.make_node("Conv", ["up", "cw2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu")]
+    weights = {"cw": weight([8, 3, 3, 3], 70), "cw2": weight([4, 8, 3, 3], 71), "scales": np.array(scales, np.float32)}
+    if roi:
+        weights["roi"] = np.zeros(0, np.float32)
+    return build_model(nodes, {"x": [1, 3, 7, 6]}, weights, ["y"], opset)
+
+
+@pytest.mark.parametrize("search", [False, True])
+@pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_bilinear_upsample_is_split_and_exact(tmp_path, transform: str, nodes: int, search: bool) -> None:
+    """Bilinear ×2 (and ×3 on W): along h the Resize is cut by channels (it cannot be cut along a
+    scaled axis, ResizeRule); with H kept, along h; bicubic the same way."""
+    cuts = exact_cuts(tmp_path, bilinear_head(transform, [1, 1, 2, 3]), nodes=nodes, direction="h", search=search)
+    assert cuts["upsample"] == "c", cuts
+    cuts = exact_cuts(tmp_path, bilinear_head(transform, [1, 1, 1, 2], "cubic"), nodes=nodes, direction="h", search=search)
+    assert cuts["upsample"] == "h", cuts
+
+
+@pytest.mark.parametrize(("mode", "transform", "cut"), [("nearest", "asymmetric", "h"), ("linear", "pytorch_half_pixel", "c")])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_opset11_resize_with_an_empty_roi_is_split_and_exact(tmp_path, mode: str, transform: str, cut: str, nodes: int) -> None:
+    """Opsets 11 and 12 require a roi input, which exporters give empty: the local op gets it as
+    it is (a piece cannot read an empty region; it made the layer whole)."""
+    cuts = exact_cuts(tmp_path, bilinear_head(transform, [1, 1, 2, 2], mode, opset=11), nodes=nodes, direction="h")
+    assert cuts["upsample"] == cut, cuts
 
 
 def swin_stage(size: int = 8, dim: int = 4, window: int = 4) -> onnx.ModelProto:

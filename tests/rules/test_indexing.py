@@ -1,10 +1,12 @@
-"""Indexing rules: Slice, Split (imported as Slices), Gather with constant indices, constant Pad, nearest Resize:
+"""Indexing rules: Slice, Split (imported as Slices), Gather with constant indices, Pad (constant, reflect,
+edge, wrap), Resize (nearest by integer factors; any mode along the axes it keeps):
 every piece of every partition, run in onnxruntime on its cropped inputs with the rule's local
 starts, indices or pads, equals the same part of the whole op's output (tests/rules/helpers.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,7 +14,7 @@ from onnx import helper
 
 from bbgrap.ir import Interval
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import build_model, check_partition, rng_of, rules_settings, single_op
+from tests.rules.helpers import build_model, check_partition, rng_of, rules_settings, run_model, single_op
 
 
 def _count(d: int, start: int, end: int, step: int) -> int:
@@ -159,20 +161,85 @@ def test_pad(data: st.DataObject, rank: int, opset: int, value: bool) -> None:
     check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
 
 
-def test_pad_reflect_is_whole() -> None:
-    """Reflect and edge modes read mirrored data: no rule cuts them (yet)."""
-    model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 5]}, {"pads": np.array([0, 0, 1, 0, 0, 1], np.int64)}, 13, mode="reflect")
+def _pad_model(data: st.DataObject, rank: int, mode: str, opset: int, max_dim: int = 7):
+    """A Pad of `mode` with pads that mode allows (reflect: at most size − 1; edge and wrap:
+    beyond the axis too), on all axes or, from opset 18, on some; and the pads per data axis."""
+    dims = [data.draw(st.integers(1, max_dim), label=f"dim {i}") for i in range(rank)]
+    axes = list(range(rank))
+    if opset >= 18 and data.draw(st.booleans(), label="axes given"):
+        axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True), label="axes")
+    top = {a: dims[a] - 1 if mode == "reflect" else dims[a] + 2 for a in axes}
+    begins = [data.draw(st.integers(0, top[a]), label=f"begin {a}") for a in axes]
+    ends = [data.draw(st.integers(0, top[a]), label=f"end {a}") for a in axes]
+    consts: dict[str, np.ndarray] = {"pads": np.array(begins + ends, np.int64)}
+    inputs = ["x", "pads"]
+    if axes != list(range(rank)):
+        consts["axes"] = np.array([a - rank if data.draw(st.booleans(), label=f"neg {a}") else a for a in axes], np.int64)
+        inputs += ["", "axes"]
+    pads = [(0, 0)] * rank
+    for a, b, e in zip(axes, begins, ends):
+        pads[a] = (b, e)
+    return single_op("Pad", inputs, {"x": dims}, consts, opset, mode=mode), dims, pads
+
+
+@rules_settings(100)
+@given(st.data(), st.integers(1, 4), st.sampled_from(["reflect", "edge", "wrap"]), st.sampled_from([11, 13, 18, 19]))
+def test_pad_reflect_edge_wrap(data: st.DataObject, rank: int, mode: str, opset: int) -> None:
+    """Reflect and edge (and opset 19's wrap): every axis is cut, anywhere (inside the padding
+    too); each piece is the same Pad of the input rows its rows copy, padded only where it
+    touches a border of the output, and all it computes is exact."""
+    opset = 19 if mode == "wrap" else opset
+    model, dims, pads = _pad_model(data, rank, mode, opset)
+    checked = check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
+    _check_pad_pieces(checked, mode, dims, pads)
+
+
+@rules_settings(60)
+@given(st.data(), st.integers(1, 3), st.sampled_from(["reflect", "edge", "wrap"]))
+def test_pad_reflect_edge_wrap_every_row(data: st.DataObject, rank: int, mode: str) -> None:
+    """Every output row of one axis its own piece: each row of the padding, mirrored or repeated,
+    alone, and the rows next to the borders."""
+    model, dims, pads = _pad_model(data, rank, mode, 19, max_dim=9)
+    axis = data.draw(st.integers(0, rank - 1), label="axis")
+    checked = check_partition(data, model, expect_axes=set(range(rank)), cut_axes=[axis], finest=True)
+    _check_pad_pieces(checked, mode, dims, pads)
+
+
+def _check_pad_pieces(checked, mode: str, dims: list[int], pads: list[tuple[int, int]]) -> None:
+    """A piece inside the data along an axis reads its rows there and computes just them; edge
+    computes just the piece; reflect at most the mirror's rows beside it (2p + 1, p the pad), wrap
+    at most the pads and the axis beside it."""
+    for box, local in zip(checked.boxes, checked.locals):
+        for a, ((p0, p1), size) in enumerate(zip(pads, dims)):
+            iv, need, computes = box.interval(a), local.needs[0].interval(a), local.computes.interval(a)
+            if p0 <= iv.start and iv.stop <= p0 + size:
+                assert need == Interval(iv.start - p0, iv.stop - p0) and computes == iv, (a, box, local)
+            extra = {"edge": 0, "reflect": 2 * max(p0, p1) + 1, "wrap": p0 + p1 + size}[mode]
+            assert iv.start - extra <= computes.start and computes.stop <= iv.stop + extra, (a, box, local.computes)
+
+
+@pytest.mark.parametrize(("mode", "pads", "opset"), [("reflect", [0, 0, -1, 0, 0, 1], 13),  # a negative pad: crops first
+                                                      ("edge", [0, 0, 1, 0, 0, -2], 13),
+                                                      ("reflect", [0, 0, 1, 0, 0, 1], 10)])  # pads an attribute
+def test_pad_modes_left_whole(mode: str, pads: list[int], opset: int) -> None:
+    """Negative pads outside constant mode (onnxruntime crops, then mirrors what is left), and
+    opset 10 and before (pads an attribute): whole."""
+    if opset < 11:
+        model = single_op("Pad", ["x"], {"x": [1, 3, 3]}, {}, opset, mode=mode, pads=pads)
+    else:
+        model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 3]}, {"pads": np.array(pads, np.int64)}, opset, mode=mode)
     graph = import_proto(model).graph
     assert default_registry().get(graph.layers[0]).axes(graph.layers[0], graph) == frozenset()  # type: ignore[union-attr]
 
 
 @rules_settings(80)
-@given(st.data(), st.sampled_from([10, 13, 18]), st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
+@given(st.data(), st.sampled_from([10, 11, 13, 18]), st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
        st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]), st.booleans())
 def test_nearest_resize(data: st.DataObject, opset: int, transform: str, rounding: str, by_sizes: bool) -> None:
     """Nearest Resize by integer factors (scales or, from opset 11, sizes): cut along every axis
     where the transform and rounding make Y[x] = X[x // s] (pieces off the factor's blocks compute
-    whole blocks); any other combination, or a non-integer factor, is whole."""
+    whole blocks); any other combination, or a non-integer factor, along the axes it keeps. Opset
+    11's empty roi (and scales beside sizes) go to the local op as they are."""
     dims = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))]
     factors = [1, 1, data.draw(st.integers(1, 3), label="fh"), data.draw(st.integers(1, 3), label="fw")]
     odd = data.draw(st.integers(0, 5), label="odd") == 0  # a factor of 1.5: never cut
@@ -184,12 +251,15 @@ def test_nearest_resize(data: st.DataObject, opset: int, transform: str, roundin
         model = single_op("Resize", ["x", "scales"], {"x": dims}, {"scales": scales}, opset, **attrs)
     elif by_sizes:
         sizes = np.array([int(d * s) for d, s in zip(dims, scales)], np.int64)
-        model = single_op("Resize", ["x", "", "", "sizes"], {"x": dims}, {"sizes": sizes}, opset, **attrs)
+        empty = {"roi": np.zeros(0, np.float32), "scales": np.zeros(0, np.float32)} if opset < 13 else {}  # required there
+        model = single_op("Resize", ["x", *(empty or ["", ""]), "sizes"], {"x": dims}, {**empty, "sizes": sizes}, opset, **attrs)
     else:
-        model = single_op("Resize", ["x", "", "scales"], {"x": dims}, {"scales": scales}, opset, **attrs)
+        roi = {"roi": np.zeros(0, np.float32)} if opset < 13 else {}
+        model = single_op("Resize", ["x", *(roi or [""]), "scales"], {"x": dims}, {**roi, "scales": scales}, opset, **attrs)
     graph = import_proto(model).graph
     layer = graph.layers[0]
-    cut = bool(default_registry().get(layer).axes(layer, graph))  # type: ignore[union-attr]
+    axes = default_registry().get(layer).axes(layer, graph)  # type: ignore[union-attr]
+    cut = axes == frozenset({0, 1, 2, 3})
     simple = opset < 11 or (transform in ("half_pixel", "pytorch_half_pixel") and rounding.startswith("round")) \
         or (transform == "asymmetric" and rounding == "floor")  # Y[x] = X[x // s] for any integer s
     if not odd and simple:
@@ -198,3 +268,92 @@ def test_nearest_resize(data: st.DataObject, opset: int, transform: str, roundin
         assert not cut
     if cut:
         check_partition(data, model, expect_axes={0, 1, 2, 3}, max_cut_axes=3)
+    else:  # cut along the axes it keeps, as linear Resize is (test_linear_cubic_resize)
+        unit = {a for a in range(4) if (sizes[a] == dims[a] if opset >= 11 and by_sizes else scales[a] == 1)}
+        check_partition(data, model, expect_axes=unit, max_cut_axes=len(unit))
+
+
+TRANSFORMS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"]
+
+
+@rules_settings(80)
+@given(st.data(), st.sampled_from([10, 11, 13, 18, 19]), st.sampled_from(["linear", "cubic"]), st.sampled_from(TRANSFORMS),
+       st.booleans())
+def test_linear_cubic_resize(data: st.DataObject, opset: int, mode: str, transform: str, by_sizes: bool) -> None:
+    """Linear (bilinear) and cubic Resize, upsampling H and W by 1 to 4 (or 1.5), by scales or
+    sizes, on all axes or (opset 18) on H and W: cut along exactly the axes it keeps with a
+    scale of 1 (batch, channels, and H or W where the factor is 1), every piece and all its
+    local op computes within 1e-6 of the whole op."""
+    if opset < 11:
+        mode, transform, by_sizes = "linear", "asymmetric", False  # Resize-10: linear, asymmetric, scales
+    if transform == "half_pixel_symmetric":
+        opset = 19
+    dims = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 4)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))]
+    factors = [1.0, 1.0] + [data.draw(st.sampled_from([1.0, 1.0, 2.0, 3.0, 4.0, 1.5]), label=f"factor {a}") for a in (2, 3)]
+    attrs: dict[str, object] = {"mode": mode}
+    if opset >= 11:
+        attrs["coordinate_transformation_mode"] = transform
+    if mode == "cubic":
+        attrs |= {"cubic_coeff_a": data.draw(st.sampled_from([-0.75, -0.5])), "exclude_outside": data.draw(st.integers(0, 1))}
+    spatial = opset >= 18 and data.draw(st.booleans(), label="axes 2, 3")
+    listed = [2, 3] if spatial else [0, 1, 2, 3]
+    if spatial:
+        attrs["axes"] = listed
+    sizes = [int(d * f) for d, f in zip(dims, factors)]
+    empty = np.zeros(0, np.float32)  # opsets 11 and 12 require roi, and scales beside sizes
+    if opset < 11:
+        model = single_op("Resize", ["x", "scales"], {"x": dims}, {"scales": np.array(factors, np.float32)}, opset, **attrs)
+    elif by_sizes:
+        model = single_op("Resize", ["x", "roi", "scales", "sizes"], {"x": dims},
+                          {"roi": empty, "scales": empty, "sizes": np.array([sizes[a] for a in listed], np.int64)}, opset, **attrs)
+    else:
+        model = single_op("Resize", ["x", "roi", "scales"], {"x": dims},
+                          {"roi": empty, "scales": np.array([factors[a] for a in listed], np.float32)}, opset, **attrs)
+    unit = {a for a in range(4) if (sizes[a] == dims[a] if by_sizes else factors[a] == 1.0)}
+    check_partition(data, model, expect_axes=unit, max_cut_axes=len(unit), tolerance=1e-6)
+    axis = data.draw(st.sampled_from(sorted(unit)), label="every row of")
+    check_partition(data, model, expect_axes=unit, cut_axes=[axis], finest=True, tolerance=1e-6)
+
+
+def _upsample(x: np.ndarray, factor: int, transform: str) -> np.ndarray:
+    scales = np.array([1, 1, factor, factor], np.float32)
+    model = single_op("Resize", ["x", "", "scales"], {"x": list(x.shape)}, {"scales": scales}, 13, mode="linear",
+                      coordinate_transformation_mode=transform)
+    return run_model(model, {"x": np.ascontiguousarray(x)})["y"]
+
+
+@pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("factor", [2, 3, 4])
+def test_linear_resize_not_cut_along_a_scaled_axis(transform: str, factor: int) -> None:
+    """Why bilinear upsampling is whole along H and W (ResizeRule's docstring): the same Resize on
+    any crop of the input rows other than all of them (asymmetric: other than one ending at the
+    last row, which only a piece that ends there could use) computes some row unlike the whole
+    op's; yet (but for align_corners) the rows of a piece [o0, o1) it computes from the input rows
+    [⌊x(o0)⌋, ⌊x(o1 − 1)⌋ + 2) are the whole op's."""
+    h = 5
+    model = single_op("Resize", ["x", "", "scales"], {"x": [1, 2, h, 3]}, {"scales": np.array([1, 1, factor, factor], np.float32)},
+                      13, mode="linear", coordinate_transformation_mode=transform)
+    front = import_proto(model)
+    layer = front.graph.layers[0]
+    assert default_registry().get(layer).axes(layer, front.graph) == frozenset({0, 1})  # type: ignore[union-attr]
+    x = front.sample_inputs["x"]
+    whole = _upsample(x, factor, transform)
+    for lo in range(h):
+        for hi in range(lo + 1, h + 1):
+            if (lo, hi) == (0, h) or (transform == "asymmetric" and hi == h):
+                continue
+            y = _upsample(x[:, :, lo:hi], factor, transform)
+            assert not np.allclose(y, whole[:, :, factor * lo:factor * hi], rtol=1e-3, atol=1e-3), (lo, hi)
+    if transform == "align_corners":
+        return
+
+    def coordinate(y: int) -> float:
+        x = y / factor if transform == "asymmetric" else (y + 0.5) / factor - 0.5
+        return min(max(x, 0.0), h - 1.0)
+
+    scale = float(np.abs(whole).max())
+    for o0 in range(factor * h):
+        for o1 in range(o0 + 1, min(o0 + 2 * factor, factor * h) + 1):
+            lo, hi = int(np.floor(coordinate(o0))), min(int(np.floor(coordinate(o1 - 1))) + 2, h)
+            y = _upsample(x[:, :, lo:hi], factor, transform)
+            np.testing.assert_allclose(y[:, :, o0 - factor * lo:o1 - factor * lo], whole[:, :, o0:o1], rtol=1e-6, atol=1e-6 * scale)
