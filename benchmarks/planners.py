@@ -4,13 +4,14 @@ For every node count N the cluster is calibrated once (`mpirun -n N bbgrap calib
 rank per node); then every zoo model is compiled for N nodes with each planner
 (`compile --planner P --profile cluster.toml --force-nodes`), its latency predicted by the
 simulator of the lowered plan, and measured with `mpirun -n N bbgrap-run --json` in --rounds
-runs (warmed up, checked against the plan's reference in the same run; the fastest inference
-of all runs counts, as on a shared machine others' jobs only slow a run down). A planner's
+rounds, the plans of one model taking turns in every round (warmed up, checked against the
+plan's reference in the same run; the fastest inference of all rounds counts, as on a shared
+machine others' jobs only slow a run down). A planner's
 plan is the faster predicted of its own and greedy's (`kept`); the planner's own prediction
 is printed beside it. Prints one row per plan, with the measured and predicted ratio to greedy
 (< 1: faster than greedy), and per model which plan measured fastest.
 
-  python benchmarks/planners.py                                   # 4 zoo models x N = 2, 4
+  python benchmarks/planners.py                                   # 4 zoo models x N = 2, 4 (4 ranks need 4 cores)
   python benchmarks/planners.py --models resnet18 --nodes 2 --planners greedy dp
 """
 
@@ -34,23 +35,36 @@ from bbgrap.compiler import compile_model
 from bbgrap.config import PLANNERS, Config, Direction
 
 
-def bench(model_path: str, name: str, nodes: int, planner: str, direction: str, profile: ClusterProfile, repeat: int,
-          rounds: int, workdir: str) -> dict[str, Any]:
+def compile_for(model_path: str, name: str, nodes: int, planner: str, direction: str, profile: ClusterProfile,
+                workdir: str) -> tuple[str, dict[str, Any]]:
+    """The plan of one planner, and its row so far (what was predicted)."""
     plan = os.path.join(workdir, f"plan-{name}-{nodes}-{planner}")
     compiled = compile_model(model_path, Config(nodes=nodes, direction=Direction(direction), planner=planner), plan,
                              profile=profile, force_nodes=True)
     pred, record = compiled.compiled.prediction, compiled.compiled.planner
     assert pred is not None
-    runs = [run_bbgrap(plan, nodes, repeat, None) for _ in range(rounds)]
-    return {
+    return plan, {
         "model": name, "nodes": nodes, "planner": planner,
         "kept": record.kept if record is not None else "greedy",
         "own_predicted_ms": record.planner_ms if record is not None else pred.latency_ms,
-        "predicted_ms": pred.latency_ms, "real_ms": min(r["latency_min_ms"] for r in runs),
-        "compile_s": compiled.compiled.compile_seconds, "segments": compiled.stats.segments, "messages": compiled.stats.messages,
+        "predicted_ms": pred.latency_ms, "compile_s": compiled.compiled.compile_seconds,
+        "segments": compiled.stats.segments, "messages": compiled.stats.messages,
         "exact_dp": record.stats.exact if record is not None else None,
-        "max_rel_error": max(r["max_rel_error"] for r in runs), "exact": max(r["max_rel_error"] for r in runs) <= 1e-4,
     }
+
+
+def measure(plans: list[tuple[str, dict[str, Any]]], nodes: int, repeat: int, rounds: int) -> None:
+    """Every plan run once per round, the plans in turn (so that a slow spell of the shared machine
+    falls on all of them alike); the fastest inference of all rounds counts."""
+    runs: list[list[dict[str, Any]]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for k, (plan, _) in enumerate(plans):
+            runs[k].append(run_bbgrap(plan, nodes, repeat, None))
+    for (_, row), got in zip(plans, runs):
+        row["real_ms"] = min(r["latency_min_ms"] for r in got)
+        row["real_median_ms"] = min(r["latency_ms"] for r in got)
+        row["max_rel_error"] = max(r["max_rel_error"] for r in got)
+        row["exact"] = row["max_rel_error"] <= 1e-4
 
 
 def main() -> int:
@@ -75,15 +89,15 @@ def main() -> int:
             path = os.path.join(work, f"{name}.onnx")
             onnx.save(zoo.build(name, resolution=args.resolution, width=args.width), path)
             for n in args.nodes:
-                base: dict[str, Any] | None = None
-                for planner in args.planners:
-                    row = bench(path, name, n, planner, args.direction, profiles[n], args.repeat, args.rounds, work)
-                    base = base or row
+                plans = [compile_for(path, name, n, planner, args.direction, profiles[n], work) for planner in args.planners]
+                measure(plans, n, args.repeat, args.rounds)
+                base = plans[0][1]
+                for _, row in plans:
                     row["real_vs_first"] = row["real_ms"] / base["real_ms"]
                     row["predicted_vs_first"] = row["predicted_ms"] / base["predicted_ms"]
                     rows.append(row)
                     if not args.json:
-                        table.row(name, n, planner, row["kept"], row["real_ms"], row["real_vs_first"], row["predicted_ms"],
+                        table.row(name, n, row["planner"], row["kept"], row["real_ms"], row["real_vs_first"], row["predicted_ms"],
                                   row["predicted_vs_first"], row["own_predicted_ms"], row["segments"], row["messages"],
                                   row["compile_s"], row["max_rel_error"])
                 group = [r for r in rows if r["model"] == name and r["nodes"] == n]

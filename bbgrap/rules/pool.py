@@ -1,15 +1,17 @@
 """Pools: windowed (MaxPool, AveragePool, LpPool), global pools, and LRN.
 
 Windowed pools cut any axis (channels and batch pass through, spatial axes use the
-windowed rule); global pools cannot cut a spatial axis; LRN sums over a channel
-window, so a channel cut reads a channel halo and crops it away after.
+windowed rule); global pools cannot cut a spatial axis; LRN sums over a window of channels, so it is
+cut along every axis but channels: a piece of a channel cut would compute its channel
+halo wrong (the neighbours' neighbours are missing), and a node holds and reuses all
+its local op computes (bbgrap/movement.py).
 """
 
 from __future__ import annotations
 
 import math
 
-from bbgrap.ir import Graph, Interval, Layer, ShapeMap
+from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
@@ -58,16 +60,11 @@ class LRNRule(RegionRule):
         return float(layer.attrs.get("size", 1))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return all_axes(layer, graph)
+        """Every axis but channels (module docstring): then a piece reads exactly its own box."""
+        return all_axes(layer, graph) - {1}
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        size = int(layer.attrs["size"])
-        channels = shape(graph, layer.inputs[0])[1]
-        ch = out.interval(1)
-        before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
-        halo = Interval(max(0, ch.start - before), min(channels, ch.stop + after))
-        region = out.with_axis(1, halo)
-        return Local((region,), region)
+        return Local((out,), out)
 
 
 def register(registry: RuleRegistry) -> None:

@@ -356,3 +356,16 @@ def test_swin_stage_is_split_and_exact(tmp_path, nodes: int, direction: str, sea
     # on NHWC tokens "c" names H (axis 1), "h" W (axis 2); every reshape, roll and strided take is cut
     cuts = exact_cuts(tmp_path, swin_stage(), nodes=nodes, direction=direction, search=search)
     assert [name for name, cut in cuts.items() if cut == "whole"] == [], cuts
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_lrn_between_channel_cut_convolutions_is_exact(tmp_path, nodes: int) -> None:
+    """AlexNet/GoogLeNet's LRN between convolutions cut by channels: the LRN is cut along another
+    axis (a channel cut would compute its channel halo wrong, bbgrap/rules/pool.py); the plan was off
+    by about 3e-3 when it was cut by channels."""
+    nodes_ = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+              helper.make_node("LRN", ["a"], ["n"], name="lrn", size=5, alpha=1e-2, beta=0.75, bias=1.0),
+              helper.make_node("Conv", ["n", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    model = build_model(nodes_, {"x": [1, 3, 12, 12]}, {"w1": weight([12, 3, 3, 3], 0), "w2": weight([6, 12, 3, 3], 1)}, ["y"], 13)
+    cuts = exact_cuts(tmp_path, model, nodes=nodes, direction="c", search=True)
+    assert cuts["conv1"] == "c" and cuts["lrn"] != "c", cuts

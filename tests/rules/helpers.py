@@ -242,15 +242,13 @@ def assemble(
     values: Mapping[str, np.ndarray],
     ref: np.ndarray,
     run: Runner = None,
-    exact_computes: bool = True,
     tolerance: float = 1e-5,
 ) -> list[Local]:
     """Compute every box with its local op (`run`, default onnxruntime), check the
     rule's structural promises, and compare the assembled output with `ref` (to `tolerance`,
     relative to the element and to the output's largest magnitude).
 
-    With `exact_computes`, all the local op computes must equal the whole op there too, not
-    only the box: a node holds what its local op computed and gathers its own reads from it
+    All the local op computes must equal the whole op there too, not only the box: a node holds what its local op computed and gathers its own reads from it
     (bbgrap/movement.py), so rows computed beyond the box are data the plan uses."""
     run = run or run_local
     out_shape = graph.tensors[layer.outputs[0]].shape
@@ -267,11 +265,10 @@ def assemble(
         y = run(layer, graph, local, values)
         assert y.shape == local.computes.shape, f"local op gave {y.shape}, rule says computes {local.computes} for box {box}"
         result[box.slices()] = y[box.relative_to(local.computes).slices()]
-        if exact_computes:
-            np.testing.assert_allclose(
-                y, ref[local.computes.slices()], rtol=tolerance, atol=tolerance * scale,
-                err_msg=f"{layer.op_type} {dict(layer.attrs)}: box {box} computes {local.computes}, not all exact",
-            )
+        np.testing.assert_allclose(
+            y, ref[local.computes.slices()], rtol=tolerance, atol=tolerance * scale,
+            err_msg=f"{layer.op_type} {dict(layer.attrs)}: box {box} computes {local.computes}, not all exact",
+        )
     assert not np.isnan(result).any()
     np.testing.assert_allclose(
         result, ref, rtol=tolerance, atol=tolerance * scale,
@@ -289,12 +286,11 @@ def check_partition(
     cut_axes: Sequence[int] | None = None,
     max_cut_axes: int = 2,
     finest: bool = False,
-    exact_computes: bool = True,
     tolerance: float = 1e-5,
 ) -> Checked:
     """The core property (see module docstring). `layer` defaults to the last layer;
     `cut_axes` forces the axes to cut (each must be allowed), else they are drawn;
-    `exact_computes` and `tolerance` (see `assemble`)."""
+    `tolerance` (see `assemble`)."""
     front = import_proto(model, seed=data.draw(seeds, label="import seed"))
     graph = front.graph
     lay = graph.layers[-1] if layer is None else graph.layer(layer)
@@ -307,8 +303,7 @@ def check_partition(
     values = tensor_values(model, front)
     out_shape = graph.tensors[lay.outputs[0]].shape
     chosen, boxes = draw_boxes(data, out_shape, allowed, cut_axes, max_cut_axes, finest)
-    locals_ = assemble(lay, graph, rule, boxes, values, np.asarray(values[lay.outputs[0]]), exact_computes=exact_computes,
-                       tolerance=tolerance)
+    locals_ = assemble(lay, graph, rule, boxes, values, np.asarray(values[lay.outputs[0]]), tolerance=tolerance)
     return Checked(front, lay, rule, allowed, chosen, boxes, locals_)
 
 

@@ -13,7 +13,6 @@ from onnx import helper
 
 from bbgrap.rules.registry import default_registry
 from tests.rules.helpers import build_model, check_partition, const, rng_of, rules_settings, single_op
-from tests.rules.test_pool import LRN_HALO_EXACT
 
 Factory = Callable[[st.DataObject], onnx.ModelProto]
 
@@ -100,10 +99,9 @@ FACTORIES: dict[str, Factory] = {
 @given(st.data(), st.sampled_from(sorted(FACTORIES)))
 def test_every_allowed_axis_is_exact(data: st.DataObject, name: str) -> None:
     model = FACTORIES[name](data)
-    exact_computes = name != "LRN" or LRN_HALO_EXACT  # tests/rules/test_pool.py: LRN's halo is not
-    first = check_partition(data, model, cut_axes=[], exact_computes=exact_computes)  # the whole box
+    first = check_partition(data, model, cut_axes=[])  # the whole box
     for axis in sorted(first.axes):
-        check_partition(data, model, cut_axes=[axis], finest=True, exact_computes=exact_computes)
+        check_partition(data, model, cut_axes=[axis], finest=True)
 
 
 def test_maxpool_with_indices_is_whole() -> None:
