@@ -9,7 +9,7 @@ it, and ranks on one host share the file's pages.
 from __future__ import annotations
 
 import onnx
-from bbgrap.backends.lower import Message, NodeProgram, Step, value_name
+from bbgrap.backends.lower import Message, NodeProgram, Step, segment_model, value_name
 
 from bbgrap.cost import plan_flops
 from bbgrap.ir import Graph, ShapeMap
@@ -45,17 +45,21 @@ class SharedWeights:
     def externalize(self, model: onnx.ModelProto) -> None:
         """Move `model`'s large initializers (in place) into the file, pointing the model at them."""
         for init in model.graph.initializer:
-            if init.data_location == onnx.TensorProto.EXTERNAL:
-                continue
-            raw = init.raw_data  # a copy out of the proto each time it is read: read once
-            if len(raw) < EXTERNAL_MIN_BYTES:
-                continue
-            offset = self._place(init.name, raw)
-            init.ClearField("raw_data")
-            init.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
-                entry = init.external_data.add()
-                entry.key, entry.value = key, value
+            self.externalize_tensor(init)
+
+    def externalize_tensor(self, init: onnx.TensorProto) -> None:
+        """Move the initializer's data (in place) into the file where it is large, pointing it there."""
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            return
+        raw = init.raw_data  # a copy out of the proto each time it is read: read once
+        if len(raw) < EXTERNAL_MIN_BYTES:
+            return
+        offset = self._place(init.name, raw)
+        init.ClearField("raw_data")
+        init.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
+            entry = init.external_data.add()
+            entry.key, entry.value = key, value
 
     def _place(self, name: str, raw: bytes) -> int:
         """Where `raw` is in the file: a value's name carries its tensor and region, so the same
@@ -111,7 +115,7 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
         segments: list[SegmentSpec] = []
         steps: list[RunStep | SendStep | WaitStep] = []
         for step in prog.steps:
-            steps.append(_step(step, prog.node, segments, files, weights))
+            steps.append(_step(graph, step, prog.node, segments, files, weights))
         typed.append(Program(prog.node, tuple(segments), tuple(steps), dict(prog.outputs)))
     if weights.data:
         files[WEIGHTS_FILE] = bytes(weights.data)
@@ -134,14 +138,15 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
     return plan, files
 
 
-def _step(step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes], weights: SharedWeights) -> RunStep | SendStep | WaitStep:
-    """One lowered step as the manifest's; a run step's segment is serialised into `files` (its large
-    weights moved to `weights`, in the lowered model itself) and listed in `segments`."""
+def _step(graph: Graph, step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes],
+          weights: SharedWeights) -> RunStep | SendStep | WaitStep:
+    """One lowered step as the manifest's; a run step's segment is built as an ONNX model, its large
+    weights moved to `weights` as each initializer is made, serialised into `files` and listed in
+    `segments`."""
     if step.op == "run":
         path = f"node{node}/seg{len(segments):03d}.onnx"
-        assert step.seg.model is not None, "a lowered segment has its model"
-        weights.externalize(step.seg.model)
-        files[path] = step.seg.model.SerializeToString()
+        seg = step.seg
+        files[path] = segment_model(graph, seg, seg.types, seg.name, weights.externalize_tensor).SerializeToString()
         segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs)))
         return RunStep(len(segments) - 1)
     if step.op == "send":
