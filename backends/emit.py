@@ -8,8 +8,10 @@ it, and ranks on one host share the file's pages.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from bbgrap.backends.lower import Message, NodeProgram, Step, segment_model, value_name
+from onnx import numpy_helper
 
 from bbgrap.cost import plan_flops
 from bbgrap.ir import Graph, ShapeMap
@@ -41,6 +43,22 @@ class SharedWeights:
     def __init__(self) -> None:
         self.data = bytearray()
         self._offsets: dict[str, list[int]] = {}  # initializer name -> where values of that name are
+        # initializer name -> the arrays made into external initializers of that name, and what they were made into
+        self._made: dict[str, list[tuple[np.ndarray, onnx.TensorProto]]] = {}
+
+    def initializer(self, name: str, value: np.ndarray) -> onnx.TensorProto:
+        """`value` as the initializer `name`, its data in the file where it is large. An array made
+        before under that name (the very object: every node's segments share the model's whole
+        weights) gives what it gave then, without converting, copying and comparing its bytes again;
+        the arrays are the compile's constants, which nothing changes while the plan is emitted."""
+        for array, made in self._made.get(name, []):
+            if array is value:
+                return made
+        tensor = numpy_helper.from_array(value, name)
+        self.externalize_tensor(tensor)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            self._made.setdefault(name, []).append((value, tensor))
+        return tensor
 
     def externalize(self, model: onnx.ModelProto) -> None:
         """Move `model`'s large initializers (in place) into the file, pointing the model at them."""
@@ -141,12 +159,12 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
 def _step(graph: Graph, step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes],
           weights: SharedWeights) -> RunStep | SendStep | WaitStep:
     """One lowered step as the manifest's; a run step's segment is built as an ONNX model, its large
-    weights moved to `weights` as each initializer is made, serialised into `files` and listed in
+    weights put in `weights` as each initializer is made, serialised into `files` and listed in
     `segments`."""
     if step.op == "run":
         path = f"node{node}/seg{len(segments):03d}.onnx"
         seg = step.seg
-        files[path] = segment_model(graph, seg, seg.types, seg.name, weights.externalize_tensor).SerializeToString()
+        files[path] = segment_model(graph, seg, seg.types, seg.name, weights.initializer).SerializeToString()
         segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs)))
         return RunStep(len(segments) - 1)
     if step.op == "send":

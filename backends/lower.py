@@ -437,21 +437,18 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
 
 
 def segment_model(graph: Graph, seg: Segment, meta: Mapping[str, tuple[str, tuple[int, ...]]], name: str,
-                  place: Callable[[onnx.TensorProto], None] | None = None) -> onnx.ModelProto:
-    """The segment as an ONNX model (`meta`: dtype and shape of its inputs and outputs). `place`, where
-    given, sees each initializer before it goes into the model: emit moves the large weights into
-    the plan's weights file there, so that the model never holds their bytes (the graph takes a
-    deep copy of every initializer, and an h/w plan on N nodes has N segments with every weight)."""
+                  initializer: Callable[[str, np.ndarray], onnx.TensorProto] | None = None) -> onnx.ModelProto:
+    """The segment as an ONNX model (`meta`: dtype and shape of its inputs and outputs).
+    `initializer` makes each initializer from its name and value (default: numpy_helper.from_array).
+    Emit's moves the large weights into the plan's weights file as it makes them, so that the
+    model never holds their bytes: the graph takes a deep copy of every initializer, and an h/w
+    plan on N nodes has N segments with every weight."""
     def vi(v: str) -> onnx.ValueInfoProto:
         dtype, shape = meta[v]
         return helper.make_tensor_value_info(v, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
 
-    initializers = []
-    for k, v in seg.initializers.items():
-        tensor = numpy_helper.from_array(np.asarray(v), k)
-        if place is not None:
-            place(tensor)
-        initializers.append(tensor)
+    make = initializer or (lambda k, v: numpy_helper.from_array(v, k))
+    initializers = [make(k, np.asarray(v)) for k, v in seg.initializers.items()]
     g = helper.make_graph(seg.nodes, name, [vi(i) for i in seg.inputs], [vi(o) for o in seg.outputs], initializer=initializers)
     opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
     model = helper.make_model(g, opset_imports=opsets, producer_name="bbgrap")
