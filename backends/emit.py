@@ -8,8 +8,10 @@ it, and ranks on one host share the file's pages.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from bbgrap.backends.lower import Message, NodeProgram, Step, value_name
+from bbgrap.backends.lower import Message, NodeProgram, Step, segment_model, value_name
+from onnx import numpy_helper
 
 from bbgrap.cost import plan_flops
 from bbgrap.ir import Graph, ShapeMap
@@ -41,27 +43,50 @@ class SharedWeights:
     def __init__(self) -> None:
         self.data = bytearray()
         self._offsets: dict[str, list[int]] = {}  # initializer name -> where values of that name are
+        # initializer name -> the arrays made into external initializers of that name, and what they were made into
+        self._made: dict[str, list[tuple[np.ndarray, onnx.TensorProto]]] = {}
+
+    def initializer(self, name: str, value: np.ndarray) -> onnx.TensorProto:
+        """`value` as the initializer `name`, its data in the file where it is large. An array made
+        before under that name (the very object: every node's segments share the model's whole
+        weights) gives what it gave then, without converting, copying and comparing its bytes again;
+        the arrays are the compile's constants, which nothing changes while the plan is emitted."""
+        for array, made in self._made.get(name, []):
+            if array is value:
+                return made
+        tensor = numpy_helper.from_array(value, name)
+        self.externalize_tensor(tensor)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            self._made.setdefault(name, []).append((value, tensor))
+        return tensor
 
     def externalize(self, model: onnx.ModelProto) -> None:
         """Move `model`'s large initializers (in place) into the file, pointing the model at them."""
         for init in model.graph.initializer:
-            if init.data_location == onnx.TensorProto.EXTERNAL or len(init.raw_data) < EXTERNAL_MIN_BYTES:
-                continue
-            raw = init.raw_data
-            offset = self._place(init.name, raw)
-            init.ClearField("raw_data")
-            init.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
-                entry = init.external_data.add()
-                entry.key, entry.value = key, value
+            self.externalize_tensor(init)
+
+    def externalize_tensor(self, init: onnx.TensorProto) -> None:
+        """Move the initializer's data (in place) into the file where it is large, pointing it there."""
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            return
+        raw = init.raw_data  # a copy out of the proto each time it is read: read once
+        if len(raw) < EXTERNAL_MIN_BYTES:
+            return
+        offset = self._place(init.name, raw)
+        init.ClearField("raw_data")
+        init.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
+            entry = init.external_data.add()
+            entry.key, entry.value = key, value
 
     def _place(self, name: str, raw: bytes) -> int:
         """Where `raw` is in the file: a value's name carries its tensor and region, so the same
         name on another node is almost always the same bytes (compared, not assumed)."""
         for offset in self._offsets.get(name, []):
-            with memoryview(self.data) as view:
-                if view[offset:offset + len(raw)] == raw:
-                    return offset
+            # startswith compares with memcmp; comparing memoryviews goes byte by byte (~50x slower),
+            # and an h/w plan on N nodes compares about N times the model's weights here
+            if self.data.startswith(raw, offset):
+                return offset
         self.data.extend(bytes(-len(self.data) % PAGE))
         offset = len(self.data)
         self.data.extend(raw)
@@ -108,7 +133,7 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
         segments: list[SegmentSpec] = []
         steps: list[RunStep | SendStep | WaitStep] = []
         for step in prog.steps:
-            steps.append(_step(step, prog.node, segments, files, weights))
+            steps.append(_step(graph, step, prog.node, segments, files, weights))
         typed.append(Program(prog.node, tuple(segments), tuple(steps), dict(prog.outputs)))
     if weights.data:
         files[WEIGHTS_FILE] = bytes(weights.data)
@@ -131,14 +156,15 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
     return plan, files
 
 
-def _step(step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes], weights: SharedWeights) -> RunStep | SendStep | WaitStep:
-    """One lowered step as the manifest's; a run step's segment is serialised into `files` (its large
-    weights moved to `weights`, in the lowered model itself) and listed in `segments`."""
+def _step(graph: Graph, step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes],
+          weights: SharedWeights) -> RunStep | SendStep | WaitStep:
+    """One lowered step as the manifest's; a run step's segment is built as an ONNX model, its large
+    weights put in `weights` as each initializer is made, serialised into `files` and listed in
+    `segments`."""
     if step.op == "run":
         path = f"node{node}/seg{len(segments):03d}.onnx"
-        assert step.seg.model is not None, "a lowered segment has its model"
-        weights.externalize(step.seg.model)
-        files[path] = step.seg.model.SerializeToString()
+        seg = step.seg
+        files[path] = segment_model(graph, seg, seg.types, seg.name, weights.initializer).SerializeToString()
         segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs)))
         return RunStep(len(segments) - 1)
     if step.op == "send":

@@ -23,7 +23,7 @@ renaming inside them would have to follow every nested scope's shadowing, bindin
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -66,7 +66,8 @@ class Segment:
     weights: set[str] = field(default_factory=set)  # which initializers are the model's weights
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    model: onnx.ModelProto | None = None
+    name: str = ""  # its ONNX graph's name
+    types: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # dtype and shape of each input and output
 
 
 @dataclass
@@ -435,18 +436,20 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
         seg.nodes[k] = helper.make_node("Conv", [source, f"{out}/select"], [out], name=node.name, kernel_shape=kernel, group=shape[1])
 
 
-def _segment_model(graph: Graph, seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]], name: str) -> onnx.ModelProto:
+def segment_model(graph: Graph, seg: Segment, meta: Mapping[str, tuple[str, tuple[int, ...]]], name: str,
+                  initializer: Callable[[str, np.ndarray], onnx.TensorProto] | None = None) -> onnx.ModelProto:
+    """The segment as an ONNX model (`meta`: dtype and shape of its inputs and outputs).
+    `initializer` makes each initializer from its name and value (default: numpy_helper.from_array).
+    Emit's moves the large weights into the plan's weights file as it makes them, so that the
+    model never holds their bytes: the graph takes a deep copy of every initializer, and an h/w
+    plan on N nodes has N segments with every weight."""
     def vi(v: str) -> onnx.ValueInfoProto:
         dtype, shape = meta[v]
         return helper.make_tensor_value_info(v, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
 
-    g = helper.make_graph(
-        seg.nodes,
-        name,
-        [vi(i) for i in seg.inputs],
-        [vi(o) for o in seg.outputs],
-        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in seg.initializers.items()],
-    )
+    make = initializer or (lambda k, v: numpy_helper.from_array(v, k))
+    initializers = [make(k, np.asarray(v)) for k, v in seg.initializers.items()]
+    g = helper.make_graph(seg.nodes, name, [vi(i) for i in seg.inputs], [vi(o) for o in seg.outputs], initializer=initializers)
     opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
     model = helper.make_model(g, opset_imports=opsets, producer_name="bbgrap")
     model.ir_version = min(onnx.IR_VERSION, max(7, helper.find_min_ir_version_for(opsets, ignore_unknown=True)))
@@ -454,7 +457,9 @@ def _segment_model(graph: Graph, seg: Segment, meta: dict[str, tuple[str, tuple[
 
 
 def lower(graph: Graph, registry: RuleRegistry | None = None) -> tuple[list[NodeProgram], list[Message]]:
-    """One program per node, and the messages between them."""
+    """One program per node, and the messages between them. A segment's ONNX model is built only
+    when the plan is emitted (`segment_model`, from its name and types set here): compile --profile
+    lowers plans for several node counts and emits one."""
     registry = registry or default_registry()
     messages = messages_of(graph)
     live = set(graph.outputs) | {t for layer in graph.layers for t in layer.inputs if t}
@@ -473,7 +478,8 @@ def lower(graph: Graph, registry: RuleRegistry | None = None) -> tuple[list[Node
             if step.op == "run":
                 seg = step.seg
                 _crops_as_convolutions(seg, b.meta, registry)
-                seg.model = _segment_model(graph, seg, b.meta, f"{graph.name}_node{n}_seg{k}")
+                seg.name = f"{graph.name}_node{n}_seg{k}"
+                seg.types = {v: b.meta[v] for v in seg.inputs + seg.outputs}
                 weight_bytes += sum(np.asarray(v).nbytes for name, v in seg.initializers.items() if name in seg.weights)
                 k += 1
         programs.append(NodeProgram(n, steps, outputs, weight_bytes))

@@ -50,13 +50,16 @@ def _check_gathers(graph: Graph) -> list[str]:
         for r in regions:
             if not gather.region.contains(r):
                 problems.append(f"node {n} reads {t}{r} but gathers only {gather.region}")
+    held_of: dict[str, dict[int, ShapeMap]] = {}  # what each node holds, per tensor: the same for every gather of it
     for (t, n), gather in graph.gathers.items():
         if (t, n) not in needs:
             problems.append(f"node {n} gathers {t} but nothing there reads it")
             continue
         if sum(p.region.volume for p in gather.parts) != gather.region.volume:
             problems.append(f"gather of {t} on node {n}: parts do not tile {gather.region}")
-        held = dict(pieces(graph, t) or [])
+        if t not in held_of:
+            held_of[t] = dict(pieces(graph, t) or [])
+        held = held_of[t]
         for p in gather.parts:
             source = held.get(p.src) if held else ShapeMap.full(graph.tensors[t].shape)
             if source is None or not source.contains(p.region) or not gather.region.contains(p.region):

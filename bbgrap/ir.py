@@ -72,6 +72,22 @@ def _axis_len(ivs: tuple[Interval, ...]) -> int:
     return sum(len(i) for i in ivs)
 
 
+def _box_of(axes: tuple[tuple[Interval, ...], ...]) -> tuple[Interval, ...] | None:
+    """The intervals of `axes` where every axis is one non-empty interval (a box, already
+    normal), else None."""
+    if type(axes) is not tuple:
+        return None
+    box = []
+    for a in axes:
+        if type(a) is not tuple or len(a) != 1:
+            return None
+        iv = a[0]
+        if iv.stop <= iv.start:
+            return None
+        box.append(iv)
+    return tuple(box)
+
+
 @dataclass(frozen=True)
 class ShapeMap:
     """Region of a tensor: the product over axes of unions of intervals."""
@@ -87,11 +103,7 @@ class ShapeMap:
 
     def __post_init__(self) -> None:
         axes = self.axes
-        box: tuple[Interval, ...] | None = None
-        if type(axes) is tuple:
-            box = tuple(a[0] for a in axes if type(a) is tuple and len(a) == 1 and a[0].stop > a[0].start)
-            if len(box) != len(axes):
-                box = None
+        box = _box_of(axes)
         if box is None:  # a box is already normal
             axes = tuple(_normalise(a) for a in axes)
             object.__setattr__(self, "axes", axes)
@@ -101,9 +113,24 @@ class ShapeMap:
         object.__setattr__(self, "empty", self.void or (box is None and any(len(a) == 0 for a in axes)))
 
     # construction -----------------------------------------------------------
+    @classmethod
+    def _of_box(cls, box: tuple[Interval, ...]) -> ShapeMap:
+        """The box with these intervals, every one non-empty (the caller's promise, not checked):
+        what the constructor builds from them, without re-deriving what the caller knows. The
+        region algebra builds most of its results this way."""
+        region = object.__new__(cls)
+        object.__setattr__(region, "axes", tuple((iv,) for iv in box))
+        object.__setattr__(region, "void", False)
+        object.__setattr__(region, "_box", box)
+        object.__setattr__(region, "empty", False)
+        return region
+
     @staticmethod
     def full(shape: Sequence[int]) -> ShapeMap:
-        return ShapeMap(tuple((Interval(0, int(d)),) for d in shape))
+        box = tuple(Interval(0, int(d)) for d in shape)
+        if all(iv.stop > 0 for iv in box):
+            return ShapeMap._of_box(box)
+        return ShapeMap(tuple((iv,) for iv in box))
 
     @staticmethod
     def box(starts: Sequence[int], stops: Sequence[int]) -> ShapeMap:
@@ -156,7 +183,10 @@ class ShapeMap:
         if self.void:
             return False
         if self._box is not None and other._box is not None:
-            return all(a.start <= b.start and b.stop <= a.stop for a, b in zip(self._box, other._box))
+            for a, b in zip(self._box, other._box):
+                if b.start < a.start or a.stop < b.stop:
+                    return False
+            return True
         return all(
             all(any(mine.contains(o) for mine in a) for o in b) for a, b in zip(self.axes, other.axes)
         )
@@ -165,8 +195,12 @@ class ShapeMap:
         """Whether the two regions share an element (`not intersect(other).empty`, without
         building the intersection: the passes ask it for every pair of nodes)."""
         if self._box is not None and other._box is not None:
-            return not self.void and not other.void and all(
-                max(a.start, b.start) < min(a.stop, b.stop) for a, b in zip(self._box, other._box))
+            if self.void or other.void:
+                return False
+            for a, b in zip(self._box, other._box):  # intervals of a box are never empty
+                if b.stop <= a.start or a.stop <= b.start:
+                    return False
+            return True
         return not self.intersect(other).empty
 
     # algebra ----------------------------------------------------------------
@@ -174,11 +208,12 @@ class ShapeMap:
         if self.void or other.void:
             return ShapeMap.empty_like(0)
         if self._box is not None and other._box is not None:
-            boxes = []
-            for a, b in zip(self._box, other._box):
-                lo, hi = max(a.start, b.start), min(a.stop, b.stop)
-                boxes.append((Interval(lo, hi),) if hi > lo else ())
-            return ShapeMap(tuple(boxes))
+            if self.contains(other):  # the common case of a gather's parts: no new region at all
+                return other
+            bounds = [(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(self._box, other._box)]
+            if all(hi > lo for lo, hi in bounds):
+                return ShapeMap._of_box(tuple(Interval(lo, hi) for lo, hi in bounds))
+            return ShapeMap(tuple((Interval(lo, hi),) if hi > lo else () for lo, hi in bounds))
         axes = []
         for mine, theirs in zip(self.axes, other.axes):
             axes.append(tuple(x.intersect(y) for x in mine for y in theirs))
@@ -206,17 +241,14 @@ class ShapeMap:
             return other.bounding_box()
         if other.empty:
             return self.bounding_box()
-        return ShapeMap(
-            tuple(
-                (Interval(min(a[0].start, b[0].start), max(a[-1].stop, b[-1].stop)),)
-                for a, b in zip(self.axes, other.axes)
-            )
-        )
+        # each axis of a non-empty region has a non-empty interval, so the hull's are non-empty too
+        return ShapeMap._of_box(tuple(Interval(min(a[0].start, b[0].start), max(a[-1].stop, b[-1].stop))
+                                      for a, b in zip(self.axes, other.axes)))
 
     def bounding_box(self) -> ShapeMap:
         if self.empty:
             return self
-        return ShapeMap(tuple((Interval(a[0].start, a[-1].stop),) for a in self.axes))
+        return ShapeMap._of_box(tuple(Interval(a[0].start, a[-1].stop) for a in self.axes))
 
     def difference(self, other: ShapeMap) -> list[ShapeMap]:
         """Disjoint boxes covering self minus other (both must be boxes)."""
@@ -231,11 +263,15 @@ class ShapeMap:
                 if not part.empty:
                     axes = rest.copy()
                     axes[k] = part
-                    pieces.append(ShapeMap(tuple((a,) for a in axes)))
+                    pieces.append(ShapeMap._of_box(tuple(axes)))
             rest[k] = inner
         return pieces
 
     def with_axis(self, axis: int, interval: Interval) -> ShapeMap:
+        if self._box is not None and not self.void and not interval.empty:
+            box = list(self._box)
+            box[axis] = interval
+            return ShapeMap._of_box(tuple(box))
         axes = list(self.axes)
         axes[axis] = (interval,)
         return ShapeMap(tuple(axes))

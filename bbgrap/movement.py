@@ -56,18 +56,25 @@ def hull_of(regions: list[ShapeMap]) -> ShapeMap:
 
 
 def derive_gathers(graph: Graph, mode: Movement) -> dict[tuple[str, int], Gather]:
+    """Every (tensor, node) gather the graph's reads need, for `mode`'s movement."""
     gathers: dict[tuple[str, int], Gather] = {}
+    # per tensor, what the nodes hold and own and its cut axis: the same for every node reading it
+    sources: dict[str, tuple[dict[int, ShapeMap], list[tuple[int, ShapeMap]], int] | None] = {}
     for (t, n), needs in needs_by_node(graph).items():
         if mode is Movement.NAIVE:
             region = ShapeMap.full(graph.tensors[t].shape)
         else:
             region = hull_of(needs)
-        held = pieces(graph, t)
-        if held is None:
+        if t not in sources:
+            held = pieces(graph, t)
+            sources[t] = None if held is None else (
+                dict(held), pieces(graph, t, owned=True) or [], graph.partitions[graph.producers()[t].name].axis or 0)
+        source = sources[t]
+        if source is None:
             gathers[(t, n)] = Gather(t, n, region, (Part(region, n),), 0)
             continue
-        axis = graph.partitions[graph.producers()[t].name].axis or 0
-        gathers[(t, n)] = Gather(t, n, region, tuple(assemble(region, n, dict(held), pieces(graph, t, owned=True) or [], axis)), axis)
+        held_by, owned, axis = source
+        gathers[(t, n)] = Gather(t, n, region, tuple(assemble(region, n, held_by, owned, axis)), axis)
     return gathers
 
 

@@ -98,6 +98,11 @@ class _Walk:
         self.live = self._live_bytes(position)
         # provide() answers, valid until the next update(): dense graphs reach a tensor by many paths
         self.memo: dict[tuple[str, int, ShapeMap, int], float] = {}
+        # per tensor, facts of the graph the walk started from (which update() does not change),
+        # derived on first use: what each node holds, and receive_cost's bytes per element and
+        # bytes of the other activations alive where the tensor is first read
+        self._held: dict[str, dict[int, ShapeMap]] = {}
+        self._receive_terms: dict[str, tuple[int, float]] = {}
 
     def update(self, layer: Layer, part: LayerPartition) -> None:
         self.partitions[layer.name] = part
@@ -137,9 +142,12 @@ class _Walk:
         """What gathering `region` of `tensor` costs a node holding `held`: nothing if it holds it all."""
         if region is None or held.contains(region):
             return 0.0
-        spec = self.graph.tensors[tensor]
-        itemsize = np.dtype(spec.dtype).itemsize
-        others = self.live[self.first_use[tensor]] - spec.nbytes / self.graph.nodes
+        terms = self._receive_terms.get(tensor)
+        if terms is None:
+            spec = self.graph.tensors[tensor]
+            terms = self._receive_terms[tensor] = (np.dtype(spec.dtype).itemsize,
+                                                   self.live[self.first_use[tensor]] - spec.nbytes / self.graph.nodes)
+        itemsize, others = terms
         return self.options.receive.of(region.volume * itemsize, others)
 
     def slowness(self, node: int) -> float:
@@ -177,7 +185,11 @@ class _Walk:
     def _provide(self, tensor: str, node: int, region: ShapeMap, depth: int) -> float:
         producer = self.graph.producers()[tensor]
         # upstream of every layer decided so far: what the producer holds is still the graph's
-        held = dict(pieces(self.graph, tensor) or []).get(node, ShapeMap.empty_like(region.rank))
+        if tensor not in self._held:
+            self._held[tensor] = dict(pieces(self.graph, tensor) or [])
+        held = self._held[tensor].get(node)
+        if held is None:
+            held = ShapeMap.empty_like(region.rank)
         reads = self.reads(tensor, node)
         old = hull_of(reads) if reads else None
         new = old.hull(region) if old is not None else region

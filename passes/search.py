@@ -77,7 +77,9 @@ class GridCost:
 
 @dataclass
 class LayerCutCost:
-    """Cost of each node computing an interval of one layer, given its producers' cuts."""
+    """Cost of each node computing an interval of one layer, given its producers' cuts (taken
+    when it is made). Each (node, start, stop) is priced once: the strategy's table, the cuts
+    compared with its result and the plan's objective ask for the same intervals."""
 
     graph: Graph
     layer: Layer
@@ -88,6 +90,7 @@ class LayerCutCost:
     registry: RuleRegistry
     extent: int = 0
     held: dict[str, list[ShapeMap]] = field(default_factory=dict)
+    _priced: dict[tuple[int, int, int], NodeCost] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.full = ShapeMap.full(self.graph.tensors[self.layer.outputs[0]].shape)
@@ -105,6 +108,13 @@ class LayerCutCost:
                 self.held[t] = list(self.partitions[producers[t].name].out)
 
     def node_cost(self, node: int, start: int, stop: int) -> NodeCost:
+        key = (node, start, stop)
+        cost = self._priced.get(key)
+        if cost is None:
+            cost = self._priced[key] = self._node_cost(node, start, stop)
+        return cost
+
+    def _node_cost(self, node: int, start: int, stop: int) -> NodeCost:
         if start == stop:
             return NodeCost(0.0, 0.0, 0.0)
         out = self.full.with_axis(self.axis, Interval(start, stop))
@@ -140,12 +150,16 @@ class SearchPartitions(Pass):
     def _cost(self, graph: Graph, layer: Layer, axis: int, partitions: dict[str, LayerPartition]) -> LayerCutCost:
         return LayerCutCost(graph, layer, axis, self.config.node_speeds(), self.config.objective, partitions, self.registry)
 
-    def _plan_objective(self, graph: Graph, partitions: dict[str, LayerPartition]) -> float:
+    def _plan_objective(self, graph: Graph, partitions: dict[str, LayerPartition],
+                        priced: dict[tuple[str, int], LayerCutCost] | None = None) -> float:
+        """The plan's objective; `priced`: the cost tables of layers cut along an axis made with
+        these partitions of their producers (the search's), reused instead of pricing again."""
         total = 0.0
         for layer in graph.layers:
             part = partitions[layer.name]
             if part.axis is not None:
-                total += self._cost(graph, layer, part.axis, partitions).cost_of(part)
+                cost = (priced or {}).get((layer.name, part.axis)) or self._cost(graph, layer, part.axis, partitions)
+                total += cost.cost_of(part)
         return total
 
     def _follow(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> LayerPartition | None:
@@ -179,22 +193,29 @@ class SearchPartitions(Pass):
                 out.append(self._cut_like(graph, layer, source, axis))
         return out
 
-    def _channel_cut(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> tuple[LayerPartition, float] | None:
-        """The speed-proportional channel cut of the layer and its objective, where channels can be cut.
+    def _channel_cut(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition],
+                     priced: dict[tuple[str, int], LayerCutCost]) -> tuple[LayerPartition, float] | None:
+        """The speed-proportional channel cut of the layer and its objective, where channels can be cut
+        (its cost table kept in `priced`).
 
         It wins where the cut direction is too short to split evenly (a 7x7 map on 2 nodes
         leaves one node 4 rows and the other 3) and what it must receive is worth less."""
         if len(graph.tensors[layer.outputs[0]].shape) < 3:  # no spatial axis to compare with
             return None
         part = channel_cut(graph, layer, self.config.node_speeds(), self.registry)
-        return (part, self._cost(graph, layer, CHANNELS, partitions).cost_of(part)) if part is not None else None
+        if part is None:
+            return None
+        cost = priced[(layer.name, CHANNELS)] = self._cost(graph, layer, CHANNELS, partitions)
+        return part, cost.cost_of(part)
 
-    def _search_layer(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition]) -> tuple[LayerPartition, SearchResult]:
-        """The layer's best cut given its producers' cuts, and the strategy's result."""
+    def _search_layer(self, graph: Graph, layer: Layer, partitions: dict[str, LayerPartition],
+                      priced: dict[tuple[str, int], LayerCutCost]) -> tuple[LayerPartition, SearchResult]:
+        """The layer's best cut given its producers' cuts, and the strategy's result; the cost
+        tables it made are kept in `priced`, by (layer, axis)."""
         cfg = self.config
         axis = partitions[layer.name].axis
         assert axis is not None
-        cost = self._cost(graph, layer, axis, partitions)
+        cost = priced[(layer.name, axis)] = self._cost(graph, layer, axis, partitions)
         step = self._grid_step(graph, layer, axis)
         grid = GridCost(cost, step)
         result = search(grid if step > 1 else cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
@@ -207,7 +228,7 @@ class SearchPartitions(Pass):
             if alt.axis == axis and alt.out != chosen.out and cost.cost_of(alt) <= result.objective:
                 chosen = alt
                 break
-        channels = self._channel_cut(graph, layer, partitions)
+        channels = self._channel_cut(graph, layer, partitions, priced)
         if channels is not None and channels[1] < cost.cost_of(chosen):
             chosen = channels[0]
         return chosen, result
@@ -230,6 +251,9 @@ class SearchPartitions(Pass):
         custom = {c.layer for c in cfg.custom}
         searched = [la for la in graph.layers if self._searchable(graph, la) and la.name not in custom]
         partitions = dict(graph.partitions)
+        # the cost tables the search made: each layer's producers are cut before it and keep their
+        # cuts, so its tables also price the searched plan's objective
+        priced: dict[tuple[str, int], LayerCutCost] = {}
         evaluated = cost_calls = searched_layers = 0
         log10_total = 0.0
         t0 = time.perf_counter()
@@ -238,14 +262,14 @@ class SearchPartitions(Pass):
             if followed is not None:
                 partitions[layer.name] = followed
             else:
-                partitions[layer.name], result = self._search_layer(graph, layer, partitions)
+                partitions[layer.name], result = self._search_layer(graph, layer, partitions, priced)
                 evaluated += result.evaluated
                 cost_calls += result.cost_calls
                 log10_total += result.log10_total
                 searched_layers += 1
             if self.progress is not None:
                 self.progress(self.name, k + 1, len(searched))
-        searched_total = self._plan_objective(graph, partitions)
+        searched_total = self._plan_objective(graph, partitions, priced)
         naive_total = self._plan_objective(graph, dict(graph.partitions))
         kept = "searched" if searched_total <= naive_total else "naive"
         if kept == "naive":

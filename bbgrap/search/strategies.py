@@ -215,14 +215,19 @@ def nominal_partition(partitions: Partitions) -> Partition:
     """
     speeds = [Fraction(s) for s in partitions.speeds]
     total = sum(speeds)
-    ideal = [partitions.extent * sum(speeds[:j]) / total for j in range(partitions.nodes + 1)]
+    ideal = [partitions.extent * sum(speeds[:j], Fraction(0)) / total for j in range(partitions.nodes + 1)]
+    # Distances in units of 1/scale, where every ideal boundary is a whole number of units: exact
+    # integers, ordered (and tied) as the rational distances are, without Fraction arithmetic
+    # for every candidate interval.
+    scale = math.lcm(*(q.denominator for q in ideal))
+    scaled = [int(q * scale) for q in ideal]
     last = partitions.nodes - 1
-    best: dict[tuple[int, Interval], tuple[float | Fraction, Partition]] = {}
+    best: dict[tuple[int, Interval], tuple[int, Partition]] = {}
     for node in range(last, -1, -1):
         for interval in (iv for ivs in partitions.ds[node].values() for iv in ivs):
             if partitions.completions(node, interval) == 0:
                 continue
-            here = abs(interval[0] - ideal[node]) + abs(interval[1] - ideal[node + 1])
+            here = abs(interval[0] * scale - scaled[node]) + abs(interval[1] * scale - scaled[node + 1])
             if node == last:
                 best[(node, interval)] = (here, (interval,))
                 continue

@@ -17,9 +17,9 @@ from bbgrap.backends.lower import (
     _crops_as_convolutions,
     _merge_copy_segments,
     _moves_data,
-    _segment_model,
     _window_slack,
     lower,
+    segment_model,
 )
 from bbgrap.frontends.onnx import import_model
 from helpers import assert_exact, save
@@ -92,7 +92,7 @@ def run_segment(seg: Segment, meta: dict[str, tuple[str, tuple[int, ...]]], x: n
     opts = ort.SessionOptions()
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    model = _segment_model(OPSETS, seg, meta, "crop")  # type: ignore[arg-type]
+    model = segment_model(OPSETS, seg, meta, "crop")  # type: ignore[arg-type]
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(["y"], {"x": x})[0]
 
