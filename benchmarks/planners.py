@@ -24,12 +24,10 @@ import sys
 import tempfile
 from typing import Any
 
-import onnx
 from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
-from prediction import calibrate  # noqa: E402
+from prediction import calibrate, zoo_models  # noqa: E402
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
-from bbgrap import zoo
 from bbgrap.cluster import ClusterProfile
 from bbgrap.compiler import compile_model
 from bbgrap.config import PLANNERS, Config, Direction
@@ -85,9 +83,7 @@ def main() -> int:
                    ("compile s", ">10.1f"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-planners-") as work:
         profiles = {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
-        for name in args.models:
-            path = os.path.join(work, f"{name}.onnx")
-            onnx.save(zoo.build(name, resolution=args.resolution, width=args.width), path)
+        for name, path in zoo_models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 plans = [compile_for(path, name, n, planner, args.direction, profiles[n], work) for planner in args.planners]
                 measure(plans, n, args.repeat, args.rounds)

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import onnx
@@ -37,6 +37,14 @@ from bbgrap.config import Config, Direction
 BIN = os.path.dirname(sys.executable)
 from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
+
+
+def zoo_models(work: str, names: list[str], resolution: int, width: float) -> Iterator[tuple[str, str]]:
+    """(name, path) of each zoo model, written to `work` as it is reached."""
+    for name in names:
+        path = os.path.join(work, f"{name}.onnx")
+        onnx.save(zoo.build(name, resolution=resolution, width=width), path)
+        yield name, path
 
 
 def calibrate(nodes: int, path: str) -> ClusterProfile:
@@ -96,9 +104,7 @@ def main() -> int:
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
         profiles = {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
-        for name in args.models:
-            path = os.path.join(work, f"{name}.onnx")
-            onnx.save(zoo.build(name, resolution=args.resolution, width=args.width), path)
+        for name, path in zoo_models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
