@@ -55,29 +55,23 @@ class SharedWeights:
             if array is value:
                 return made
         tensor = numpy_helper.from_array(value, name)
-        self.externalize_tensor(tensor)
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if self._externalize(tensor):
             self._made.setdefault(name, []).append((value, tensor))
         return tensor
 
-    def externalize(self, model: onnx.ModelProto) -> None:
-        """Move `model`'s large initializers (in place) into the file, pointing the model at them."""
-        for init in model.graph.initializer:
-            self.externalize_tensor(init)
-
-    def externalize_tensor(self, init: onnx.TensorProto) -> None:
-        """Move the initializer's data (in place) into the file where it is large, pointing it there."""
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            return
+    def _externalize(self, init: onnx.TensorProto) -> bool:
+        """Move the initializer's data (in place) into the file where it is large, pointing it there;
+        whether it did."""
         raw = init.raw_data  # a copy out of the proto each time it is read: read once
         if len(raw) < EXTERNAL_MIN_BYTES:
-            return
+            return False
         offset = self._place(init.name, raw)
         init.ClearField("raw_data")
         init.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
             entry = init.external_data.add()
             entry.key, entry.value = key, value
+        return True
 
     def _place(self, name: str, raw: bytes) -> int:
         """Where `raw` is in the file: a value's name carries its tensor and region, so the same

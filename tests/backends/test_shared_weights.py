@@ -13,7 +13,6 @@ import onnx
 import pytest
 from bbgrap.backends.emit import EXTERNAL_MIN_BYTES, PAGE, WEIGHTS_FILE, SharedWeights
 from helpers import assert_exact, bbgrap_run, compile_plan, one_error_line, save
-from onnx_builder import graph_of, model_of
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
@@ -60,18 +59,27 @@ def test_segments_point_into_the_shared_file_and_small_tensors_stay_inline(tmp_p
     assert external and inline
 
 
-def test_the_same_name_with_other_bytes_gets_its_own_place() -> None:
-    def model(value: float) -> onnx.ModelProto:
-        w = onnx.numpy_helper.from_array(np.full((64, 16), value, np.float32), "w@0:64,0:16")
-        return model_of(graph_of([], [], [], {w.name: onnx.numpy_helper.to_array(w)}), check=False)
+def offset_of(init: onnx.TensorProto) -> str:
+    return {e.key: e.value for e in init.external_data}["offset"]
 
+
+def test_the_same_name_with_other_bytes_gets_its_own_place() -> None:
     pool = SharedWeights()
-    a, b, c = model(1.0), model(1.0), model(2.0)
-    for m in (a, b, c):
-        pool.externalize(m)
-    offsets = [{e.key: e.value for e in m.graph.initializer[0].external_data}["offset"] for m in (a, b, c)]
+    made = [pool.initializer("w@0:64,0:16", np.full((64, 16), value, np.float32)) for value in (1.0, 1.0, 2.0)]
+    offsets = [offset_of(init) for init in made]
     assert offsets[0] == offsets[1] != offsets[2]
     assert len(pool.data) == PAGE + 64 * 16 * 4
+
+
+def test_an_array_made_again_is_the_same_initializer_and_small_ones_stay_inline() -> None:
+    pool = SharedWeights()
+    w, bias = np.arange(64 * 16, dtype=np.float32).reshape(64, 16), np.ones(4, np.float32)
+    first, again = pool.initializer("w", w), pool.initializer("w", w)
+    assert again is first and first.data_location == onnx.TensorProto.EXTERNAL and not first.raw_data
+    assert first == (fresh := SharedWeights()).initializer("w", w.copy()) and fresh.data == pool.data
+    small = pool.initializer("b", bias)
+    assert small.data_location != onnx.TensorProto.EXTERNAL and onnx.numpy_helper.to_array(small).tolist() == bias.tolist()
+    assert len(pool.data) == w.nbytes
 
 
 def test_a_damaged_weights_file_is_refused_in_one_line(tmp_path, resnet: str) -> None:
