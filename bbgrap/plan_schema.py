@@ -507,7 +507,7 @@ def planner_stats_from_json(value: Any, where: str) -> PlannerStats:
 @dataclass(frozen=True)
 class PlannerRecord:
     """What a whole-network planner (compile --planner) did: its name, which plan was kept (its own
-    or the per-layer search's, whichever the simulator predicted faster with `profile`), both
+    or the per-layer search's: its own where the simulator predicted it clearly faster with `profile`), both
     predicted latencies, and the plan-network pass's statistics."""
 
     planner: str

@@ -11,7 +11,7 @@ is too wide), `heft` list-schedules the layers on the per-node timeline, `ga` ev
 choices on that timeline seeded with the start, dp's and heft's. Costs come from the cluster
 profile. The plan it started from is one of the choices every planner weighs (dp: its S is
 never above the start's), and the compiler keeps whichever of this plan and the per-layer
-search's the simulator of the lowered plan predicts faster.
+search's the simulator of the lowered plan predicts faster (by a margin: bbgrap/compiler.py).
 """
 
 from __future__ import annotations

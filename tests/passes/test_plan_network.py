@@ -9,6 +9,7 @@ import pytest
 from helpers import assert_exact, compile_plan, save
 
 from bbgrap import zoo
+from bbgrap.compiler import PLANNER_MARGIN
 from bbgrap.config import CustomPartition, Direction
 
 
@@ -39,11 +40,11 @@ def test_the_other_zoo_models_planned_are_exact(tmp_path, models: dict[str, str]
     assert_exact(str(tmp_path / "plan"))
 
 
-def test_the_compiler_keeps_the_faster_predicted(tmp_path, models: dict[str, str]) -> None:
+def test_the_compiler_keeps_the_planners_plan_only_where_predicted_clearly_faster(tmp_path, models: dict[str, str]) -> None:
     plan = compile_plan(models["resnet18"], str(tmp_path / "plan"), nodes=2, search=True, planner="heft")
     record = plan.compiled.planner
     assert record is not None and record.kept in ("heft", "greedy")
-    assert record.kept == ("heft" if record.planner_ms <= record.greedy_ms else "greedy")
+    assert record.kept == ("heft" if record.planner_ms <= (1 - PLANNER_MARGIN) * record.greedy_ms else "greedy")
     assert_exact(str(tmp_path / "plan"))
 
 
