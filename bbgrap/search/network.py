@@ -134,9 +134,11 @@ def box_volume(b: Box | None) -> int:
 @dataclass(frozen=True)
 class Receives:
     """What each node receives for one input of a layer: per node the (sender, bytes) messages,
-    and the seconds they cost it (messages, the segment boundary, the concat)."""
+    what receiving anything costs it besides the messages (the segment boundary, the concat), and
+    its seconds in all (the messages' and that)."""
 
     messages: tuple[tuple[tuple[int, int], ...], ...]
+    extra: tuple[float, ...]
     seconds: tuple[float, ...]
 
 
@@ -196,6 +198,7 @@ class NetworkCost:
             axis = None
         itemsize = np.dtype(graph.tensors[tensor].dtype).itemsize
         messages: list[tuple[tuple[int, int], ...]] = []
+        extra: list[float] = []
         seconds: list[float] = []
         senders = [(s, box(owned[s])) for s in source.active_nodes()]
         for n in range(self.nodes):
@@ -220,12 +223,12 @@ class NetworkCost:
             messages.append(tuple(got_n))
             if got_n:
                 p = self.profile.node(n)
-                nbytes = sum(b for _, b in got_n)
-                seconds.append(math.fsum(link.message_s(b) for _, b in got_n) + p.segment_s
-                               + nbytes / itemsize / p.ops_per_s("other"))
+                extra.append(p.segment_s + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
+                seconds.append(math.fsum(link.message_s(b) for _, b in got_n) + extra[-1])
             else:
+                extra.append(0.0)
                 seconds.append(0.0)
-        got = self._receives[key] = Receives(tuple(messages), tuple(seconds))
+        got = self._receives[key] = Receives(tuple(messages), tuple(extra), tuple(seconds))
         return got
 
     def output_seconds(self, i: int, c: int) -> float:
@@ -268,8 +271,7 @@ class NetworkCost:
                 rec = self.receives(i, k, j, x[j], c)
                 for s, nbytes in rec.messages[n]:
                     ready = max(ready, done[j][s] + link.message_s(nbytes))
-                if rec.messages[n]:
-                    extra += rec.seconds[n] - math.fsum(link.message_s(b) for _, b in rec.messages[n])
+                extra += rec.extra[n]
             out[n] = clock[n] = ready + extra + compute[n]
         return tuple(out)
 
