@@ -14,6 +14,7 @@ import numpy as np
 from bbgrap.config import Direction
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer
+from bbgrap.passes.naive_partition import shared_axes
 from bbgrap.plan_schema import LayerNodeRow, LayerRow, WholeLayer
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -41,13 +42,6 @@ def whole_reason(graph: Graph, layer: Layer, registry: RuleRegistry) -> str:
         return f"its rule cannot cut this {layer.op_type} along any axis"
     names = ", ".join(axis_name(a, len(shape)) for a in sorted(allowed))
     return f"its output ({'x'.join(map(str, shape))}) is too short to share along every axis its rule cuts ({names})"
-
-
-def cuttable(graph: Graph, layer: Layer, registry: RuleRegistry) -> bool:
-    """Whether the layer's rule cuts it along an axis long enough for every node."""
-    rule = registry.get(layer)
-    shape = graph.tensors[layer.outputs[0]].shape
-    return rule is not None and any(a < len(shape) and shape[a] >= graph.nodes for a in rule.axes(layer, graph))
 
 
 def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> tuple[LayerRow, ...]:
@@ -79,7 +73,7 @@ def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | Non
         placed = part.axis is not None and len(active) == 1 and graph.nodes > 1  # cut, all of it to one node
         if part.axis is None or placed:
             reason = whole_reason(graph, layer, registry) if graph.nodes > 1 else "one node"
-            if graph.planner_stats is not None and (placed or cuttable(graph, layer, registry)):
+            if graph.planner_stats is not None and (placed or shared_axes(graph, layer, registry)):
                 reason = f"the {graph.planner_stats.planner} planner placed it there: predicted faster than cutting it"
             whole = WholeLayer(node=active[0] if active else 0, reason=reason, no_rule=registry.get(layer) is None)
         axis = None if placed else part.axis

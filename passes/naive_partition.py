@@ -98,6 +98,15 @@ def channel_cut(graph: Graph, layer: Layer, speeds: Sequence[float], registry: R
     return partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], speeds), registry)
 
 
+def shared_axes(graph: Graph, layer: Layer, registry: RuleRegistry) -> list[int]:
+    """The output axes the layer's rule cuts that are long enough for every node, in order."""
+    rule = registry.get(layer)
+    if rule is None:
+        return []
+    shape = graph.tensors[layer.outputs[0]].shape
+    return sorted(a for a in rule.axes(layer, graph) if a < len(shape) and shape[a] >= graph.nodes)
+
+
 def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:
     """The requested direction's axis if the layer can be cut there; else channels, else the
     longest other axis its rule cuts (a token tensor's sequence, attention's heads, a channel

@@ -63,7 +63,7 @@ from bbgrap.config import PLANNERS
 from bbgrap.cost import layer_ops
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
-from bbgrap.passes.naive_partition import partition_layer, split_sizes
+from bbgrap.passes.naive_partition import partition_layer, shared_axes, split_sizes
 from bbgrap.rules.registry import RuleRegistry
 from bbgrap.simulate import op_kind
 
@@ -82,9 +82,8 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
         return out, 1
     shape = graph.tensors[layer.outputs[0]].shape
     axes = sorted(a for a in rule.axes(layer, graph) if a < len(shape))
-    for axis in axes:
-        if shape[axis] >= graph.nodes:
-            out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
+    for axis in shared_axes(graph, layer, registry):
+        out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
     out.append(partition_layer(graph, layer, None, None, registry))
     cuts = len(out)
     if axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
