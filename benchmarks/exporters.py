@@ -2,12 +2,15 @@
 exporter (dynamo=False, opset 17) and the dynamo exporter (its default opset), compiled for 2 and
 4 nodes (16 with --nodes), run in this process and checked against the plan's reference.
 
-Needs torch (pip install -e ".[export]"); torchvision's architectures when torchvision imports,
-else small hand-written equivalents. Per (model, exporter, nodes): compile seconds, max relative
-error (exact: <= 1e-4), per-node FLOPs max/min, the share of the model's FLOPs in layers computed
-whole on one node and the number of such layers. A failed export or compile is a row, not a skip.
+Needs torch (pip install -e ".[export]"). Uses torchvision's architectures at 224 x 224 where
+torchvision imports (with its compiled operators left out where they do not load:
+`import_torchvision`), else small hand-written equivalents at 64 x 64. Per (model, exporter,
+nodes): compile seconds, max relative error (exact: <= 1e-4), per-node FLOPs max/min, the share
+of the model's FLOPs in layers computed whole on one node and the number of such layers. A
+failed export or compile is a row, not a skip.
 
-  python benchmarks/exporters.py                               # every model, nodes 2 and 4
+  python benchmarks/exporters.py                               # the default models, nodes 2 and 4
+  python benchmarks/exporters.py --models all --nodes 2 4 16   # every torchvision model
   python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
 """
 
@@ -33,15 +36,15 @@ from bbgrap.plan_schema import Plan
 
 TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2), as the tests
 EXPORTERS = ("torchscript", "dynamo")
-TORCHVISION = {  # name: (constructor keyword arguments, input resolution)
-    "resnet18": ({}, 64),
-    "mobilenet_v3_small": ({}, 64),
-    "efficientnet_b0": ({}, 64),
-    "shufflenet_v2_x0_5": ({}, 64),
-    "convnext_tiny": ({}, 64),
-    "vit_b_16": ({"image_size": 64}, 64),
-    "swin_t": ({}, 64),
-}
+TORCHVISION_DEFAULT = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x0_5", "convnext_tiny",
+                       "vit_b_16", "swin_t")
+TORCHVISION_ALL = (  # every torchvision classification and segmentation architecture, one size each
+    "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s", "googlenet", "inception_v3",
+    "maxvit_t", "mnasnet0_5", "mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "regnet_x_400mf",
+    "regnet_y_400mf", "resnet18", "resnet50", "resnext50_32x4d", "shufflenet_v2_x0_5", "squeezenet1_0", "swin_t",
+    "swin_v2_t", "vgg11", "vit_b_16", "wide_resnet50_2",
+    "fcn_resnet50", "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large")
+SEGMENTATION = ("fcn_resnet50", "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large")
 HANDWRITTEN = ("resnet_block", "mobilenet_v3_block", "convnext_block", "tiny_vit", "shufflenet_block")
 
 
@@ -143,21 +146,70 @@ def handwritten(name: str) -> tuple[Any, int]:
     raise SystemExit(f"unknown model {name!r}")
 
 
-def build(name: str, have_torchvision: bool) -> tuple[Any, int]:
-    """The model in eval mode with seeded weights, and its input resolution."""
+def import_torchvision() -> Any | None:
+    """torchvision, or None where it does not import.
+
+    PyPI has no CPU build of torchvision: beside a CPU torch its compiled operators (nms,
+    roi_align, ...) do not load, and the import fails while registering their meta kernels
+    ("operator torchvision::nms does not exist"). The classification and segmentation models
+    use none of those operators, so where the plain import fails the registration module is
+    stood in for by an empty one and the import tried again."""
+    try:
+        import torchvision
+
+        return torchvision
+    except Exception:
+        pass
+    import types
+
+    for key in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
+        del sys.modules[key]
+    sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+    try:
+        import torchvision
+
+        return torchvision
+    except Exception:
+        return None
+
+
+def segmentation_out(model: Any) -> Any:
+    """A torchvision segmentation model with its "out" map as its one output (it returns a dict)."""
+    from torch import nn
+
+    class Out(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: Any) -> Any:
+            return self.model(x)["out"]
+
+    return Out()
+
+
+def build(name: str, torchvision: Any | None, resolution: int | None) -> tuple[Any, int]:
+    """The model in eval mode with seeded weights, and its input resolution (224, inception_v3
+    299, the hand-written ones 64, unless `resolution` says otherwise)."""
     import torch
 
     torch.manual_seed(0)
-    if name in TORCHVISION:
-        if not have_torchvision:
+    if name in TORCHVISION_ALL:
+        if torchvision is None:
             raise SystemExit(f"{name} needs torchvision, which does not import here")
-        import torchvision
-
-        kwargs, resolution = TORCHVISION[name]
-        model = getattr(torchvision.models, name)(weights=None, **kwargs)
+        size = resolution or (299 if name == "inception_v3" else 224)
+        if name in SEGMENTATION:
+            model = segmentation_out(getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None))
+        elif name == "vit_b_16":
+            model = torchvision.models.vit_b_16(weights=None, image_size=size)
+        elif name in ("googlenet", "inception_v3"):
+            model = getattr(torchvision.models, name)(weights=None, aux_logits=False, init_weights=True)
+        else:
+            model = getattr(torchvision.models, name)(weights=None)
     else:
-        model, resolution = handwritten(name)
-    return model.eval(), resolution
+        model, size = handwritten(name)
+        size = resolution or size
+    return model.eval(), size
 
 
 def export(model: Any, resolution: int, exporter: str, path: str) -> None:
@@ -196,7 +248,10 @@ def figures(plan: Plan) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=None, help="default: the torchvision models, or the hand-written ones without torchvision")
+    p.add_argument("--models", nargs="+", default=None,
+                   help="model names, or 'all' for every torchvision classification and segmentation model "
+                        f"(default: {' '.join(TORCHVISION_DEFAULT)}; the hand-written ones without torchvision)")
+    p.add_argument("--resolution", type=int, default=None, help="input height and width (default 224, inception_v3 299)")
     p.add_argument("--exporters", nargs="+", default=list(EXPORTERS), choices=EXPORTERS)
     p.add_argument("--nodes", nargs="+", type=int, default=[2, 4])
     p.add_argument("--threshold", type=float, default=20.0)
@@ -209,13 +264,9 @@ def main() -> int:
     except ImportError:
         print("benchmarks/exporters.py needs torch: pip install -e '.[export]' (torch==2.13.0, onnxscript)", file=sys.stderr)
         return 2
-    try:
-        import torchvision  # noqa: F401
-
-        have_torchvision = True
-    except Exception:  # missing, or built for another torch
-        have_torchvision = False
-    models = args.models or (list(TORCHVISION) if have_torchvision else list(HANDWRITTEN))
+    torchvision = import_torchvision()
+    models = (list(TORCHVISION_ALL) if args.models == ["all"] else args.models
+              or (list(TORCHVISION_DEFAULT) if torchvision is not None else list(HANDWRITTEN)))
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     rows: list[dict[str, Any]] = []
     table = Table([("model", "<20"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
@@ -223,7 +274,7 @@ def main() -> int:
     emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
     with tempfile.TemporaryDirectory(prefix="bbgrap-exporters-") as work:
         for name in models:
-            model, resolution = build(name, have_torchvision)
+            model, resolution = build(name, torchvision, args.resolution)
             for exporter in args.exporters:
                 path = os.path.join(work, f"{name}-{exporter}.onnx")
                 base = {"model": name, "exporter": exporter, "resolution": resolution}
