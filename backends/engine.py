@@ -68,11 +68,14 @@ class DeviceValues:
         return binding.get_outputs()
 
 
-def session_options(threads: int, spin: bool = True, shared_arena: bool = True) -> Any:
+def session_options(threads: int, spin: bool = True, shared_arena: bool = True, prepack: bool = True) -> Any:
     """Sessions of one process: on the process's one intra-op thread pool where bbgrap-run
     started it (backends/threads.py), else each with a pool of `threads` threads (`spin=False`
     where several nodes share this process's cores). `shared_arena` for CPU-only sessions
-    (the GPU path keeps onnxruntime's defaults)."""
+    (the GPU path keeps onnxruntime's defaults). Without `prepack` (a plan fitted to its nodes'
+    memory that way, fit-memory) the kernels read the weights mapped from the plan's weights
+    file instead of keeping a copy of them in their own layout (prepacked, or reordered for
+    the blocked NCHWc convolutions), at some cost in speed."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -86,6 +89,9 @@ def session_options(threads: int, spin: bool = True, shared_arena: bool = True) 
     if shared_arena:
         shared_cpu_arena()
         opts.add_session_config_entry("session.use_env_allocators", "1")
+    if not prepack:  # no second copy of the weights: neither prepacked nor reordered into NCHWc by the level-3 optimiser
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     opts.log_severity_level = 4  # its errors come back as exceptions; the C++ log would repeat them in raw colour codes
     return opts
 
@@ -148,6 +154,13 @@ def _version(text: str) -> tuple[int, ...]:
             break
         parts.append(int(piece))
     return tuple(parts)
+
+
+def plan_layout(layout: str, plan: Plan | None) -> str:
+    """The layout asked for, except that a plan fitted to its nodes' memory keeps NCHW: laying
+    segments out in NCHWc loads their weights into this process beside onnxruntime's (about
+    twice the memory fit-memory's estimate counts)."""
+    return layout if plan is None or not plan.compiled.fitted_to_memory else "nchw"
 
 
 def boundary_block(layout: str, provider: str, device_id: int) -> int:
@@ -264,8 +277,8 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
     providers = providers_for(provider, device_id)
     on_cpu = providers == ["CPUExecutionProvider"]
     layout = layout if on_cpu else None
-    opts = session_options(threads, spin, shared_arena=on_cpu)
-    plain = session_options(threads, spin)
+    opts = session_options(threads, spin, shared_arena=on_cpu, prepack=plan.compiled.prepack)
+    plain = session_options(threads, spin, prepack=plan.compiled.prepack)
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
     sessions = []
     for k, seg in enumerate(prog.segments):

@@ -43,6 +43,7 @@ from bbgrap.backends.engine import (
     layout_name,
     load_runner,
     node_layouts,
+    plan_layout,
     quiet_onnxruntime,
     quiet_stdout,
     session_options,
@@ -252,22 +253,56 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
 
 
 def peak_memory_mb() -> float:
-    """This process's peak resident memory so far, in MB (what a node needs to run its part)."""
+    """This process's peak resident memory so far (since `memory_baseline_mb`, where the system
+    can reset the peak), in MB: what a node needs to run its part. On Linux the peak of this
+    process's own memory (VmHWM): getrusage's keeps the peak of the process it was started from."""
     import resource
 
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / (1 << 10)  # kB
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / (1 << 10)  # bytes on macOS, KB on Linux
 
 
+def memory_baseline_mb() -> float:
+    """This process's resident memory before it loads its part of the plan: the interpreter and
+    the onnxruntime, numpy and MPI libraries (and --check's run of the model on rank 0, whose peak
+    is forgotten where Linux lets a process reset its peak), in MB. The peak after the
+    inferences less this is what the plan itself took (compile's estimate: `Plan.compiled.memory`)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:  # Linux >= 4.0: the peak starts again from the current size
+            fh.write("5")
+    except OSError:
+        pass  # elsewhere the peak keeps what came before, and the plan's part is overstated by it
+    return peak_memory_mb()
+
+
 def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
-           peak_mb: list[float], profiles: list[dict[str, float]] | None = None, crowded: tuple[int, int] | None = None,
+           peak_mb: list[float], baseline_mb: list[float], profiles: list[dict[str, float]] | None = None,
+           crowded: tuple[int, int] | None = None,
            shared_gpus: tuple[int, int] | None = None) -> int:
-    """Print (or --json) the result; `peak_mb`: each rank's peak resident memory (one entry: all nodes
+    """Print (or --json) the result; `peak_mb`: each rank's peak resident memory, `baseline_mb` its
+    memory before it loaded its part of the plan (one entry each: all nodes
     in this process); `crowded` = (ranks, cores) where more threads than cores share a host,
     `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one."""
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
+    memory = plan.compiled.memory
+
+    def plan_memory(rank: int, node: int | None) -> str:
+        took = f"{peak_mb[rank] - baseline_mb[rank]:.0f} MB for the plan beyond {baseline_mb[rank]:.0f} MB before it"
+        if memory is None:
+            return took
+        estimate = memory.estimate_mb[node] if node is not None else sum(memory.estimate_mb)
+        notes = ("" if memory.prepack else ", weights not prepacked") + (", for NCHW between segments" if block else "")
+        return f"{took}; estimated {estimate:.0f} MB{notes}"
+
     if args.output:
         write_outputs(args.output, outputs)
     result = {
@@ -286,6 +321,9 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         "reference": "model" if args.check else "sample" if reference else None,
         "ok": ok,
         "peak_memory_mb": [round(m, 1) for m in peak_mb],  # per rank
+        "baseline_memory_mb": [round(m, 1) for m in baseline_mb],  # per rank, before its part of the plan
+        "plan_memory_mb": [round(p - b, 1) for p, b in zip(peak_mb, baseline_mb)],  # per rank: what its part took
+        "estimated_memory_mb": list(memory.estimate_mb) if memory is not None else None,  # per node, compile's estimate
     }
     if profiles:
         result["profile_ms"] = profiles  # per rank, per inference: compute, wait, send
@@ -302,9 +340,9 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         for r, prof in enumerate(profiles or []):
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms, "
-                  f"peak memory {peak_mb[r]:.0f} MB")
+                  f"peak memory {peak_mb[r]:.0f} MB ({plan_memory(r, r)})")
         if not profiles:
-            print(f"peak memory {peak_mb[0]:.0f} MB (this process, every node it runs)")
+            print(f"peak memory {peak_mb[0]:.0f} MB (this process, every node it runs: {plan_memory(0, None)})")
         if crowded is not None:
             print(f"note: {crowded[0]} ranks share {crowded[1]} cores on this host, so they take turns on them (their waiting "
                   f"is mostly that): the latency of {plan.nodes} separate nodes would be lower")
@@ -324,7 +362,7 @@ def embedded_runners(plan_dir: str, plan: Plan, threads: int, provider: str, spi
     nodes = range(plan.nodes)
     step = progress or Progress(enabled=False)
     step("lay out", 0, 1)
-    layouts = node_layouts(plan_dir, plan, nodes, threads, spin, boundary_block(layout, provider, 0))
+    layouts = node_layouts(plan_dir, plan, nodes, threads, spin, boundary_block(plan_layout(layout, plan), provider, 0))
     step("lay out", 1, 1)
     runners = []
     for n in nodes:
@@ -344,6 +382,7 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     if args.check:
         reference = model_reference(args, plan, inputs)
     spin = plan.nodes == 1
+    baseline = memory_baseline_mb()
     runners = embedded_runners(args.plan, plan, threads, args.provider, spin, args.iobinding, args.layout, ops_dir,
                                Progress(enabled=False if args.quiet else None))
     latencies = []
@@ -359,7 +398,7 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
         save_trace(args, plan, [trace_events(args.plan, plan, r.node, r.node, p, 0.0, r if ops_dir else None)
                                     for r, p in zip(runners, profiles)])
-    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block, [peak_memory_mb()])
+    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block, [peak_memory_mb()], [baseline])
 
 
 def trace_events(plan_dir: str, plan: Plan, rank: int, node: int, profile: Profile, offset: float,
@@ -454,9 +493,10 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     except BBGrapError as exc:
         error = str(exc)
     able = not any(allgather(comm, error))  # a plan some rank cannot use is not laid out or loaded anywhere
+    baseline = memory_baseline_mb()
     devices = visible_devices()
     device = device_for_rank(local.Get_rank(), devices)  # ranks outnumbering the GPUs share them
-    block = agreed_boundary_block(comm, args.layout, args.provider, device, able=able)
+    block = agreed_boundary_block(comm, plan_layout(args.layout, plan), args.provider, device, able=able)
     runner: NodeRunner | None = None
     try:
         layouts = node_layouts(args.plan, plan, [rank] if able else [], threads, True, block,
@@ -490,6 +530,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
             latencies.append(elapsed)
     profiles = allgather(comm, profile.as_ms(args.repeat))
     peak_mb = allgather(comm, peak_memory_mb())
+    baseline_mb = allgather(comm, baseline)
     traced = allgather(comm, trace_events(args.plan, plan, rank, rank, profile, offset, runner if ops_dir else None)
                        if args.trace else [])
     status = 0
@@ -504,7 +545,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
         try:
             sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
-            status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, peak_mb, profiles, crowded,
+            status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, peak_mb, baseline_mb, profiles, crowded,
                             (local.Get_size(), devices) if sharing > 1 else None)
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)

@@ -44,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--config", metavar="FILE", help="cluster/search config (TOML, see configs/)")
     c.add_argument("--speeds", help="relative node speeds, comma separated, e.g. 1,3,1")
     c.add_argument("--memory-mb", metavar="MB[,MB...]",
-                   help="memory of each node in MB (one for all, or one per node): heavy layers are cut along channels, "
-                        "sharding their weights, until every node's weights and activations fit")
+                   help="memory each node gives the plan in MB (one for all, or one per node; bbgrap-run's own process comes "
+                        "on top): heavy layers are cut along channels, sharding their weights, until every node's weights "
+                        "and activations fit, with onnxruntime's prepacked weight copies or, where only that fits, without")
     c.add_argument("--search", help=f"search strategy: {', '.join(SEARCHES)} (default exact)")
     c.add_argument("--planner", help=f"how cuts are chosen across layers: {', '.join(PLANNERS)} (default greedy: each layer's best "
                    "cut given its producers'); dp: every layer's cut jointly, the exact minimum of the layer-synchronous time by "
@@ -206,6 +207,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "whole": whole_layers(plan),
         "search": plan.compiled.search.to_json() if plan.compiled.search is not None else None,
         "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
+        "memory": plan.compiled.memory.to_json() if plan.compiled.memory is not None else None,
     }
 
 
@@ -239,12 +241,18 @@ def summary(plan: Plan, where: str) -> str:
         f"transfers: {info['bytes_transferred'] / 1e6:.3f} MB per inference in {info['messages']} messages, "
         f"{info['sync_points']} synchronisation points, {info['segments']} segments",
     ]
+    memory = plan.compiled.memory
     for n, node in enumerate(info["per_node"]):
+        estimate = "" if memory is None else f", memory about {memory.estimate_mb[n]:.0f} MB" + (
+            f" of {memory.limit_mb[n]:g}" if memory.limit_mb else "")
         lines.append(
             f"  node {n}: {node['flops'] / 1e9:.3f} GFLOP ({node.get('redundant_flops', 0.0) / 1e9:.3f} beyond its own outputs), "
             f"sends {node['bytes_sent'] / 1e6:.3f} MB, "
-            f"receives {node['bytes_received'] / 1e6:.3f} MB, weights {node['weight_bytes'] / 1e6:.2f} MB"
+            f"receives {node['bytes_received'] / 1e6:.3f} MB, weights {node['weight_bytes'] / 1e6:.2f} MB{estimate}"
         )
+    if memory is not None and not memory.prepack:
+        lines.append("weights not prepacked: the plan fits its nodes' memory only without onnxruntime's prepacked copies "
+                     "(bbgrap-run turns them off, at some cost in speed)")
     if info["opaque"]:
         ops = sorted({o["op_type"] for o in info["opaque"]})
         lines.append(f"opaque layers (computed whole on node 0): {len(info['opaque'])} ({', '.join(ops)})")

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, with_speeds
 from bbgrap.config import Config, Direction
-from bbgrap.cost import CPU_RECEIVE, receive_cost
+from bbgrap.cost import CPU_MEMORY, CPU_MEMORY_UNPACKED, CPU_RECEIVE, receive_cost
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import CompileRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, Source
+from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.simulate import Prediction, predict
@@ -142,6 +142,18 @@ def prediction_record(profile: ClusterProfile, requested: int, chosen: int, plan
     )
 
 
+def memory_record(graph: Graph, limits: Sequence[float]) -> MemoryRecord:
+    """The plan's memory per node by fit-memory's estimate, with the copies of the weights
+    onnxruntime keeps where the plan prepacks them and where it does not."""
+    from bbgrap.passes.fit_memory import MB, node_memory
+
+    cost = CPU_MEMORY if graph.prepack else CPU_MEMORY_UNPACKED
+    usage = node_memory(graph, dict(graph.partitions))
+    return MemoryRecord(prepack=graph.prepack, limit_mb=tuple(limits), weights_mb=tuple(round(m.weights / MB, 3) for m in usage),
+                        activations_mb=tuple(round(m.activations / MB, 3) for m in usage),
+                        estimate_mb=tuple(round(cost.of(m) / MB, 3) for m in usage))
+
+
 def compile_model(
     model: str,
     cfg: Config,
@@ -246,6 +258,7 @@ def compile_model(
         source=Source(os.path.abspath(model), file_sha256(model)),
         prediction=prediction_record(profile, requested, chosen, plans) if profile is not None else None,
         planner=plans[chosen].planner,
+        memory=memory_record(graph, cfg.memory_mb),
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"

@@ -68,18 +68,42 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4) -> ReceiveCost:
     return ReceiveCost(sync_ops=(profile.link.latency_s + slowest.segment_s) * ops_per_s, byte_ops=per_byte * ops_per_s)
 
 
+# Ops whose weights onnxruntime's CPU provider holds twice with its optimisations on: a
+# convolution's NCHWc-reordered copy sits beside the weights mapped from the plan's file (a
+# Gemm's or MatMul's prepacked copy replaces them instead).
+DOUBLED_OPS = frozenset({"Conv"})
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """What a node's part of a plan holds, in bytes: the weights it reads, the part of them that
+    onnxruntime copies (`DOUBLED_OPS`), and its live activations (the largest sum over one layer
+    of the inputs it reads and the output it computes)."""
+
+    weights: int
+    doubled: int
+    activations: int
+
+
 @dataclass(frozen=True)
 class MemoryCost:
-    """A rank's resident memory: a fixed `runtime_bytes` (the interpreter, onnxruntime, MPI),
-    `weight_copies` times the weights its segments hold (onnxruntime keeps a prepacked copy of a
-    convolution's or a Gemm's weights beside the one it loaded), and its live activations."""
+    """What a plan needs of a node's memory (`cluster.memory_mb`): its weights, once (onnxruntime
+    maps them from the plan's weights file) and, where `prepack`, the doubled ones again; its live
+    activations; and `overhead_bytes` (onnxruntime's arena beyond the live values, its sessions,
+    the values held between segments, the halo buffers). With prepacking off (session option
+    disable_prepacking, graph optimisations without the NCHWc reordering) the kernels read the
+    mapped weights as they are. bbgrap-run's own process (the interpreter and the onnxruntime,
+    numpy and MPI libraries, the same for every plan) is not part of it: bbgrap-run reports it
+    apart, as each rank's baseline."""
 
-    runtime_bytes: float
-    weight_copies: float
+    prepack: bool
+    overhead_bytes: float
 
-    def of(self, weight_bytes: float, activation_bytes: float) -> float:
-        return self.runtime_bytes + self.weight_copies * weight_bytes + activation_bytes
+    def of(self, m: NodeMemory) -> float:
+        return m.weights + (m.doubled if self.prepack else 0) + m.activations + self.overhead_bytes
 
 
-# measured with onnxruntime's CPU provider (docs/benchmarks.md: vgg16 on 4 ranks)
-CPU_MEMORY = MemoryCost(runtime_bytes=80e6, weight_copies=2.0)
+# onnxruntime's CPU provider with NCHW between segments, with and without its prepacked copies;
+# the overheads measured on vgg16 and resnet50 on 4 ranks (docs/benchmarks.md, "memory per node")
+CPU_MEMORY = MemoryCost(prepack=True, overhead_bytes=50e6)
+CPU_MEMORY_UNPACKED = MemoryCost(prepack=False, overhead_bytes=20e6)

@@ -473,6 +473,7 @@ class Graph:
     movement: Movement = Movement.NONE
     search_stats: SearchStats | None = None
     planner_stats: PlannerStats | None = None
+    prepack: bool = True  # onnxruntime keeps prepacked weight copies; fit-memory turns them off where memory needs it
 
     def replace(self, **changes: Any) -> Graph:
         return dataclasses.replace(self, **changes)

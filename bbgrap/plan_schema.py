@@ -528,6 +528,38 @@ class PlannerRecord:
                    _number(rec, where, "greedy_ms"), _record(rec, where, "stats", planner_stats_from_json))
 
 
+def _numbers(rec: Mapping[str, Any], where: str, key: str) -> tuple[float, ...]:
+    value = _take(rec, where, key, lambda v: isinstance(v, list) and all(_is_number(x) and x >= 0 for x in v),
+                  "a list of numbers >= 0")
+    return tuple(float(x) for x in value)
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """The plan's memory per node as compile estimated it (fit-memory's model, bbgrap/cost.py), in
+    MB: the weights the node reads, its live activations, and the estimate counting onnxruntime's
+    copies of the weights; the limit it was fitted to (cluster.memory_mb, empty: none; bbgrap-run
+    keeps such a plan's activations in NCHW between segments, as the estimate assumes); and whether
+    onnxruntime prepacks the weights (false where the plan fits only without its prepacked copies:
+    bbgrap-run then turns prepacking off)."""
+
+    prepack: bool
+    limit_mb: tuple[float, ...]
+    weights_mb: tuple[float, ...]
+    activations_mb: tuple[float, ...]
+    estimate_mb: tuple[float, ...]
+
+    def to_json(self) -> Json:
+        return {"prepack": self.prepack, "limit_mb": list(self.limit_mb), "weights_mb": list(self.weights_mb),
+                "activations_mb": list(self.activations_mb), "estimate_mb": list(self.estimate_mb)}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> MemoryRecord:
+        rec = _object(value, where)
+        prepack = _take(rec, where, "prepack", lambda v: isinstance(v, bool), "true or false")
+        return cls(prepack, *(_numbers(rec, where, k) for k in ("limit_mb", "weights_mb", "activations_mb", "estimate_mb")))
+
+
 @dataclass(frozen=True)
 class CompileRecord:
     """How the plan was compiled: the cut direction, the search threshold and node speeds, the passes
@@ -544,13 +576,25 @@ class CompileRecord:
     source: Source | None = None
     prediction: PredictionRecord | None = None  # with a cluster profile (compile --profile)
     planner: PlannerRecord | None = None  # with a whole-network planner (compile --planner)
+    memory: MemoryRecord | None = None  # None in plans written before it was recorded: prepacked weights
+
+    @property
+    def prepack(self) -> bool:
+        """Whether onnxruntime may prepack the plan's weights (fit-memory's choice)."""
+        return self.memory is None or self.memory.prepack
+
+    @property
+    def fitted_to_memory(self) -> bool:
+        """Whether the plan was fitted to its nodes' memory (cluster.memory_mb)."""
+        return self.memory is not None and bool(self.memory.limit_mb)
 
     def to_json(self) -> Json:
         out = {"direction": self.direction.value, "threshold": self.threshold, "speeds": list(self.speeds), "passes": list(self.passes),
                "search": self.search.to_json() if self.search is not None else None,
                "layer_table": [r.to_json() for r in self.layer_table], "compile_seconds": self.compile_seconds,
                "prediction": self.prediction.to_json() if self.prediction is not None else None,
-               "planner": self.planner.to_json() if self.planner is not None else None}
+               "planner": self.planner.to_json() if self.planner is not None else None,
+               "memory": self.memory.to_json() if self.memory is not None else None}
         return out if self.source is None else out | {"source": self.source.to_json()}
 
     @classmethod
@@ -569,10 +613,13 @@ class CompileRecord:
         planner = None
         if "planner" in rec and _take(rec, where, "planner", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
             planner = _record(rec, where, "planner", PlannerRecord.from_json)
+        memory = None
+        if "memory" in rec and _take(rec, where, "memory", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
+            memory = _record(rec, where, "memory", MemoryRecord.from_json)
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
-                   prediction, planner)
+                   prediction, planner, memory)
 
 
 @dataclass(frozen=True)

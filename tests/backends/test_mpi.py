@@ -13,6 +13,7 @@ import pytest
 from helpers import compile_plan, save
 
 from bbgrap import zoo
+from bbgrap.plan import read_manifest
 
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
@@ -134,3 +135,20 @@ def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> Non
     bad = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "--threads", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("bbgrap: error:") == 1
+
+
+def test_mpirun_a_plan_fitted_to_memory_without_prepacking(tmp_path) -> None:
+    from tests.passes.test_fit_memory import OVERHEAD_MB, heavy_convs
+
+    plan = str(tmp_path / "plan")
+    compile_plan(heavy_convs(tmp_path), plan, nodes=2, direction="h", memory_mb=(OVERHEAD_MB + 3.0,) * 2)
+    memory = read_manifest(plan).compiled.memory
+    assert memory is not None and not memory.prepack
+    proc = mpirun(2, plan, "--json", "--repeat", "1", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["max_rel_error"] <= 1e-4
+    assert result["layout"] == "nchw"  # a plan fitted to memory keeps NCHW between segments, as its estimate assumes
+    assert result["estimated_memory_mb"] == list(memory.estimate_mb)
+    for peak, baseline, took in zip(result["peak_memory_mb"], result["baseline_memory_mb"], result["plan_memory_mb"], strict=True):
+        assert 10 < baseline <= peak and took == pytest.approx(peak - baseline, abs=0.11)
