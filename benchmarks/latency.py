@@ -43,7 +43,7 @@ from bbgrap.backends.threads import threads_per_rank
 
 from bbgrap import zoo
 from bbgrap.compiler import compile_model
-from bbgrap.config import Config, Direction
+from bbgrap.config import PLANNERS, Config, Direction
 from bbgrap.plan import read_sample
 
 BIN = os.path.dirname(sys.executable)
@@ -99,13 +99,19 @@ def time_pinned(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat
 
 
 def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: str, rounds: int, repeat: int,
-               search: bool, workdir: str, node_cores: int | None) -> dict[str, Any]:
-    path = os.path.join(workdir, f"{model}-{resolution}-{batch}.onnx")
-    onnx.save(zoo.build(model, resolution=resolution, batch=batch), path)
+               search: bool, workdir: str, node_cores: int | None, planner: str = "greedy") -> dict[str, Any]:
+    if os.path.isfile(model):  # an ONNX file (an exporter's model), at its own input shape
+        path = model
+        model = os.path.splitext(os.path.basename(model))[0]
+        shape = [d.dim_value for d in onnx.load(path, load_external_data=False).graph.input[0].type.tensor_type.shape.dim]
+        batch, resolution = shape[0], shape[-1]
+    else:
+        path = os.path.join(workdir, f"{model}-{resolution}-{batch}.onnx")
+        onnx.save(zoo.build(model, resolution=resolution, batch=batch), path)
     plan = os.path.join(workdir, f"plan-{model}-{resolution}-{batch}")
     if direction == "auto":
         direction = "n" if batch >= nodes else "h"
-    manifest = compile_model(path, Config(nodes=nodes, direction=Direction(direction)), plan, search=search)
+    manifest = compile_model(path, Config(nodes=nodes, direction=Direction(direction), planner=planner), plan, search=search)
     feeds, _ = read_sample(plan)
     host = sorted(os.sched_getaffinity(0))
     node_threads = node_cores or threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host
@@ -135,7 +141,7 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     return {
         "model": model, "resolution": resolution, "batch": batch, "nodes": nodes, "direction": direction,
         "profile_ms": profile, "sync_points": manifest.stats.sync_points, "segments": manifest.stats.segments,
-        "searched": search, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
+        "searched": search, "planner": planner, "A_ms": a_ms, "B_ms": b_ms, "bbgrap_ms": p_ms,
         "A_over_bbgrap": a_ms / p_ms, "B_over_bbgrap": b_ms / p_ms,
         "max_rel_error": max(errors), "exact": max(errors) <= 1e-4,
         "bytes_transferred": manifest.stats.bytes_transferred, "threads_A": node_threads, "threads_B": len(all_set),
@@ -146,7 +152,8 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["vgg16", "resnet50", "mobilenet_v2"])
+    p.add_argument("--models", nargs="+", default=["vgg16", "resnet50", "mobilenet_v2"],
+                   help="zoo models, or ONNX files (run at their own input shape: --resolutions and --batches do not apply)")
     p.add_argument("--resolutions", nargs="+", type=int, default=[224, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--nodes", type=int, nargs="+", default=[2], help="node counts N (default 2)")
@@ -157,6 +164,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="inferences per side per round, at least (default 3; small models get enough for 0.25 s)")
     p.add_argument("--no-search", action="store_true", help="benchmark the naive split instead of the searched plan")
+    p.add_argument("--planner", default="greedy", choices=PLANNERS, help="compile --planner (default greedy)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
@@ -168,14 +176,15 @@ def main() -> int:
     for n in sorted(set(args.nodes) - set(counts)):
         print(f"skipped N={n}: {n} x {args.node_cores} cores is more than this host's {cores}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bbgrap-bench-") as work:
-        cases = [(m, r, b, n) for m in args.models for r in args.resolutions for b in args.batches for n in counts]
+        cases = [(m, r, b, n) for m in args.models for r in ([0] if os.path.isfile(m) else args.resolutions)
+                 for b in ([0] if os.path.isfile(m) else args.batches) for n in counts]
         for model, res, batch, nodes in cases:
             row = bench_case(model, res, batch, nodes, args.direction, args.rounds, args.repeat,
-                             not args.no_search, work, args.node_cores)
+                             not args.no_search, work, args.node_cores, args.planner)
             rows.append(row)
             if not args.json:
                 slowest = max(row["profile_ms"], key=lambda r: r["compute"] + r["wait"])
-                table.row(model, res, batch, nodes, row["threads_A"], row["direction"], row["A_ms"], row["B_ms"], row["bbgrap_ms"],
+                table.row(row["model"], row["resolution"], row["batch"], nodes, row["threads_A"], row["direction"], row["A_ms"], row["B_ms"], row["bbgrap_ms"],
                           row["A_over_bbgrap"], row["B_over_bbgrap"], slowest["compute"], slowest["wait"],
                           row["sync_points"], row["max_rel_error"])
     if args.json:
