@@ -48,9 +48,10 @@ def _parser() -> argparse.ArgumentParser:
                         "on top): heavy layers are cut along channels, sharding their weights, until every node's weights "
                         "and activations fit, with onnxruntime's prepacked weight copies or, where only that fits, without")
     c.add_argument("--search", help=f"search strategy: {', '.join(SEARCHES)} (default exact)")
-    c.add_argument("--planner", help=f"how cuts are chosen across layers: {', '.join(PLANNERS)} (default greedy: each layer's best "
-                   "cut given its producers'); dp: every layer's cut jointly, the exact minimum of the layer-synchronous time by "
-                   "dynamic programming; heft: list scheduling on each node's timeline (layers may go whole to one node); ga: a "
+    c.add_argument("--planner", help=f"how cuts are chosen across layers: {', '.join(PLANNERS)} (default dp: every layer's cut, "
+                   "or the layer whole on one node, chosen jointly after the per-layer search, the exact minimum of the "
+                   "layer-synchronous time by dynamic programming); greedy: the per-layer search alone (each layer's best cut "
+                   "given its producers'); heft: list scheduling on each node's timeline (layers may go whole to one node); ga: a "
                    "genetic algorithm on that timeline seeded with the others. Costs come from --profile (else the default "
                    "profile scaled by --speeds); the planner's plan is kept where predicted at least 3%% faster than greedy's, else greedy's")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",

@@ -81,7 +81,7 @@ class Config:
     threshold: float = 20.0
     direction: Direction = Direction.H
     search: str = "exact"
-    planner: str = "greedy"
+    planner: str = "dp"
     objective: Weights = DEFAULT_WEIGHTS
     custom: tuple[CustomPartition, ...] = ()
     source: str = "<defaults>"
@@ -174,7 +174,7 @@ def load_config(path: str) -> Config:
         threshold=float(part.get("threshold", 20.0)),
         direction=parse_direction(part.get("direction", "h"), lambda problem: _fail(path, "partition.direction", problem)),
         search=str(part.get("search", "exact")),
-        planner=str(part.get("planner", "greedy")),
+        planner=str(part.get("planner", "dp")),
         objective=replace(DEFAULT_WEIGHTS, **{k: float(v) for k, v in obj.items()}),
         custom=tuple(custom),
         source=path,

@@ -35,8 +35,10 @@ def compile_plan(model_path: str, plan_dir: str, **options: Any) -> Plan:
     Unlike the CLI, `search` defaults to False: the naive (even or speed-proportional) cut,
     which most tests' expectations of regions, transfers and FLOPs are written against,
     with transfers eliminated and halos recomputed as the CLI does. Pass search=True for
-    the CLI's default pipeline (tests/backends/test_e2e.py runs it on every zoo model). With a
-    `planner`, judge=False keeps the planner's own plan (else the faster predicted of it and greedy's)."""
+    the CLI's default pipeline (tests/backends/test_e2e.py runs it on every zoo model). Likewise
+    the planner defaults to greedy (the per-layer machinery the tests look at), not the CLI's dp;
+    with a `planner`, judge=False keeps the planner's own plan (else the faster predicted of it and greedy's)."""
+    options.setdefault("planner", "greedy")
     flags = {k: options.pop(k) for k in ("optimize", "search", "input_shapes", "recompute", "judge") if k in options}
     if "search_strategy" in options:
         options["search"] = options.pop("search_strategy")

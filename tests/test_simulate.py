@@ -113,7 +113,7 @@ def small_model(tmp_path_factory) -> str:
 
 
 def test_compile_with_a_profile_predicts_every_rank_and_the_one_node_plan(small_model: str, tmp_path) -> None:
-    plan = compile_model(small_model, Config(nodes=2), str(tmp_path / "plan"), profile=DEFAULT_PROFILE, force_nodes=True)
+    plan = compile_model(small_model, Config(nodes=2, planner="greedy"), str(tmp_path / "plan"), profile=DEFAULT_PROFILE, force_nodes=True)
     pred = plan.compiled.prediction
     assert pred is not None and plan.nodes == 2 and pred.nodes == 2 and len(pred.ranks) == 2
     assert set(pred.candidates_ms) == {1, 2}
@@ -125,12 +125,12 @@ def test_compile_with_a_profile_predicts_every_rank_and_the_one_node_plan(small_
 
 def test_compile_falls_back_to_fewer_nodes_where_more_are_predicted_slower(small_model: str, tmp_path) -> None:
     slow_link = ClusterProfile((NodeProfile(),), LinkProfile(latency_s=1.0, bandwidth_Bps=1e9))
-    plan = compile_model(small_model, Config(nodes=3), str(tmp_path / "plan"), profile=slow_link)
+    plan = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plan"), profile=slow_link)
     assert plan.nodes == 1 and plan.compiled.prediction is not None
     assert plan.compiled.prediction.requested_nodes == 3 and set(plan.compiled.prediction.candidates_ms) == {1, 2, 3}
-    forced = compile_model(small_model, Config(nodes=3), str(tmp_path / "plan"), profile=slow_link, force_nodes=True)
+    forced = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plan"), profile=slow_link, force_nodes=True)
     assert forced.nodes == 3 and forced.compiled.prediction is not None and forced.compiled.prediction.speedup < 1
-    plain = compile_model(small_model, Config(nodes=3), str(tmp_path / "plain"))
+    plain = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plain"))
     assert plain.compiled.prediction is None
 
 
@@ -141,7 +141,7 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
     from bbgrap.compiler import pipeline
     from bbgrap.pass_manager import PassManager
 
-    graph = PassManager(pipeline(Config(nodes=2))).run(import_model(small_model).graph)
+    graph = PassManager(pipeline(Config(nodes=2, planner="greedy"))).run(import_model(small_model).graph)
     programs, messages = lower(graph)
     steps = program_steps(graph, programs)
     assert [[s.op for s in rank] for rank in steps] == [[s.op for s in p.steps] for p in programs]

@@ -58,9 +58,9 @@ def test_plans_keep_no_copy_segment_after_sends_and_stay_exact(tmp_path) -> None
     # at this size resnet50's node 0 crops a tensor right after sending its neighbour's part
     # (as full-size mobilenet_v2's channel-cut tail does): without the fold, a segment of its own
     model = save(zoo.build("resnet50", resolution=64, width=0.25, seed=3), str(tmp_path))
-    compile_model(model, Config(nodes=2), str(tmp_path / "plan"))
+    compile_model(model, Config(nodes=2, planner="greedy"), str(tmp_path / "plan"))
     assert_exact(str(tmp_path / "plan"))
-    programs, _ = lower(PassManager(pipeline(Config(nodes=2))).run(import_model(model).graph))
+    programs, _ = lower(PassManager(pipeline(Config(nodes=2, planner="greedy"))).run(import_model(model).graph))
     for prog in programs:
         before = ""  # the last step that is not a send
         for step in prog.steps:
@@ -140,7 +140,7 @@ def test_a_crop_of_a_segment_input_stays_a_slice() -> None:
 def test_compiled_resnet_uses_select_kernels_and_stays_exact(tmp_path) -> None:
     # recomputed halos leave a residual one row longer than the branch it is added to
     model = save(zoo.build("resnet50", resolution=64, width=0.25, seed=3), str(tmp_path))
-    compile_model(model, Config(nodes=2), str(tmp_path / "plan"))
+    compile_model(model, Config(nodes=2, planner="greedy"), str(tmp_path / "plan"))
     selects = [n for f in sorted((tmp_path / "plan").glob("node*/*.onnx")) for n in onnx.load(str(f), load_external_data=False).graph.node
                if n.op_type == "Conv" and n.input[1].endswith("/select")]
     assert selects
