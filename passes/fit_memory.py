@@ -18,8 +18,9 @@ While some node's estimate exceeds its memory, the layer with the most weight by
 cut along channels and whose rule can cut them is cut along channels instead, in proportion to
 the node speeds, which shards its weights over the nodes (vgg16's classifier holds 470 of its
 528 MB). Where that cannot fit with prepacked weights, it starts again from the plan it was given
-without them (`Graph.prepack` False: bbgrap-run then turns onnxruntime's prepacking off, which
-costs some speed but halves the weights' memory). When no layer is left to shard even so, the
+without them (`Graph.prepack` False: bbgrap-run then turns onnxruntime's prepacking and NCHWc
+reordering off, which costs some speed but drops the convolutions' second copy and lowers the
+overhead). When no layer is left to shard even so, the
 plan cannot fit, and the error says which node, by how much, and what to change. Owned regions
 still tile every output, so results stay exact.
 """
