@@ -215,6 +215,11 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def cannot_load(path: str, exc: BaseException) -> BBGrapError:
+    """The one-line error for a segment file that onnx or onnxruntime cannot load."""
+    return BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again")
+
+
 # where onnxruntime looks for the external data of a model it is given as bytes
 EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
@@ -248,7 +253,7 @@ def segment_models(plan_dir: str, program: Program) -> list[Any]:
         try:
             models.append(load_segment(plan_dir, seg.file))
         except Exception as exc:
-            raise BBGrapError(f"cannot load {os.path.join(plan_dir, seg.file)}: {first_line(exc)}; compile the plan again") from None
+            raise cannot_load(os.path.join(plan_dir, seg.file), exc) from None
     return models
 
 
@@ -259,7 +264,7 @@ def unloadable_segment(plan_dir: str, program: Program) -> None:
             with quiet_stdout():
                 segment_session(plan_dir, seg.file, session_options(1, spin=False, shared_arena=False), ["CPUExecutionProvider"])
         except Exception as exc:
-            raise BBGrapError(f"cannot load {os.path.join(plan_dir, seg.file)}: {first_line(exc)}; compile the plan again") from None
+            raise cannot_load(os.path.join(plan_dir, seg.file), exc) from None
 
 
 def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: str,
@@ -294,7 +299,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
                 else:
                     sess = segment_session(plan_dir, seg.file, opts, providers)
         except Exception as exc:
-            raise BBGrapError(f"cannot load {path}: {first_line(exc)}; compile the plan again") from None
+            raise cannot_load(path, exc) from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
             raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
         if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":
