@@ -71,3 +71,15 @@ def test_candidate_positions_keep_exactly_the_partitions_cut_among_them(seed: in
     assert all(among.is_valid(p) for p in every)
     with pytest.raises(ValueError, match="non-overlapped"):
         Partitions(extent, speeds, threshold, overlapped=True, positions=positions)
+
+
+def test_size_band_is_made_once_per_arguments() -> None:
+    # the search pass asks it twice for every layer: widening a band of 16 nodes one unit at a
+    # time in fractions cost a second of maxvit_t's compile; each caller still gets its own list
+    from bbgrap.search import procedural
+
+    first = size_band(7, (1.0,) * 16, 20)
+    hits = procedural._size_band.cache_info().hits
+    again = size_band(7, [1.0] * 16, 20)
+    assert procedural._size_band.cache_info().hits == hits + 1
+    assert again == first and again is not first and sum(hi for _, hi in again) >= 7
