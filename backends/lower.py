@@ -351,8 +351,9 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any, captured: Mappin
                 continue
             produced = {o for node in nodes for o in node.output if o}
             consumed = [i for node in nodes for i in [*node.input, *captured.get(node.name, ())] if i]
+            read = set(consumed)
             seg.nodes = nodes
-            seg.initializers = {k: v for k, v in seg.initializers.items() if k in consumed}
+            seg.initializers = {k: v for k, v in seg.initializers.items() if k in read}
             seg.inputs = list(dict.fromkeys(i for i in consumed if i not in produced and i not in seg.initializers))
             seg.outputs = sorted(produced & needed)
             needed = (needed - produced) | set(seg.inputs)

@@ -285,10 +285,18 @@ class ShapeMap:
         return tuple(slice(i.start, i.stop) for i in self._box_axes())
 
     def key(self) -> str:
-        """Short stable text form, used in names of local values."""
-        if self.empty:
-            return "empty"
-        return ",".join("+".join(str(i) for i in a) for a in self.axes)
+        """Short stable text form, used in names of local values (kept on the instance once made:
+        lowering and emit name every value by it, half a million times for maxvit_t on 16 nodes)."""
+        text: str | None = self.__dict__.get("_key")
+        if text is None:
+            if self.empty:
+                text = "empty"
+            elif self._box is not None:
+                text = ",".join([f"{i.start}:{i.stop}" for i in self._box])
+            else:
+                text = ",".join("+".join(str(i) for i in a) for a in self.axes)
+            object.__setattr__(self, "_key", text)
+        return text
 
     def __str__(self) -> str:
         return "[" + self.key() + "]"

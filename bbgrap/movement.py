@@ -82,6 +82,8 @@ def assemble(region: ShapeMap, node: int, held: dict[int, ShapeMap], owned: list
     """The parts of `region` on `node`: all it holds itself, the rest from the nodes that own it,
     in order along the cut axis."""
     mine = held.get(node)
+    if mine is not None and mine.contains(region):  # the common case: the node holds all it reads
+        return [Part(region, node)]
     parts, rest = [], [region]
     if mine is not None and region.overlaps(mine):
         parts.append(Part(region.intersect(mine), node))

@@ -217,8 +217,16 @@ def _stage(staging: str, plan: Plan, files: Mapping[str, bytes],
     sums[SAMPLE] = file_sha256(os.path.join(staging, SAMPLE))
     written = replace(plan, plan_id=uuid.uuid4().hex, files=dict(sorted(sums.items())))
     with open(os.path.join(staging, MANIFEST), "w") as fh:
-        json.dump(written.to_json(), fh, indent=1)
+        fh.write(manifest_text(written.to_json()))
     return written
+
+
+def manifest_text(manifest: Mapping[str, Any]) -> str:
+    """The manifest as JSON text: one top-level key a line, each value compact. json's C
+    encoder writes only compact JSON, an indented dump is pure Python (3 of vit_b_16's 27 s
+    compile on 16 nodes, for its 25 MB manifest)."""
+    keys = [f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in manifest.items()]
+    return "{\n" + ",\n".join(keys) + "\n}\n"
 
 
 def _commit(staging: str, target: str, directory: str) -> None:

@@ -107,18 +107,52 @@ def shared_axes(graph: Graph, layer: Layer, registry: RuleRegistry) -> list[int]
     return sorted(a for a in rule.axes(layer, graph) if a < len(shape) and shape[a] >= graph.nodes)
 
 
-def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry) -> int | None:
-    """The requested direction's axis if the layer can be cut there; else channels, else the
-    longest other axis its rule cuts (a token tensor's sequence, attention's heads, a channel
-    shuffle's rows), preferring those long enough for every node; else None: a layer computed
-    whole keeps every other node waiting for it."""
+def aligned_axis(graph: Graph, layer: Layer, partitions: Mapping[str, LayerPartition], speeds: Sequence[float],
+                 registry: RuleRegistry, skip: int | None) -> int | None:
+    """An output axis other than `skip`, long enough for every node, along which the layer's
+    even (or speed-proportional) cut reads on every node only what that node computed of each
+    input whose producer is cut (a channel shuffle's Transpose after the Reshape cut by rows:
+    rows again, not the group axis of 2): the cut that moves nothing. None where there is none."""
+    rule = registry.get(layer)
+    producers = graph.producers()
+    cut = [(k, partitions[producers[t].name]) for k, t in enumerate(layer.inputs)
+           if t in producers and producers[t].name in partitions and partitions[producers[t].name].axis is not None]
+    if rule is None or not cut:
+        return None
+    for axis in shared_axes(graph, layer, registry):
+        if axis == skip:
+            continue
+        part = partition_layer(graph, layer, axis, split_sizes(graph.tensors[layer.outputs[0]].shape[axis], speeds), registry)
+        if part.axis is not None and all(
+                need is not None and not need.empty and source.out[n].contains(need)
+                for k, source in cut for n, need in enumerate(needs[k] for needs in part.needs)):
+            return axis
+    return None
+
+
+def choose_axis(graph: Graph, layer: Layer, direction: Direction, registry: RuleRegistry,
+                partitions: Mapping[str, LayerPartition] | None = None, speeds: Sequence[float] = ()) -> int | None:
+    """The requested direction's axis if the layer can be cut there into a piece for every node;
+    else, given its producers' `partitions`, an axis along which it reads only what each node
+    computed (`aligned_axis`); else the requested direction's axis if longer than 1 (some nodes
+    then get nothing), else channels, else the longest other axis its rule cuts (a token
+    tensor's sequence, attention's heads, a channel shuffle's rows), preferring those long
+    enough for every node; else None: a layer computed whole keeps every other node waiting
+    for it."""
     rule = registry.get(layer)
     if rule is None:
         return None
     allowed = rule.axes(layer, graph)
     shape = graph.tensors[layer.outputs[0]].shape
     wanted = direction.axis(len(shape))
-    if wanted is not None and wanted in allowed and shape[wanted] > 1:
+    usable = wanted is not None and wanted in allowed and shape[wanted] > 1
+    if usable and wanted is not None and shape[wanted] >= graph.nodes:
+        return wanted
+    if partitions is not None:
+        aligned = aligned_axis(graph, layer, partitions, speeds or (1.0,) * graph.nodes, registry, wanted)
+        if aligned is not None:
+            return aligned
+    if usable:
         return wanted
     channels = Direction.C.axis(len(shape))
     others = sorted((a for a in allowed if a < len(shape) and a != channels), key=lambda a: (-shape[a], a))
@@ -154,7 +188,8 @@ class NaivePartition(Pass):
         partitions: dict[str, LayerPartition] = {}
         for layer in graph.layers:
             c = custom.get(layer.name)
-            axis = choose_axis(graph, layer, c.direction if c else self.direction, self.registry)
+            axis = choose_axis(graph, layer, c.direction if c else self.direction, self.registry,
+                               None if c else partitions, speeds)
             shape = graph.tensors[layer.outputs[0]].shape
             sizes = None
             if c is not None and c.sizes is not None:

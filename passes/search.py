@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable, ClassVar
 
 from bbgrap.passes.naive_partition import CHANNELS, channel_cut, partition_layer
@@ -44,7 +45,11 @@ def max_band(nodes: int) -> int:
     """The widest band of candidate sizes per node searched position by position. The search's
     work grows with a power of the band's width that rises with the node count (a 4096-row layer
     on 4 nodes took six minutes, 1024 rows on 16 nodes two); these widths keep a layer near or
-    under a tenth of a second (docs/benchmarks.md). A wider band is searched on a grid."""
+    under a tenth of a second (docs/benchmarks.md). A wider band is searched on the layer's
+    candidate cuts (`LayerCutCost.candidate_cuts`), else on a grid. (Narrower bands are not:
+    the candidates miss the cut that balances the work between two cuts placed by the data,
+    which the position-by-position search finds: 16 on 4 nodes made densenet's plan cut
+    along channels 0.1 % worse by the objective.)"""
     if nodes <= 2:
         return 4096
     if nodes <= 4:
@@ -73,6 +78,19 @@ class GridCost:
 
     def cuts(self, grid_cuts: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(min(c * self.step, self.cost.extent) for c in grid_cuts)
+
+
+def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> int | None:
+    """The first position in [lo, hi] where `holds` (false, then true along it) holds; None: nowhere."""
+    if not holds(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @dataclass
@@ -127,6 +145,58 @@ class LayerCutCost:
         ops = layer_ops(self.layer, self.graph, local.computes, self.registry)
         over = ops - layer_ops(self.layer, self.graph, out, self.registry)
         return NodeCost(ops / self.speeds[node], data, over)
+
+    def candidate_cuts(self, threshold: float) -> set[int]:
+        """The cut positions that matter, for a layer whose band is too wide to search position by
+        position: per boundary between nodes j-1 and j, inside the positions the band allows it,
+        the speed-proportional cut rounded down and up, and where the layer's reads cross an edge
+        of what its producers' cuts left on those two nodes or begin or end reading an input
+        (a Concat's inputs): the first position from which node j's reads start at or after
+        the edge, the last up to which node j-1's reads end at or before it. A node's received
+        data changes slope only there and its work grows evenly with its rows, so the search
+        need not look between them; aligned cuts, the naive cut and the channel cut are still
+        compared after the search."""
+        extent, speeds = self.extent, self.speeds
+        band = size_band(extent, speeds, threshold)
+        total = sum(Fraction(s) for s in speeds)
+        reads: dict[tuple[int, int], list[ShapeMap | None]] = {}  # output rows [a, b) -> what they read, per input
+
+        def read(a: int, b: int, k: int, axis: int) -> Interval | None:
+            """The interval along `axis` of input k that output rows [a, b) read (None: nothing)."""
+            if (a, b) not in reads:
+                out = self.full.with_axis(self.axis, Interval(a, b))
+                reads[(a, b)] = list(self.rule.local(self.layer, self.graph, out).needs)
+            need = reads[(a, b)][k]
+            return None if need is None or need.empty or not need.is_box else need.interval(axis)
+
+        out: set[int] = set()
+        for j in range(1, len(speeds)):
+            lo = max(sum(b[0] for b in band[:j]), extent - sum(b[1] for b in band[j:]))
+            hi = min(sum(b[1] for b in band[:j]), extent - sum(b[0] for b in band[j:]))
+            if lo > hi:
+                continue
+            ideal = extent * sum(Fraction(s) for s in speeds[:j]) / total
+            out.update(min(hi, max(lo, p)) for p in (math.floor(ideal), math.ceil(ideal)))
+            if hi == lo:
+                continue
+            for k, t in enumerate(self.layer.inputs):
+                if t not in self.held:
+                    continue
+                shape = self.graph.tensors[t].shape
+                held = [r for r in (self.held[t][j - 1], self.held[t][j]) if not r.empty and r.is_box]
+                for axis_k in range(len(shape)):
+                    edges = {e for r in held for e in (r.interval(axis_k).start, r.interval(axis_k).stop)} - {0, shape[axis_k]}
+                    # where node j's reads from position p on begin at or after an edge (or stop)
+                    firsts = [_first(lo, min(hi, extent - 1), lambda p: read(p, extent, k, axis_k) is None)]
+                    firsts += [_first(lo, min(hi, extent - 1), lambda p: (iv := read(p, extent, k, axis_k)) is None or iv.start >= e)
+                               for e in edges]
+                    out.update(p for p in firsts if p is not None and p > lo)
+                    # where node j-1's reads up to position p end beyond an edge (or begin)
+                    lasts = [_first(max(lo, 1), hi, lambda p: read(0, p, k, axis_k) is not None)]
+                    lasts += [_first(max(lo, 1), hi, lambda p: (iv := read(0, p, k, axis_k)) is not None and iv.stop > e)
+                              for e in edges]
+                    out.update(p - 1 for p in lasts if p is not None and p - 1 >= lo)
+        return out
 
     def cost_of(self, part: LayerPartition) -> float:
         costs = []
@@ -217,9 +287,18 @@ class SearchPartitions(Pass):
         assert axis is not None
         cost = priced[(layer.name, axis)] = self._cost(graph, layer, axis, partitions)
         step = self._grid_step(graph, layer, axis)
-        grid = GridCost(cost, step)
-        result = search(grid if step > 1 else cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
-        cuts = grid.cuts(result.cuts)
+        result = None
+        if step > 1:  # a wide band: the candidate cuts that matter (else, where none is valid, a grid)
+            try:
+                result = search(cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search,
+                                positions=cost.candidate_cuts(cfg.threshold))
+                cuts = result.cuts
+            except ValueError:
+                result = None
+        if result is None:
+            grid = GridCost(cost, step)
+            result = search(grid if step > 1 else cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search)
+            cuts = grid.cuts(result.cuts)
         sizes = [b - a for a, b in zip(cuts, cuts[1:])]
         chosen = partition_layer(graph, layer, axis, sizes, self.registry)
         # Among optimal cuts, prefer one aligned with the producer, then the naive one:

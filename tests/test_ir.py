@@ -86,3 +86,16 @@ def test_relative_and_slices() -> None:
     inner = ShapeMap.box([0, 3, 5], [1, 5, 9])
     assert inner.relative_to(outer) == ShapeMap.box([0, 1, 1], [1, 3, 5])
     assert inner.slices() == (slice(0, 1), slice(3, 5), slice(5, 9))
+
+
+def test_a_region_makes_its_key_once() -> None:
+    # lowering and emit name every local value by its region's key, half a million times for
+    # maxvit_t on 16 nodes: the text is made once per region and kept on it
+    from bbgrap.ir import Interval, ShapeMap
+
+    box = ShapeMap.box([0, 0, 3, 0], [1, 64, 10, 56])
+    assert box.key() == "0:1,0:64,3:10,0:56" and box.key() is box.key()
+    union = ShapeMap(((Interval(0, 1), Interval(3, 4)), (Interval(0, 2),)))
+    assert union.key() == "0:1+3:4,0:2" and union.key() is union.key()
+    assert ShapeMap.empty_like(2).key() == "empty"
+    assert box == ShapeMap.box([0, 0, 3, 0], [1, 64, 10, 56]) and hash(box) == hash(ShapeMap.box([0, 0, 3, 0], [1, 64, 10, 56]))

@@ -27,9 +27,11 @@ adds the fewest sizes possible and keeps the band proportional to the speeds.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from fractions import Fraction
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 Interval = tuple[int, int]
 Partition = tuple[Interval, ...]
@@ -63,8 +65,15 @@ def size_band(extent: int, speeds: Sequence[float], threshold_pct: float | Fract
 
     min = ceil(size * (100 - t) / 100), max = ceil(size * (100 + t) / 100), in exact
     rational arithmetic (pass a Fraction such as Fraction(100, 3) for thirds), clipped
-    to [0, extent), then widened as described in the module docstring.
+    to [0, extent), then widened as described in the module docstring. Kept per arguments:
+    the search pass asks it twice for every layer, and widening a band of many nodes one
+    unit at a time in fractions took a second of maxvit_t's compile on 16 nodes.
     """
+    return list(_size_band(extent, tuple(speeds), threshold_pct))
+
+
+@functools.lru_cache(maxsize=4096)
+def _size_band(extent: int, speeds: tuple[float, ...], threshold_pct: float | Fraction) -> tuple[tuple[int, int], ...]:
     t = _exact(threshold_pct)
     if not 0 <= t <= 100:
         raise ValueError(f"threshold must be within [0, 100] %, got {threshold_pct!r}")
@@ -80,7 +89,7 @@ def size_band(extent: int, speeds: Sequence[float], threshold_pct: float | Fract
     while sum(b[0] for b in band) > extent:
         shrink = min(nodes, key=lambda j: (-Fraction(band[j][0]) / exact[j], j))
         band[shrink][0] -= 1
-    return [(lo, hi) for lo, hi in band]
+    return tuple((lo, hi) for lo, hi in band)
 
 
 class Partitions:
@@ -94,13 +103,23 @@ class Partitions:
     the thesis the dictionaries may hold dead intervals that no path uses.
     Partitions are ordered lexicographically by their intervals; `total`,
     `__getitem__` and `__iter__` all follow that order.
+
+    `positions` (non-overlapped mode only): where given, the only cut positions allowed
+    strictly inside the extent, so that every interval starts at 0 or one of them and ends
+    at one of them or the extent: the partitions are those of the band whose cuts are all
+    candidates (the search pass's candidate boundaries of a layer with a wide band). The
+    intervals are built from the positions, so the work does not grow with the extent.
     """
 
-    def __init__(self, extent: int, speeds: Sequence[float], threshold_pct: float | Fraction, overlapped: bool = False):
+    def __init__(self, extent: int, speeds: Sequence[float], threshold_pct: float | Fraction, overlapped: bool = False,
+                 positions: Collection[int] | None = None):
+        if positions is not None and overlapped:
+            raise ValueError("candidate positions are for contiguous (non-overlapped) partitions only")
         self.extent = extent
         self.speeds = tuple(speeds)
         self.threshold_pct = threshold_pct
         self.overlapped = overlapped
+        self.positions = None if positions is None else tuple(sorted({p for p in positions if 0 < p < extent}))
         self.band = size_band(extent, speeds, threshold_pct)
         self.nodes = len(self.band)
         self.ds: dict[int, dict[int, list[Interval]]] = {}
@@ -127,7 +146,9 @@ class Partitions:
         # fig. 3.9), unless (non-overlapped mode) the nodes after / before may all be idle.
         may_end_at_extent = node == last or (not self.overlapped and all(lo == 0 for lo, _ in self.band[node + 1 :]))
         may_start_at_0 = node == 0 or (not self.overlapped and all(lo == 0 for lo, _ in self.band[:node]))
-        if node == 0:
+        if self.positions is not None:
+            intervals = self._candidate_intervals(node)
+        elif node == 0:
             intervals = [(0, size) for size in self.sizes(0)]  # eq. 3.17
         elif node == last:
             intervals = [(extent - size, extent) for size in self.sizes(node)]  # eq. 3.19-3.21
@@ -156,6 +177,22 @@ class Partitions:
         for interval in sorted(intervals, key=lambda iv: (iv[1], iv[0])):
             de.setdefault(interval[1], []).append(interval)
         self.ds[node], self.de[node] = ds, de
+
+    def _candidate_intervals(self, node: int) -> list[Interval]:
+        """The node's band intervals between allowed cuts (0, the positions, the extent), a middle
+        node's start within eq. 3.22-3.23's range; `_add_node` applies the other checks."""
+        assert self.positions is not None
+        extent, last = self.extent, self.nodes - 1
+        cuts = (0,) + self.positions + (extent,)
+        lo, hi = self.band[node]
+        rest = self.band[node:]
+        first, final = max(0, extent - sum(h for _, h in rest)), extent - sum(low for low, _ in rest)
+        out = []
+        for start in cuts:
+            if (node == 0 and start != 0) or (0 < node < last and not first <= start <= final):
+                continue
+            out += [(start, stop) for stop in cuts[bisect.bisect_left(cuts, start + lo):bisect.bisect_right(cuts, start + hi)]]
+        return out
 
     def children(self, node: int, interval: Interval) -> list[Interval]:
         """Intervals of node+1 that may follow `interval` of `node`, in order."""

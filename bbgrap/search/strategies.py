@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Collection, Iterable, Optional, Sequence
 
 from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Interval, Partition, Partitions
@@ -521,15 +521,18 @@ def search(
     strategy: str = "exact",
     overlapped: bool = False,
     progress: Optional[Progress] = None,
+    positions: Optional[Collection[int]] = None,
 ) -> SearchResult:
-    """Best partition of one layer within the threshold band (see the module docstring)."""
+    """Best partition of one layer within the threshold band (see the module docstring); with
+    `positions`, the best of those whose cuts are all among them (`Partitions`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown search strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     weights.check()
     t0 = time.perf_counter()
-    partitions = Partitions(cost.extent, speeds, threshold_pct, overlapped)
+    partitions = Partitions(cost.extent, speeds, threshold_pct, overlapped, positions)
     if partitions.total() == 0:
-        raise ValueError(f"no valid partition of extent {cost.extent} over {len(speeds)} nodes (overlapped={overlapped})")
+        among = "" if positions is None else f" with cuts among {sorted(positions)}"
+        raise ValueError(f"no valid partition of extent {cost.extent} over {len(speeds)} nodes (overlapped={overlapped}){among}")
     cache = CostCache(cost, weights)
     best, value = STRATEGIES[strategy](partitions, cache, progress).run()
     if overlapped:

@@ -124,3 +124,18 @@ def test_weight_bytes_count_the_models_weights_only(tmp_path) -> None:
     total = sum(np.prod(w.dims) * 4 for w in model.graph.initializer)
     manifest = compile_plan(save(model, str(tmp_path)), str(tmp_path / "plan"), nodes=3)
     assert [n.weight_bytes for n in manifest.stats.per_node] == [total] * 3
+
+
+def test_a_region_a_node_holds_is_gathered_as_it_is() -> None:
+    # the common case of an optimized plan (derive_gathers asks it for every tensor and node
+    # after every pass): no intersection or difference built, the region itself is the one part
+    from bbgrap.ir import ShapeMap
+    from bbgrap.movement import assemble
+
+    held = {0: ShapeMap.box([0, 0, 0, 0], [1, 4, 6, 8]), 1: ShapeMap.box([0, 0, 4, 0], [1, 4, 12, 8])}
+    owned = [(0, ShapeMap.box([0, 0, 0, 0], [1, 4, 6, 8])), (1, ShapeMap.box([0, 0, 6, 0], [1, 4, 12, 8]))]
+    region = ShapeMap.box([0, 0, 4, 0], [1, 4, 9, 8])
+    (part,) = assemble(region, 1, held, owned, 2)
+    assert part.src == 1 and part.region is region
+    parts = assemble(region, 0, held, owned, 2)  # node 0 holds rows 4-6 and receives 6-9 from node 1
+    assert [(p.src, p.region.interval(2).start, p.region.interval(2).stop) for p in parts] == [(0, 4, 6), (1, 6, 9)]

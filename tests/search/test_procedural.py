@@ -55,3 +55,31 @@ def test_band_is_widened_to_be_feasible() -> None:
     band = size_band(10, [1, 1, 1], 0)  # sizes 3, 3, 3 cannot cover 10
     assert sum(hi for _, hi in band) >= 10
     assert Partitions(10, [1, 1, 1], 0).total() >= 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_candidate_positions_keep_exactly_the_partitions_cut_among_them(seed: int) -> None:
+    # the search pass's candidate cuts of a wide band: the partitions are those of the band whose
+    # cuts (other than 0 and the extent, where a node may be idle) are all candidates
+    r = random.Random(seed)
+    extent = r.randint(3, 40)
+    speeds, threshold = [r.randint(1, 3) for _ in range(r.randint(2, 5))], r.choice([0, 10, 20, 40])
+    positions = set(r.sample(range(1, extent), r.randint(1, extent - 1))) | {-3, extent + 2}  # outside: ignored
+    among = Partitions(extent, speeds, threshold, positions=positions)
+    every = [p for p in Partitions(extent, speeds, threshold) if all(s in positions or s in (0, extent) for _, s in p)]
+    assert list(among) == every and among.total() == len(every)
+    assert all(among.is_valid(p) for p in every)
+    with pytest.raises(ValueError, match="non-overlapped"):
+        Partitions(extent, speeds, threshold, overlapped=True, positions=positions)
+
+
+def test_size_band_is_made_once_per_arguments() -> None:
+    # the search pass asks it twice for every layer: widening a band of 16 nodes one unit at a
+    # time in fractions cost a second of maxvit_t's compile; each caller still gets its own list
+    from bbgrap.search import procedural
+
+    first = size_band(7, (1.0,) * 16, 20)
+    hits = procedural._size_band.cache_info().hits
+    again = size_band(7, [1.0] * 16, 20)
+    assert procedural._size_band.cache_info().hits == hits + 1
+    assert again == first and again is not first and sum(hi for _, hi in again) >= 7
