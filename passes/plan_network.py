@@ -44,7 +44,8 @@ class PlanNetwork(Pass):
             raise PassError(f"{len(self.speeds)} node speeds for a plan of {graph.nodes} nodes")
 
     def call(self, graph: Graph) -> PassResult:
-        offered = [layer_candidates(graph, layer, graph.partitions[layer.name], self.speeds, self.registry, layer.name in self.fixed)
+        offered = [layer_candidates(graph, layer, graph.partitions[layer.name], self.speeds, self.registry, layer.name in self.fixed,
+                                    placements=self.planner != "dp")  # the DP never chooses a placement away from node 0
                    for layer in graph.layers]
         candidates = [c for c, _ in offered]
         cost = NetworkCost(graph, candidates, [k for _, k in offered], self.profile, self.registry)

@@ -71,11 +71,12 @@ Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer 
 
 
 def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds: Sequence[float],
-                     registry: RuleRegistry, fixed: bool) -> tuple[list[LayerPartition], int]:
+                     registry: RuleRegistry, fixed: bool, placements: bool = True) -> tuple[list[LayerPartition], int]:
     """The cuts a planner may choose for `layer` (module docstring), the current one first and the
-    layer whole on node 0, then the layer whole on each other node (placement); and how many come
-    before those placements (the DP chooses among these only: a layer placed away from node 0
-    pays off where branches run side by side, which its objective does not credit)."""
+    layer whole on node 0, then, with `placements`, the layer whole on each other node; and how
+    many come before those placements (the DP chooses among these only: a layer placed away from
+    node 0 pays off where branches run side by side, which its objective does not credit, so it
+    is not offered them: on 16 nodes making them was half the plan-network pass)."""
     out = [current]
     rule = registry.get(layer)
     if fixed or rule is None or len(layer.outputs) > 1:
@@ -86,7 +87,7 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
         out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
     out.append(partition_layer(graph, layer, None, None, registry))
     cuts = len(out)
-    if axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
+    if placements and axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
         for k in range(1, graph.nodes):
             sizes = [0] * graph.nodes
             sizes[k] = shape[axes[0]]
