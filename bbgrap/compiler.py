@@ -156,6 +156,24 @@ def memory_record(graph: Graph, limits: Sequence[float]) -> MemoryRecord:
                         estimate_mb=tuple(round(cost.of(m) / MB, 3) for m in usage))
 
 
+GC_THRESHOLD0 = 100_000  # allocations between the cyclic garbage collector's young collections while compiling
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Python's cyclic collector with its young generation raised to GC_THRESHOLD0 (from 700)
+    while compiling, restored after. A compile allocates millions of small immutable regions
+    and few cycles: at the default the collector walked the growing IR again and again (maxvit_t
+    on 16 nodes: 29-33 s, 25 s raised, 22 s without the collector, the same peak memory)."""
+    old = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD0, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+@fewer_collections()
 def compile_model(
     model: str,
     cfg: Config,
@@ -185,45 +203,6 @@ def compile_model(
     With a whole-network planner (`cfg.planner`), the planner's plan is kept where it is predicted
     at least PLANNER_MARGIN faster than the per-layer search's, else the search's; without `judge`
     the planner's (benchmarks and tests comparing the planners themselves)."""
-    with fewer_collections():
-        return _compile_model(model, cfg, out_dir, input_shapes, optimize, search, dump_after, dump_dir, progress, log,
-                              recompute, registry, profile, force_nodes, judge)
-
-
-GC_THRESHOLD0 = 100_000  # allocations between the cyclic garbage collector's young collections while compiling
-
-
-@contextlib.contextmanager
-def fewer_collections() -> Iterator[None]:
-    """Python's cyclic collector with its young generation raised to GC_THRESHOLD0 (from 700)
-    while compiling, restored after. A compile allocates millions of small immutable regions
-    and few cycles: at the default the collector walked the growing IR again and again (maxvit_t
-    on 16 nodes: 29-33 s, 25 s raised, 22 s without the collector, the same peak memory)."""
-    old = gc.get_threshold()
-    gc.set_threshold(GC_THRESHOLD0, *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
-def _compile_model(
-    model: str,
-    cfg: Config,
-    out_dir: str,
-    input_shapes: Mapping[str, tuple[int, ...]] | None,
-    optimize: bool,
-    search: bool,
-    dump_after: Sequence[str],
-    dump_dir: str,
-    progress: Callable[[str, int, int], None] | None,
-    log: Callable[[str], None],
-    recompute: bool,
-    registry: RuleRegistry | None,
-    profile: ClusterProfile | None,
-    force_nodes: bool,
-    judge: bool,
-) -> Plan:
     from bbgrap.backends.emit import emit
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
