@@ -2,7 +2,8 @@
 
 It starts from the plan the per-layer search (or naive-partition) made, offers each layer
 its candidates (that cut, the speed-proportional cut along every axis its rule allows, the
-layer whole on each node), and takes the choice of the named planner: `dp` minimises
+layer whole on node 0, and for heft and ga the layer whole on each other node), and takes
+the choice of the named planner: `dp` minimises
 
     S(x) = Σ_L max_n (compute(L, x_L, n) + receive(L, x_L, x_producers, n)) + output gather
 
