@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any
 
 import onnx
 
@@ -31,6 +29,7 @@ from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 
 BIN = os.path.dirname(sys.executable)
+from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
 WHOLE = """
@@ -49,15 +48,6 @@ print(json.dumps({"baseline_mb": base, "peak_mb": peak_memory_mb()}))
 def whole_model(path: str) -> dict[str, float]:
     """onnxruntime on the whole model in a fresh process: its baseline and peak resident memory (MB)."""
     proc = subprocess.run([sys.executable, "-c", WHOLE, path], capture_output=True, text=True, check=True, timeout=1800)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def run_plan(plan: str, nodes: int, layout: str) -> dict[str, Any]:
-    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap-run"), plan,
-           "--json", "--repeat", "2", "--warmup", "1", "--layout", layout]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    if proc.returncode not in (0, 1):
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -97,7 +87,7 @@ def main() -> int:
                 memory = compiled.compiled.memory
                 assert memory is not None
                 for layout in args.layouts:
-                    result = run_plan(plan, args.nodes, layout)
+                    result = run_bbgrap(plan, args.nodes, 2, None, "--layout", layout)
                     worst = max(range(args.nodes), key=lambda r: result["plan_memory_mb"][r] / memory.estimate_mb[r])
                     measured, estimate = result["plan_memory_mb"][worst], memory.estimate_mb[worst]
                     table.row(name, f"{limit:g}" if limit else "-", result["layout"], f"{memory.weights_mb[worst]:.0f}",
