@@ -114,23 +114,6 @@ def box(region: ShapeMap) -> Box | None:
     return tuple((iv.start, iv.stop) for iv in (region.interval(a) for a in range(region.rank)))
 
 
-def box_intersect(a: Box | None, b: Box) -> Box | None:
-    """The common box of two boxes (None where they share nothing)."""
-    if not a or not b:
-        return None
-    out = []
-    for (a0, a1), (b0, b1) in zip(a, b):
-        lo, hi = max(a0, b0), min(a1, b1)
-        if hi <= lo:
-            return None
-        out.append((lo, hi))
-    return tuple(out)
-
-
-def box_volume(b: Box | None) -> int:
-    return math.prod(hi - lo for lo, hi in b) if b else 0
-
-
 @dataclass(frozen=True)
 class Receives:
     """What each node receives for one input of a layer: per node the (sender, bytes) messages,
@@ -140,6 +123,49 @@ class Receives:
     messages: tuple[tuple[tuple[int, int], ...], ...]
     extra: tuple[float, ...]
     seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """One region per node as a box, `lo` and `hi` (nodes x rank; a node without a region gets
+    an empty box), for the volumes of all pairs' intersections at once; `boxed` says whether
+    every region given was one box (else the regions themselves must be intersected)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    boxed: bool
+
+    @staticmethod
+    def of(regions: Sequence[ShapeMap | None], rank: int) -> Boxes:
+        lo = np.zeros((len(regions), rank), np.int64)
+        hi = np.zeros((len(regions), rank), np.int64)
+        boxed = rank > 0
+        for n, region in enumerate(regions):
+            if region is None or region.empty:
+                continue
+            b = box(region)
+            if not b:
+                boxed = False
+                continue
+            lo[n], hi[n] = [x for x, _ in b], [x for _, x in b]
+        return Boxes(lo, hi, boxed)
+
+
+@dataclass(frozen=True)
+class Senders:
+    """What each node owns of a producer's output (what others receive from it) and holds of it
+    (what it need not receive: None where it owns nothing), as regions and as boxes."""
+
+    owned: tuple[ShapeMap, ...]
+    holds: tuple[ShapeMap | None, ...]
+    owned_boxes: Boxes
+    held_boxes: Boxes
+
+    @staticmethod
+    def of(owned: Sequence[ShapeMap], computes: Sequence[ShapeMap]) -> Senders:
+        holds = tuple(computes[n] if not owned[n].empty else None for n in range(len(owned)))
+        rank = owned[0].rank
+        return Senders(tuple(owned), holds, Boxes.of(owned, rank), Boxes.of(holds, rank))
 
 
 @dataclass
@@ -153,6 +179,8 @@ class NetworkCost:
     registry: RuleRegistry
     _compute: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)
     _receives: dict[tuple[int, int, int, int], Receives] = field(default_factory=dict)
+    _senders: dict[tuple[int, int, str], Senders] = field(default_factory=dict)
+    _needs: dict[tuple[int, int, int], Boxes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         graph = self.graph
@@ -189,38 +217,18 @@ class NetworkCost:
         if got is not None:
             return got
         graph, link = self.graph, self.profile.link
-        part, source = self.candidates[i][c], self.candidates[j][d]
+        part = self.candidates[i][c]
         tensor = graph.layers[i].inputs[k]
-        owned, holds, axis = source.out, source.computes, source.axis
-        if graph.layers[j].outputs[0] != tensor:  # a further output: only layers computed whole have them
-            whole = ShapeMap.full(graph.tensors[tensor].shape)
-            owned = holds = tuple(whole if not r.empty else ShapeMap.empty_like(len(whole.axes)) for r in source.out)
-            axis = None
+        senders = self.senders(j, d, tensor)
+        needs = [part.needs[n][k] if not part.out[n].empty else None for n in range(self.nodes)]
         itemsize = np.dtype(graph.tensors[tensor].dtype).itemsize
-        messages: list[tuple[tuple[int, int], ...]] = []
+        per_node: list[list[tuple[int, int]]] = [[] for _ in range(self.nodes)]
+        for n, s, values in self.received_values(needs, senders, self.need_boxes(i, c, k)):
+            per_node[n].append((s, values * itemsize))
+        messages = tuple(tuple(got_n) for got_n in per_node)
         extra: list[float] = []
         seconds: list[float] = []
-        senders = [(s, box(owned[s])) for s in source.active_nodes()]
-        for n in range(self.nodes):
-            need = part.needs[n][k] if not part.out[n].empty else None
-            got_n: list[tuple[int, int]] = []
-            if need is not None and not need.empty:
-                held = holds[n] if not owned[n].empty else None
-                need_box, held_box = box(need), box(held) if held is not None else ()
-                for s, own in senders:
-                    if s == n:
-                        continue
-                    if need_box and own and axis is not None and (own[axis][1] <= need_box[axis][0] or need_box[axis][1] <= own[axis][0]):
-                        continue  # apart along the producer's cut: most pairs, decided by one comparison
-                    if need_box is not None and own is not None and held_box is not None:  # boxes: the volumes directly
-                        common = box_intersect(need_box, own)
-                        values = 0 if common is None else box_volume(common) - box_volume(box_intersect(common, held_box))
-                    else:
-                        common_map = need.intersect(owned[s])
-                        values = common_map.volume - (common_map.intersect(held).volume if held is not None else 0)
-                    if values > 0:
-                        got_n.append((s, values * itemsize))
-            messages.append(tuple(got_n))
+        for n, got_n in enumerate(per_node):
             if got_n:
                 p = self.profile.node(n)
                 extra.append(p.segment_s + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
@@ -228,8 +236,61 @@ class NetworkCost:
             else:
                 extra.append(0.0)
                 seconds.append(0.0)
-        got = self._receives[key] = Receives(tuple(messages), tuple(extra), tuple(seconds))
+        got = self._receives[key] = Receives(messages, tuple(extra), tuple(seconds))
         return got
+
+    def senders(self, j: int, d: int, tensor: str) -> Senders:
+        """Who owns what of `tensor`, an output of layer j computed as its candidate d (a further
+        output than the first: only a layer computed whole has them, its node owns all of it)."""
+        key = (j, d, tensor)
+        got = self._senders.get(key)
+        if got is None:
+            source = self.candidates[j][d]
+            owned, holds = source.out, source.computes
+            if self.graph.layers[j].outputs[0] != tensor:
+                whole = ShapeMap.full(self.graph.tensors[tensor].shape)
+                owned = holds = tuple(whole if not r.empty else ShapeMap.empty_like(len(whole.axes)) for r in source.out)
+            got = self._senders[key] = Senders.of(owned, holds)
+        return got
+
+    def need_boxes(self, i: int, c: int, k: int) -> Boxes:
+        """What each node computing candidate c of layer i reads of its input k, as boxes."""
+        key = (i, c, k)
+        got = self._needs.get(key)
+        if got is None:
+            part = self.candidates[i][c]
+            tensor = self.graph.layers[i].inputs[k]
+            regions = [part.needs[n][k] if not part.out[n].empty else None for n in range(self.nodes)]
+            got = self._needs[key] = Boxes.of(regions, len(self.graph.tensors[tensor].shape))
+        return got
+
+    @staticmethod
+    def received_values(needs: Sequence[ShapeMap | None], senders: Senders, need_boxes: Boxes) -> list[tuple[int, int, int]]:
+        """(node, sender, values) for every node that must receive values from another: what it
+        needs of what the sender owns, less what it holds itself. All pairs at once where every
+        region is a box (need ∩ own, then that ∩ held), else region by region."""
+        own, held = senders.owned_boxes, senders.held_boxes
+        if need_boxes.boxed and own.boxed and held.boxed:
+            lo = np.maximum(need_boxes.lo[:, None], own.lo[None])
+            hi = np.minimum(need_boxes.hi[:, None], own.hi[None])
+            common = np.maximum(hi - lo, 0).prod(axis=2)
+            kept = np.maximum(np.minimum(hi, held.hi[:, None]) - np.maximum(lo, held.lo[:, None]), 0).prod(axis=2)
+            values = common - kept
+            np.fill_diagonal(values, 0)
+            return [(n, s, int(values[n, s])) for n, s in np.argwhere(values > 0).tolist()]
+        out = []
+        for n, need in enumerate(needs):
+            if need is None or need.empty:
+                continue
+            held_n = senders.holds[n]
+            for s, owned in enumerate(senders.owned):
+                if s == n or owned.empty:
+                    continue
+                common_map = need.intersect(owned)
+                values = common_map.volume - (common_map.intersect(held_n).volume if held_n is not None else 0)
+                if values > 0:
+                    out.append((n, s, values))
+        return out
 
     def output_seconds(self, i: int, c: int) -> float:
         """Gathering layer i's model outputs on node 0 (messages from the nodes that own them)."""
