@@ -338,11 +338,11 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any, captured: Mappin
             needed.discard(step.msg.value)
         else:
             seg = step.seg
-            want = set(needed)
+            want: set[str] = set()  # what the segment's later nodes read, beside `needed`
             nodes = []
             for node in reversed(seg.nodes):
                 node.input[:] = [resolve(i) if i else i for i in node.input]
-                if any(o in want for o in node.output if o):
+                if any(o in needed or o in want for o in node.output if o):
                     nodes.append(node)
                     want.update(i for i in node.input if i)
                     want.update(captured.get(node.name, ()))
@@ -356,7 +356,8 @@ def _liveness(steps: list[Step], final: set[str], resolve: Any, captured: Mappin
             seg.initializers = {k: v for k, v in seg.initializers.items() if k in read}
             seg.inputs = list(dict.fromkeys(i for i in consumed if i not in produced and i not in seg.initializers))
             seg.outputs = sorted(produced & needed)
-            needed = (needed - produced) | set(seg.inputs)
+            needed -= produced
+            needed.update(seg.inputs)
         kept.append(step)
     kept.reverse()
     return kept
