@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from helpers import assert_exact, compile_plan, save
 
-from bbgrap import zoo
+from bbgrap import forked, zoo
 from bbgrap.compiler import PLANNER_MARGIN
 from bbgrap.config import CustomPartition, Direction
 
@@ -46,6 +46,24 @@ def test_the_compiler_keeps_the_planners_plan_only_where_predicted_clearly_faste
     assert record is not None and record.kept in ("heft", "greedy")
     assert record.kept == ("heft" if record.planner_ms <= (1 - PLANNER_MARGIN) * record.greedy_ms else "greedy")
     assert_exact(str(tmp_path / "plan"))
+
+
+@pytest.mark.parametrize(("name", "resolution", "width", "kept"), [("resnet18", 96, 0.5, "greedy"), ("mobilenet_v2", 48, 0.125, "dp")])
+def test_the_per_layer_plan_predicted_in_a_child_process_is_predicted_as_here(tmp_path, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                              resolution: int, width: float, kept: str) -> None:
+    """compile predicts the per-layer search's plan in a forked child where it has two cores:
+    the same figures and the same plan kept as with one core (all in this process), both where
+    the planner's plan is kept and where the per-layer search's is (and so made again here)."""
+    model = save(zoo.build(name, resolution=resolution, width=width), str(tmp_path), name)
+    plans = {}
+    for cpus in (1, 2):
+        monkeypatch.setattr(forked, "usable_cpus", lambda n=cpus: n)
+        plans[cpus] = compile_plan(model, str(tmp_path / f"plan{cpus}"), nodes=2, search=True, planner="dp")
+    one, two = plans[1].compiled.planner, plans[2].compiled.planner
+    assert one is not None and two is not None and one.kept == kept
+    assert (one.kept, one.planner_ms, one.greedy_ms) == (two.kept, two.planner_ms, two.greedy_ms)
+    assert plans[1].compiled.layer_table == plans[2].compiled.layer_table
+    assert_exact(str(tmp_path / "plan2"))
 
 
 def test_a_custom_partition_is_kept(tmp_path, models: dict[str, str]) -> None:

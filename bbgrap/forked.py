@@ -1,0 +1,78 @@
+"""A number worked out in a forked child process while this process works on.
+
+compile uses it to lower and simulate the per-layer search's plan on a second core while it
+lowers and simulates the whole-network planner's plan: only the prediction (one float) comes
+back, and the plan itself is built again here in the rare case it is the one kept. Where the
+process has one core, cannot fork, or the child fails, the work runs here when its result is
+asked for, so the result never depends on the child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import TracebackType
+from typing import Callable
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity where the OS tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class Forked:
+    """`work()` started in a forked child on entering the `with` block; `result()` its value.
+    Leaving the block reaps the child (and stops it if its result was never asked for)."""
+
+    def __init__(self, work: Callable[[], float]) -> None:
+        self._work = work
+        self._pid: int | None = None
+        self._read: int | None = None
+
+    def __enter__(self) -> Forked:
+        if not hasattr(os, "fork") or usable_cpus() < 2:
+            return self
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: compute, write the value (nothing on failure), leave without cleanup
+            os.close(read)
+            try:
+                value = repr(float(self._work())).encode()
+            except BaseException:
+                value = b""
+            try:
+                os.write(write, value)
+            finally:
+                os._exit(0)
+        os.close(write)
+        self._pid, self._read = pid, read
+        return self
+
+    def result(self) -> float:
+        """The child's value; computed here where there is no child or it gave none."""
+        if self._read is not None:
+            chunks = []
+            while chunk := os.read(self._read, 4096):
+                chunks.append(chunk)
+            self._reap()
+            if chunks:
+                return float(b"".join(chunks))
+        return float(self._work())
+
+    def _reap(self) -> None:
+        if self._read is not None:
+            os.close(self._read)
+            self._read = None
+        if self._pid is not None:
+            os.waitpid(self._pid, 0)
+            self._pid = None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._reap()

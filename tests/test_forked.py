@@ -1,0 +1,48 @@
+"""bbgrap/forked.py: the value comes from a child where the process can fork onto a second core,
+and from this process where it cannot or the child fails; the child never outlives the block."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bbgrap import forked
+from bbgrap.forked import Forked
+
+
+def test_value_computed_in_a_child_where_there_are_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    with Forked(lambda: float(os.getpid())) as pending:
+        value = pending.result()
+    assert value != float(os.getpid())  # another process worked it out
+    assert value > 0
+
+
+def test_value_computed_here_with_one_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 1)
+    with Forked(lambda: float(os.getpid())) as pending:
+        assert pending.result() == float(os.getpid())
+
+
+def test_a_failing_child_is_redone_here_and_its_error_raised_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    calls: list[int] = []
+
+    def work() -> float:
+        calls.append(os.getpid())
+        raise ValueError("no plan")
+
+    with Forked(work) as pending, pytest.raises(ValueError, match="no plan"):
+        pending.result()
+    assert calls == [os.getpid()]  # the child's call is not in this process's list; this one's is
+
+
+def test_a_child_whose_result_is_not_asked_for_is_stopped_and_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    block = Forked(lambda: float(__import__("time").sleep(60) or 1.0))
+    with block:
+        pid = block._pid
+        assert pid is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped: no such child
