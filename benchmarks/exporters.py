@@ -6,7 +6,7 @@ Needs torch (pip install -e ".[export]"). Uses torchvision's architectures at 22
 torchvision imports (with its compiled operators left out where they do not load:
 `import_torchvision`), else small hand-written equivalents at 64 x 64. Per (model, exporter,
 nodes): compile seconds, max relative error (exact: <= 1e-4), per-node FLOPs max/min, the share
-of the model's FLOPs in layers computed whole on one node and the number of such layers. A
+of the model's FLOPs in layers computed whole on one node, of the largest such layer, and their number. A
 failed export or compile is a row, not a skip.
 
   python benchmarks/exporters.py                               # the default models, nodes 2 and 4
@@ -235,13 +235,15 @@ def check(plan_dir: str) -> float:
 
 
 def figures(plan: Plan) -> dict[str, Any]:
-    """Per-node FLOPs max/min, and the FLOPs share and count of layers computed whole on one node."""
+    """Per-node FLOPs max/min; the FLOPs share of the layers computed whole on one node, of the
+    largest of them, and their count."""
     flops = [n.flops for n in plan.stats.per_node]
     rows = plan.compiled.layer_table
     total = sum(r.flops for r in rows)
     whole = [r for r in rows if r.whole is not None]
     return {"flops_max_min": (max(flops) / min(flops)) if flops and min(flops) > 0 else math.inf,
             "whole_flops_share": (sum(r.flops for r in whole) / total) if total > 0 else 0.0,
+            "largest_whole_share": (max((r.flops for r in whole), default=0.0) / total) if total > 0 else 0.0,
             "whole_layers": len(whole), "layers": len(rows),
             "whole_ops": sorted({r.op_type for r in whole})}
 
@@ -270,7 +272,7 @@ def main() -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     rows: list[dict[str, Any]] = []
     table = Table([("model", "<20"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
-                   ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("whole layers", ">13"), ("  note", "<")])
+                   ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("largest", ">8"), ("whole layers", ">13"), ("  note", "<")])
     emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
     with tempfile.TemporaryDirectory(prefix="bbgrap-exporters-") as work:
         for name in models:
@@ -285,7 +287,7 @@ def main() -> int:
                 except Exception as e:  # an exporter that fails for this model: one row says so
                     note = f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
                     rows.append(base | {"nodes": None, "error": note})
-                    emit(name, exporter, "-", "-", "-", "-", "-", "-", "-", "  " + note)
+                    emit(name, exporter, "-", "-", "-", "-", "-", "-", "-", "-", "  " + note)
                     continue
                 for nodes in args.nodes:
                     plan_dir = os.path.join(work, f"plan-{name}-{exporter}-{nodes}")
@@ -298,7 +300,7 @@ def main() -> int:
                     except Exception as e:
                         row["error"] = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
                         rows.append(row)
-                        emit(name, exporter, nodes, "-", "-", "-", "-", "-", "-", "  " + row["error"])
+                        emit(name, exporter, nodes, "-", "-", "-", "-", "-", "-", "-", "  " + row["error"])
                         continue
                     row |= figures(plan)
                     try:
@@ -313,7 +315,7 @@ def main() -> int:
                     rel = row["max_rel_error"]
                     emit(name, exporter, nodes, f"{row['compile_s']:.2f}", "-" if rel is None else f"{rel:.1e}",
                          "yes" if row["ok"] else "NO", f"{row['flops_max_min']:.3f}", f"{100 * row['whole_flops_share']:.1f} %",
-                         f"{row['whole_layers']}/{row['layers']}", note)
+                         f"{100 * row['largest_whole_share']:.1f} %", f"{row['whole_layers']}/{row['layers']}", note)
     if args.json:
         print(json.dumps({"torch": torch.__version__, "threshold": args.threshold, "rows": rows}, indent=1))
     return 0
