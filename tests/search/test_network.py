@@ -16,10 +16,10 @@ from onnx import helper
 from bbgrap.cluster import ClusterProfile, LinkProfile, NodeProfile
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config
-from bbgrap.ir import Graph
+from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.rules.registry import default_registry
-from bbgrap.search.network import NetworkCost, layer_candidates, plan_dp, plan_ga, plan_heft, plan_network
+from bbgrap.search.network import Boxes, NetworkCost, Senders, layer_candidates, plan_dp, plan_ga, plan_heft, plan_network
 from tests.onnx_builder import build_model
 
 RNG = np.random.default_rng(0)
@@ -117,6 +117,37 @@ def test_receives_are_what_the_regions_say(tmp_path) -> None:
                         assert list(got[n]) == expected, (layer.name, n, d, c)
                         checked += 1
     assert checked > 100
+
+
+def random_box(rng: np.random.Generator, shape: tuple[int, ...]) -> ShapeMap:
+    starts = [int(rng.integers(0, d)) for d in shape]
+    return ShapeMap.box(starts, [int(rng.integers(a + 1, d + 1)) for a, d in zip(starts, shape)])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_all_pairs_at_once_are_the_region_algebras_pair_by_pair(seed: int) -> None:
+    """received_values' numpy path (every region a box: all pairs of nodes at once) gives what its
+    region-by-region path gives, on random cuts with recomputed halos and random needs."""
+    rng = np.random.default_rng(seed)
+    nodes = int(rng.integers(2, 7))
+    shape = (1, int(rng.integers(1, 5)), int(rng.integers(nodes, 3 * nodes + 2)), int(rng.integers(1, 9)))
+    bounds = sorted(int(b) for b in rng.integers(0, shape[2] + 1, nodes - 1))
+    full = ShapeMap.full(shape)
+    owned, computes = [], []
+    for lo, hi in zip([0, *bounds], [*bounds, shape[2]]):
+        if hi == lo:
+            owned.append(ShapeMap.empty_like(4))
+            computes.append(ShapeMap.empty_like(4))
+            continue
+        owned.append(full.with_axis(2, Interval(lo, hi)))
+        grown = Interval(max(0, lo - int(rng.integers(0, 3))), min(shape[2], hi + int(rng.integers(0, 3))))
+        computes.append(full.with_axis(2, grown))
+    needs = [None if rng.random() < 0.2 else random_box(rng, shape) for _ in range(nodes)]
+    senders = Senders.of(owned, computes)
+    at_once = NetworkCost.received_values(needs, senders, Boxes.of(needs, 4))
+    boxes = Boxes.of(needs, 4)
+    pair_by_pair = NetworkCost.received_values(needs, senders, Boxes(boxes.lo, boxes.hi, boxed=False))
+    assert at_once == pair_by_pair
 
 
 def test_a_narrow_beam_says_it_is_not_exact(tmp_path) -> None:
