@@ -2,8 +2,7 @@
 
 It starts from the plan the per-layer search (or naive-partition) made, offers each layer
 its candidates (that cut, the speed-proportional cut along every axis its rule allows, the
-layer whole on node 0, and for heft and ga the layer whole on each other node; the whole
-layer only where it does at most MAX_WHOLE_SHARE of the model's operations), and takes
+layer whole on node 0, and for heft and ga the layer whole on each other node), and takes
 the choice of the named planner: `dp` minimises
 
     S(x) = Σ_L max_n (compute(L, x_L, n) + receive(L, x_L, x_producers, n)) + output gather
@@ -22,19 +21,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bbgrap.cluster import ClusterProfile
-from bbgrap.cost import layer_ops
-from bbgrap.ir import Graph, Movement, PlannerStats, ShapeMap
+from bbgrap.ir import Graph, Movement, PlannerStats
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.search.network import NetworkCost, layer_candidates, plan_network
-
-# A layer doing more than this share of the model's operations is not offered whole on one node:
-# the planners' objectives count each layer's slowest node, not how the whole inference's work
-# is shared, and on small models they would gather the heaviest layers on node 0 (torchvision's
-# mobilenet_v3_small on 2 nodes: 59 % of its work in layers placed whole). Issue 14 asks that no
-# such layer run whole; a layer the per-layer search left whole (too short to cut) stays so.
-MAX_WHOLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -54,12 +45,8 @@ class PlanNetwork(Pass):
             raise PassError(f"{len(self.speeds)} node speeds for a plan of {graph.nodes} nodes")
 
     def call(self, graph: Graph) -> PassResult:
-        ops = {layer.name: layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), self.registry)
-               for layer in graph.layers}
-        heavy = MAX_WHOLE_SHARE * sum(ops.values())
         offered = [layer_candidates(graph, layer, graph.partitions[layer.name], self.speeds, self.registry, layer.name in self.fixed,
-                                    placements=self.planner != "dp",  # the DP never chooses a placement away from node 0
-                                    whole=ops[layer.name] <= heavy)
+                                    placements=self.planner != "dp")  # the DP never chooses a placement away from node 0
                    for layer in graph.layers]
         candidates = [c for c, _ in offered]
         cost = NetworkCost(graph, candidates, [k for _, k in offered], self.profile, self.registry)

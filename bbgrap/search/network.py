@@ -5,10 +5,9 @@ The planners here choose one *candidate* per layer for the whole network at once
 
 **Candidates** of a layer (`layer_candidates`): the cut it already has (the per-layer
 search's, or the naive one), the speed-proportional cut along every axis its rule allows
-that is long enough for every node, and the layer whole on each node, unless the layer does
-more than its share of the model's work for that (`passes/plan_network.py`: MAX_WHOLE_SHARE).
-A layer without a rule, with more than one output, or with a custom partition keeps the one it
-has; a layer too short to cut still has its placements.
+that is long enough for every node, and the layer whole on each node. A layer
+without a rule, with more than one output, or with a custom partition keeps the one it has; a
+layer too short to cut still has its placements.
 
 **Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
@@ -72,9 +71,9 @@ Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer 
 
 
 def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds: Sequence[float],
-                     registry: RuleRegistry, fixed: bool, placements: bool = True, whole: bool = True) -> tuple[list[LayerPartition], int]:
-    """The cuts a planner may choose for `layer` (module docstring), the current one first and, with
-    `whole`, the layer whole on node 0, then, with `placements` too, the layer whole on each other node; and how
+                     registry: RuleRegistry, fixed: bool, placements: bool = True) -> tuple[list[LayerPartition], int]:
+    """The cuts a planner may choose for `layer` (module docstring), the current one first and the
+    layer whole on node 0, then, with `placements`, the layer whole on each other node; and how
     many come before those placements (the DP chooses among these only: a layer placed away from
     node 0 pays off where branches run side by side, which its objective does not credit, so it
     is not offered them: on 16 nodes making them was half the plan-network pass)."""
@@ -86,10 +85,9 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
     axes = sorted(a for a in rule.axes(layer, graph) if a < len(shape))
     for axis in shared_axes(graph, layer, registry):
         out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
-    if whole:
-        out.append(partition_layer(graph, layer, None, None, registry))
+    out.append(partition_layer(graph, layer, None, None, registry))
     cuts = len(out)
-    if whole and placements and axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
+    if placements and axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
         for k in range(1, graph.nodes):
             sizes = [0] * graph.nodes
             sizes[k] = shape[axes[0]]
