@@ -127,10 +127,11 @@ class Receives:
 
 @dataclass(frozen=True)
 class Boxes:
-    """One region per node as a box, `lo` and `hi` (nodes x rank; a node without a region gets
-    an empty box), for the volumes of all pairs' intersections at once; `boxed` says whether
-    every region given was one box (else the regions themselves must be intersected)."""
+    """One region per node (None: none), and each as a box, `lo` and `hi` (nodes x rank; a node
+    without a region gets an empty box), for the volumes of all pairs' intersections at once;
+    `boxed` says whether every region was one box (else the regions must be intersected)."""
 
+    regions: tuple[ShapeMap | None, ...]
     lo: np.ndarray
     hi: np.ndarray
     boxed: bool
@@ -148,24 +149,50 @@ class Boxes:
                 boxed = False
                 continue
             lo[n], hi[n] = [x for x, _ in b], [x for _, x in b]
-        return Boxes(lo, hi, boxed)
+        return Boxes(tuple(regions), lo, hi, boxed)
 
 
 @dataclass(frozen=True)
 class Senders:
     """What each node owns of a producer's output (what others receive from it) and holds of it
-    (what it need not receive: None where it owns nothing), as regions and as boxes."""
+    (what it need not receive: None where it owns nothing)."""
 
-    owned: tuple[ShapeMap, ...]
-    holds: tuple[ShapeMap | None, ...]
-    owned_boxes: Boxes
-    held_boxes: Boxes
+    owned: Boxes
+    held: Boxes
 
     @staticmethod
     def of(owned: Sequence[ShapeMap], computes: Sequence[ShapeMap]) -> Senders:
-        holds = tuple(computes[n] if not owned[n].empty else None for n in range(len(owned)))
+        holds = [computes[n] if not owned[n].empty else None for n in range(len(owned))]
         rank = owned[0].rank
-        return Senders(tuple(owned), holds, Boxes.of(owned, rank), Boxes.of(holds, rank))
+        return Senders(Boxes.of(owned, rank), Boxes.of(holds, rank))
+
+
+def received_values(needs: Boxes, senders: Senders) -> list[tuple[int, int, int]]:
+    """(node, sender, values) for every node that must receive values from another: what it
+    needs of what the sender owns, less what it holds itself. All pairs at once where every
+    region is a box (need ∩ own, then that ∩ held), else region by region."""
+    own, held = senders.owned, senders.held
+    if needs.boxed and own.boxed and held.boxed:
+        lo = np.maximum(needs.lo[:, None], own.lo[None])
+        hi = np.minimum(needs.hi[:, None], own.hi[None])
+        common = np.maximum(hi - lo, 0).prod(axis=2)
+        kept = np.maximum(np.minimum(hi, held.hi[:, None]) - np.maximum(lo, held.lo[:, None]), 0).prod(axis=2)
+        values = common - kept
+        np.fill_diagonal(values, 0)
+        return [(n, s, int(values[n, s])) for n, s in np.argwhere(values > 0).tolist()]
+    out = []
+    for n, need in enumerate(needs.regions):
+        if need is None or need.empty:
+            continue
+        held_n = held.regions[n]
+        for s, owned in enumerate(own.regions):
+            if s == n or owned is None or owned.empty:
+                continue
+            common_map = need.intersect(owned)
+            values = common_map.volume - (common_map.intersect(held_n).volume if held_n is not None else 0)
+            if values > 0:
+                out.append((n, s, values))
+    return out
 
 
 @dataclass
@@ -217,13 +244,10 @@ class NetworkCost:
         if got is not None:
             return got
         graph, link = self.graph, self.profile.link
-        part = self.candidates[i][c]
         tensor = graph.layers[i].inputs[k]
-        senders = self.senders(j, d, tensor)
-        needs = [part.needs[n][k] if not part.out[n].empty else None for n in range(self.nodes)]
         itemsize = np.dtype(graph.tensors[tensor].dtype).itemsize
         per_node: list[list[tuple[int, int]]] = [[] for _ in range(self.nodes)]
-        for n, s, values in self.received_values(needs, senders, self.need_boxes(i, c, k)):
+        for n, s, values in received_values(self.need_boxes(i, c, k), self.senders(j, d, tensor)):
             per_node[n].append((s, values * itemsize))
         messages = tuple(tuple(got_n) for got_n in per_node)
         extra: list[float] = []
@@ -263,34 +287,6 @@ class NetworkCost:
             regions = [part.needs[n][k] if not part.out[n].empty else None for n in range(self.nodes)]
             got = self._needs[key] = Boxes.of(regions, len(self.graph.tensors[tensor].shape))
         return got
-
-    @staticmethod
-    def received_values(needs: Sequence[ShapeMap | None], senders: Senders, need_boxes: Boxes) -> list[tuple[int, int, int]]:
-        """(node, sender, values) for every node that must receive values from another: what it
-        needs of what the sender owns, less what it holds itself. All pairs at once where every
-        region is a box (need ∩ own, then that ∩ held), else region by region."""
-        own, held = senders.owned_boxes, senders.held_boxes
-        if need_boxes.boxed and own.boxed and held.boxed:
-            lo = np.maximum(need_boxes.lo[:, None], own.lo[None])
-            hi = np.minimum(need_boxes.hi[:, None], own.hi[None])
-            common = np.maximum(hi - lo, 0).prod(axis=2)
-            kept = np.maximum(np.minimum(hi, held.hi[:, None]) - np.maximum(lo, held.lo[:, None]), 0).prod(axis=2)
-            values = common - kept
-            np.fill_diagonal(values, 0)
-            return [(n, s, int(values[n, s])) for n, s in np.argwhere(values > 0).tolist()]
-        out = []
-        for n, need in enumerate(needs):
-            if need is None or need.empty:
-                continue
-            held_n = senders.holds[n]
-            for s, owned in enumerate(senders.owned):
-                if s == n or owned.empty:
-                    continue
-                common_map = need.intersect(owned)
-                values = common_map.volume - (common_map.intersect(held_n).volume if held_n is not None else 0)
-                if values > 0:
-                    out.append((n, s, values))
-        return out
 
     def output_seconds(self, i: int, c: int) -> float:
         """Gathering layer i's model outputs on node 0 (messages from the nodes that own them)."""

@@ -19,7 +19,7 @@ from bbgrap.config import Config
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.rules.registry import default_registry
-from bbgrap.search.network import Boxes, NetworkCost, Senders, layer_candidates, plan_dp, plan_ga, plan_heft, plan_network
+from bbgrap.search.network import Boxes, NetworkCost, Senders, layer_candidates, plan_dp, plan_ga, plan_heft, plan_network, received_values
 from tests.onnx_builder import build_model
 
 RNG = np.random.default_rng(0)
@@ -144,9 +144,9 @@ def test_all_pairs_at_once_are_the_region_algebras_pair_by_pair(seed: int) -> No
         computes.append(full.with_axis(2, grown))
     needs = [None if rng.random() < 0.2 else random_box(rng, shape) for _ in range(nodes)]
     senders = Senders.of(owned, computes)
-    at_once = NetworkCost.received_values(needs, senders, Boxes.of(needs, 4))
     boxes = Boxes.of(needs, 4)
-    pair_by_pair = NetworkCost.received_values(needs, senders, Boxes(boxes.lo, boxes.hi, boxed=False))
+    at_once = received_values(boxes, senders)
+    pair_by_pair = received_values(Boxes(boxes.regions, boxes.lo, boxes.hi, boxed=False), senders)
     assert at_once == pair_by_pair
 
 
