@@ -2,9 +2,10 @@
 
 compile uses it to lower and simulate the per-layer search's plan on a second core while it
 lowers and simulates the whole-network planner's plan: only the prediction (one float) comes
-back, and the plan itself is built again here in the rare case it is the one kept. Where the
-process has one core, cannot fork, or the child fails, the work runs here when its result is
-asked for, so the result never depends on the child.
+back, and the plan itself is built again here in the rare case it is the one kept. The child
+prints nothing (its progress would interleave with this process's). Where the process has one
+core, cannot fork, or the child fails, the work runs here when its result is asked for, so the
+result never depends on the child.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ class Forked:
             return self
         read, write = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: compute, write the value (nothing on failure), leave without cleanup
+        if pid == 0:  # the child: compute quietly, write the value (nothing on failure), leave without cleanup
             os.close(read)
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)  # progress and logs are the parent's to print: the work is repeated there on failure
+            os.dup2(quiet, 2)
             try:
                 value = repr(float(self._work())).encode()
             except BaseException:
