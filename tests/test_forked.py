@@ -46,3 +46,17 @@ def test_a_child_whose_result_is_not_asked_for_is_stopped_and_reaped(monkeypatch
         assert pid is not None
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # already reaped: no such child
+
+
+def test_the_child_prints_nothing(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+
+    def work() -> float:
+        print("progress from the child", flush=True)
+        os.write(2, b"and on stderr\n")
+        return 2.0
+
+    with Forked(work) as pending:
+        assert pending.result() == 2.0
+    out, err = capfd.readouterr()
+    assert "child" not in out and "stderr" not in err
