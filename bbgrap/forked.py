@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from types import TracebackType
 from typing import Callable
 
@@ -42,6 +43,7 @@ class Forked:
             quiet = os.open(os.devnull, os.O_WRONLY)
             os.dup2(quiet, 1)  # progress and logs are the parent's to print: the work is repeated there on failure
             os.dup2(quiet, 2)
+            sys.stdout = sys.stderr = open(os.devnull, "w")  # also where Python's streams are not fds 1 and 2
             try:
                 value = repr(float(self._work())).encode()
             except BaseException:
