@@ -231,9 +231,11 @@ def compile_model(
 
     def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
         """The plan for `c`. With a whole-network planner the passes before it run once, and the
-        rest twice, with and without it: the planner's plan is kept where the simulator predicts
-        it at least PLANNER_MARGIN faster than the per-layer search's, else the search's (or
-        without `judge` the planner's); both predictions are recorded."""
+        rest twice, with and without it (without it in a forked child where there is a second
+        core: bbgrap/forked.py; only its prediction comes back, and the plan is made again here
+        where it is kept): the planner's plan is kept where the simulator predicts it at least
+        PLANNER_MARGIN faster than the per-layer search's, else the search's (or without `judge`
+        the planner's); both predictions are recorded."""
         passes = pipeline(c, optimize, search, progress, recompute, registry, profile)
         manager = PassManager(passes, dump_after=dump, dump=dump_ir(dump_dir))  # checks the names in `dump`
         names = [p.name for p in passes]
