@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from types import TracebackType
 from typing import Callable
 
@@ -37,7 +38,13 @@ class Forked:
         if not hasattr(os, "fork") or usable_cpus() < 2:
             return self
         read, write = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that forking a process with threads may deadlock the child: a thread
+            # holding a lock at the fork is gone in the child. compile's other threads are the idle
+            # pools of onnxruntime (from the reference run) and of numpy's BLAS; the child uses
+            # neither (lowering and simulation are Python), and glibc's allocator survives a fork.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: compute quietly, write the value (nothing on failure), leave without cleanup
             os.close(read)
             quiet = os.open(os.devnull, os.O_WRONLY)
