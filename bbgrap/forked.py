@@ -4,8 +4,8 @@ compile uses it to lower and simulate the per-layer search's plan on a second co
 lowers and simulates the whole-network planner's plan: only the prediction (one float) comes
 back, and the plan itself is built again here in the rare case it is the one kept. The child
 prints nothing (its progress would interleave with this process's). Where the process has one
-core, cannot fork, or the child fails, the work runs here when its result is asked for, so the
-result never depends on the child.
+core, cannot fork (or the fork fails), or the child fails, the work runs here when its result
+is asked for, so the result never depends on the child.
 """
 
 from __future__ import annotations
@@ -37,14 +37,22 @@ class Forked:
     def __enter__(self) -> Forked:
         if not hasattr(os, "fork") or usable_cpus() < 2:
             return self
-        read, write = os.pipe()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns that forking a process with threads may deadlock the child: a thread
-            # holding a lock at the fork is gone in the child. compile's other threads are the idle
-            # pools of onnxruntime (from the reference run) and of numpy's BLAS; the child uses
-            # neither (lowering and simulation are Python), and glibc's allocator survives a fork.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            read, write = os.pipe()
+        except OSError:  # out of file descriptors: the work runs here
+            return self
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns that forking a process with threads may deadlock the child: a thread
+                # holding a lock at the fork is gone in the child. compile's other threads are the idle
+                # pools of onnxruntime (from the reference run) and of numpy's BLAS; the child uses
+                # neither (lowering and simulation are Python), and glibc's allocator survives a fork.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:  # no process to be had (a process limit, no memory): the work runs here
+            os.close(read)
+            os.close(write)
+            return self
         if pid == 0:  # the child: compute quietly, write the value (nothing on failure), leave without cleanup
             os.close(read)
             quiet = os.open(os.devnull, os.O_WRONLY)

@@ -60,3 +60,14 @@ def test_the_child_prints_nothing(monkeypatch: pytest.MonkeyPatch, capfd: pytest
         assert pending.result() == 2.0
     out, err = capfd.readouterr()
     assert "child" not in out and "stderr" not in err
+
+
+def test_a_fork_that_fails_leaves_the_work_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")  # what a process limit gives
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    with Forked(lambda: float(os.getpid())) as pending:
+        assert pending.result() == float(os.getpid())
