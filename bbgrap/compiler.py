@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 # 2 nodes, predicted 2 % faster, measured 17 % slower).
 PLANNER_MARGIN = 0.03
 
+# Seconds the compile waits for the per-layer plan's prediction from its forked child beyond four
+# times what the planner's branch took here (the child's branch does less): a child stuck past that
+# is stopped and its work redone in this process.
+CHILD_WAIT_S = 60.0
+
 
 def planner_profile(cfg: Config, profile: ClusterProfile | None) -> ClusterProfile:
     """The profile the whole-network planner and the plans' comparison use: the given one, else
@@ -253,8 +258,11 @@ def compile_model(
             return p.prediction.latency if p.prediction is not None else predict(p.graph, p.programs, costs, registry).latency
 
         with Forked(lambda: latency(greedy())) as greedy_latency:  # on a second core, beside the planner's
+            started = time.perf_counter()
             planned = finish(run(passes[k:], head, dump), manager)
-            times = {c.planner: latency(planned), "greedy": greedy_latency.result()}
+            times = {c.planner: latency(planned)}
+            # the child does less than this branch did: one stuck far longer is stopped, its work done here
+            times["greedy"] = greedy_latency.result(timeout=CHILD_WAIT_S + 4 * (time.perf_counter() - started))
         kept = c.planner if times[c.planner] <= (1 - PLANNER_MARGIN) * times["greedy"] or not judge else "greedy"
         stats = planned.graph.planner_stats
         assert stats is not None, "the pipeline with a planner ran plan-network"

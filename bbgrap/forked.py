@@ -11,8 +11,10 @@ is asked for, so the result never depends on the child.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
+import time
 import warnings
 from types import TracebackType
 from typing import Callable
@@ -71,16 +73,33 @@ class Forked:
         self._pid, self._read = pid, read
         return self
 
-    def result(self) -> float:
-        """The child's value; computed here where there is no child or it gave none."""
+    def result(self, timeout: float | None = None) -> float:
+        """The child's value; computed here where there is no child, it gave none, or it gave none
+        within `timeout` seconds (a child stuck for good must not hold the compile: it is stopped)."""
         if self._read is not None:
-            chunks = []
-            while chunk := os.read(self._read, 4096):
+            chunks: list[bytes] = []
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not select.select([self._read], [], [], left)[0]:
+                    chunks = []  # too late: whatever came is not the whole value
+                    self._stop()
+                    break
+                chunk = os.read(self._read, 4096)
+                if not chunk:
+                    break
                 chunks.append(chunk)
             self._reap()
             if chunks:
                 return float(b"".join(chunks))
         return float(self._work())
+
+    def _stop(self) -> None:
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _reap(self) -> None:
         if self._read is not None:
@@ -91,9 +110,5 @@ class Forked:
             self._pid = None
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        if self._pid is not None:
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self._stop()
         self._reap()

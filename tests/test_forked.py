@@ -4,6 +4,7 @@ and from this process where it cannot or the child fails; the child never outliv
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -71,3 +72,18 @@ def test_a_fork_that_fails_leaves_the_work_here(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(os, "fork", no_fork)
     with Forked(lambda: float(os.getpid())) as pending:
         assert pending.result() == float(os.getpid())
+
+
+def test_a_child_stuck_past_its_timeout_is_stopped_and_the_work_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    parent = os.getpid()
+
+    def work() -> float:
+        if os.getpid() != parent:
+            time.sleep(60)  # the child hangs
+        return float(os.getpid())
+
+    started = time.monotonic()
+    with Forked(work) as pending:
+        assert pending.result(timeout=0.5) == float(parent)
+    assert time.monotonic() - started < 30
