@@ -100,7 +100,7 @@ def time_pinned(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat
 
 
 def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: str, rounds: int, repeat: int,
-               search: bool, workdir: str, node_cores: int | None, planner: str = "greedy") -> dict[str, Any]:
+               search: bool, workdir: str, node_cores: int | None, planner: str = Config.planner) -> dict[str, Any]:
     if os.path.isfile(model):  # an ONNX file (an exporter's model), at its own input shape
         path = model
         model = os.path.splitext(os.path.basename(model))[0]
@@ -165,7 +165,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="inferences per side per round, at least (default 3; small models get enough for 0.25 s)")
     p.add_argument("--no-search", action="store_true", help="benchmark the naive split instead of the searched plan")
-    p.add_argument("--planner", default="greedy", choices=PLANNERS, help="compile --planner (default greedy)")
+    p.add_argument("--planner", default=Config.planner, choices=PLANNERS,
+                   help=f"compile --planner (default {Config.planner}, as compile's; the figures of 2026-11-21 and before are greedy's)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
