@@ -11,6 +11,16 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   gives 1 / throughput as its slope, and the op's fixed cost is the median of what each
   model's time leaves beyond a segment's cost and its operations at that throughput (small
   maps cost more per operation: the fixed cost catches that);
+* **the given model's layers** (with `--model FILE`): every layer of the model as a one-op model
+  with its own attributes, weights and shapes, all run in the model's order on the values the
+  layers before them made (the model's sample input), as a plan's segments run one after
+  another: each layer's time is its kernels' time by onnxruntime's profiler in the fastest of
+  LAYER_RUNS such runs (as for the other models here), without the layout reorders a one-op
+  model adds around a blocked-layout convolution.
+  The simulator then prices a layer this node measured from its measurement instead of its kind's
+  throughput (`NodeProfile.layer_time`): an op the microbenchmarks do not describe (LRN, a
+  Softmax, a 1x1 convolution on a 7x7 map) costs what it costs here. The profile records the
+  model file's hash, and compile uses the layer times only for that model;
 * **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
   round trip per size: the smallest message's time is the latency, the slope of time over
   bytes (least squares) 1 / the bandwidth. With one node nothing is
@@ -24,24 +34,32 @@ whole takes a few seconds.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from bbgrap.backends.engine import quiet_onnxruntime, session_options
+from bbgrap.backends.lower import Segment, segment_model
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
 from bbgrap.backends.transports import allgather, poll
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
-from bbgrap.ir import BBGrapError
+from bbgrap.ir import BBGrapError, Graph
+from bbgrap.plan import file_sha256
+
+if TYPE_CHECKING:
+    from bbgrap.frontends.onnx import Frontend
 
 REPEAT = 15
+LAYER_RUNS = 12  # runs of a model's layers in sequence after a warm-up (each layer's time: the fastest)
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
@@ -125,8 +143,85 @@ def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], thre
     return 1.0 / slope, max(0.0, statistics.median(t - segment - n * slope for n, t in zip(ops, times)))
 
 
-def measure_node(threads: int) -> NodeProfile:
-    """This process's node: throughput and fixed cost per kind of op, fixed cost per segment (module docstring)."""
+def layer_segments(graph: Graph) -> list[tuple[str, Segment]]:
+    """Each layer of `graph` as a one-op segment: its activations as inputs, its constants as
+    initializers, every output it names (a layer whose op reads values of an enclosing graph, an
+    If's or a Loop's body, is left out: it runs only inside the model)."""
+    out = []
+    for layer in graph.layers:
+        if layer.captured:
+            continue
+        ins = [t for t in layer.explicit_inputs if t and graph.is_activation(t)]
+        outs = [t for t in layer.outputs if t]
+        node = helper.make_node(layer.op_type, list(layer.explicit_inputs), outs, name=layer.name, domain=layer.domain or None,
+                                **layer.attrs)
+        types = {t: (graph.tensors[t].dtype, graph.tensors[t].shape) for t in (*ins, *outs)}
+        weights = {t: graph.constants[t] for t in layer.explicit_inputs if t in graph.constants}
+        out.append((layer.name, Segment([node], weights, set(weights), list(dict.fromkeys(ins)), outs, layer.name, types)))
+    return out
+
+
+def kernel_seconds(profile_path: str) -> list[float]:
+    """Per run recorded in an onnxruntime profile (its `model_run` events, in order): the seconds of
+    its kernels, without the layout reorders onnxruntime puts around a blocked-layout op (a
+    one-op model converts its input and output; a plan's segment does so only at its edges, which
+    the simulator charges per element of the values a segment takes and gives)."""
+    with open(profile_path, encoding="utf-8") as fh:
+        events = json.load(fh)
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    out = []
+    for t0, t1 in runs:
+        out.append(1e-6 * sum(e["dur"] for e in events
+                              if e.get("cat") == "Node" and t0 <= e["ts"] <= t1 and e.get("name", "").endswith("_kernel_time")
+                              and not str(e.get("args", {}).get("op_name", "")).startswith("Reorder")))
+    return out
+
+
+def measure_layers(graph: Graph, inputs: dict[str, np.ndarray], threads: int, runs: int = LAYER_RUNS) -> dict[str, float]:
+    """Seconds of each layer of `graph` on this node (module docstring): one session per layer, all
+    run in the model's order on the values the layers before them made (from `inputs`), `runs` times
+    after a warm-up. A layer's time is the fastest run of its own kernels by onnxruntime's profiler
+    (`kernel_seconds`: neither the session's fixed cost nor the layout reorders around it, which
+    the simulator charges per segment). A layer that onnxruntime cannot load or run alone, and
+    every layer after it that reads its output, is left out: the simulator prices it by its kind."""
+    import onnxruntime as ort
+
+    sessions = []
+    with tempfile.TemporaryDirectory(prefix="bbgrap-calibrate-") as work:
+        for k, (name, seg) in enumerate(layer_segments(graph)):
+            opts = session_options(threads)
+            opts.enable_profiling = True
+            opts.profile_file_prefix = os.path.join(work, f"layer{k}")
+            try:
+                model = segment_model(graph, seg, seg.types, name)
+                sessions.append((name, seg, ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])))
+            except Exception:  # noqa: BLE001  # onnxruntime's own errors: this layer is priced by its kind
+                continue
+        ran: set[str] = set()
+        for _ in range(runs + 1):
+            values = dict(inputs)
+            for name, seg, sess in sessions:
+                if not all(i in values for i in seg.inputs):
+                    continue
+                try:
+                    got = sess.run(seg.outputs, {i: values[i] for i in seg.inputs})
+                except Exception:  # noqa: BLE001  # as above
+                    continue
+                values.update(zip(seg.outputs, got))
+                ran.add(name)
+        times = {}
+        for name, _, sess in sessions:
+            path = sess.end_profiling()
+            if name in ran:
+                per_run = kernel_seconds(path)[1:]  # the first run warms up
+                if per_run:
+                    times[name] = min(per_run)
+    return times
+
+
+def measure_node(threads: int, model: Frontend | None = None) -> NodeProfile:
+    """This process's node: throughput and fixed cost per kind of op, fixed cost per segment, and
+    with `model` that model's layers (module docstring)."""
     segment = time_model(add_model(1)[0], threads)
     sizes = (7, 14, 28, 56)
     builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
@@ -138,9 +233,10 @@ def measure_node(threads: int) -> NodeProfile:
         "other": [functools.partial(add_model, s * s * 64) for s in sizes],
     }
     speeds = {kind: op_speed(b, threads, segment) for kind, b in builds.items()}
-    fields = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
+    fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
-    return NodeProfile(**fields, segment_s=segment)
+    layers = measure_layers(model.graph, model.sample_inputs, threads) if model is not None else {}
+    return NodeProfile(**fields, segment_s=segment, layer_s=layers)
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
@@ -183,23 +279,27 @@ def describe(profile: ClusterProfile) -> str:
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; {p.segment_s * 1e6:.1f} us per segment")
+        if p.layer_s:
+            lines.append(f"  {len(p.layer_s)} layers of {os.path.basename(profile.model_path)} measured: "
+                         f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all")
     lines.append(f"link: {profile.link.latency_s * 1e6:.1f} us + {profile.link.bandwidth_Bps / 1e9:.2f} GB/s")
     return "\n".join(lines)
 
 
-def calibrate_one(threads: int | None, process_pool: bool = False) -> ClusterProfile:
-    """One node in this process, with all its cores (or `threads`); the default link. `process_pool`:
-    on the process's one thread pool, as bbgrap-run runs (only for the command: it is process-wide)."""
+def calibrate_one(threads: int | None, process_pool: bool = False, model: Frontend | None = None) -> ClusterProfile:
+    """One node in this process, with all its cores (or `threads`), and `model`'s layers where given;
+    the default link. `process_pool`: on the process's one thread pool, as bbgrap-run runs (only for
+    the command: it is process-wide)."""
     quiet_onnxruntime()
     mine = threads or threads_per_rank(1)
     if process_pool:
         PROCESS_THREAD_POOL.start(mine)
-    node = measure_node(mine)
+    node = measure_node(mine, model)
     return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
 
 
-def calibrate_mpi(comm: Any, threads: int | None) -> ClusterProfile | None:
-    """Every rank measures itself; the profile on rank 0 (None elsewhere)."""
+def calibrate_mpi(comm: Any, threads: int | None, model: Frontend | None = None) -> ClusterProfile | None:
+    """Every rank measures itself (and `model`'s layers where given); the profile on rank 0 (None elsewhere)."""
     from mpi4py import MPI
 
     quiet_onnxruntime()
@@ -208,7 +308,7 @@ def calibrate_mpi(comm: Any, threads: int | None) -> ClusterProfile | None:
     mine = threads or threads_for_rank(affinities, local.Get_rank())
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = measure_node(mine)
+    node = measure_node(mine, model)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)
@@ -218,9 +318,10 @@ def calibrate_mpi(comm: Any, threads: int | None) -> ClusterProfile | None:
     return ClusterProfile(tuple(nodes), link, f"bbgrap calibrate ({comm.Get_size()} nodes)")
 
 
-def run(output: str, threads: int | None) -> tuple[int, str]:
+def run(output: str, threads: int | None, model: Frontend | None = None, model_path: str = "") -> tuple[int, str]:
     """Calibrate (under mpirun with more than one rank: one node per rank) and write `output` on
-    rank 0; returns (this rank, what to print: the profile on rank 0, '' elsewhere)."""
+    rank 0; with `model` (imported from `model_path`) its layers too. Returns (this rank, what to
+    print: the profile on rank 0, '' elsewhere)."""
     from bbgrap.backends.runtime import under_mpi
 
     profile: ClusterProfile | None
@@ -230,11 +331,13 @@ def run(output: str, threads: int | None) -> tuple[int, str]:
 
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
-        profile = calibrate_mpi(comm, threads) if comm.Get_size() > 1 else calibrate_one(threads, process_pool=True)
+        profile = calibrate_mpi(comm, threads, model) if comm.Get_size() > 1 else calibrate_one(threads, True, model)
     else:
-        profile = calibrate_one(threads, process_pool=True)
+        profile = calibrate_one(threads, True, model)
     if profile is None:
         return rank, ""
+    if model is not None:
+        profile = replace(profile, model_sha256=file_sha256(model_path), model_path=os.path.abspath(model_path))
     host = os.uname().nodename
     try:
         write_profile(output, profile, f"{profile.source} on {host}, {time.strftime('%Y-%m-%d %H:%M:%S')}")

@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
                        "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node.")
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
     k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores)")
+    k.add_argument("--model", metavar="FILE.onnx",
+                   help="also time every layer of this model on each node, in the model's order (a few seconds more): "
+                   "compile --profile then prices that model's layers by their own times, not their kind's (the profile "
+                   "records the file's hash; for another model it falls back to the kinds)")
+    k.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="with --model: fix a symbolic input shape, as compile's (repeatable)")
 
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
                        description="Write a standard architecture with random weights (no download).")
@@ -312,13 +318,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     problem = file_target_problem(args.output, "-o", "cluster.toml")
     if problem is None and args.threads is not None and args.threads < 1:
         problem = f"--threads {args.threads}: give at least 1 thread"
+    if problem is None and args.input_shape and not args.model:
+        problem = "--input-shape only matters with --model FILE; drop it or name the model"
+    model = None
+    if problem is None and args.model:
+        from bbgrap.frontends.onnx import import_model, parse_input_shapes
+
+        try:
+            model = import_model(args.model, parse_input_shapes(args.input_shape))
+        except BBGrapError as exc:
+            problem = str(exc)
     if problem:
         if env_rank() == 0:  # every rank finds the same problem; one line is enough
             print(f"bbgrap: error: {problem}", file=sys.stderr)
         return 2
     from bbgrap.backends.calibrate import run
 
-    rank, text = run(args.output, args.threads)
+    rank, text = run(args.output, args.threads, model, args.model or "")
     if rank == 0:
         print(text)
     return 0

@@ -18,6 +18,19 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     other_op_s = 5e-06
     segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run (s)
 
+With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
+model's own layers, and which file it was (a profile of another model's layers is not used for
+this one: compile says so and falls back to the kinds' throughputs):
+
+    [model]
+    sha256 = "9f86d0..."       # the model file measured
+    path = "resnet50.onnx"
+
+    [[node]]
+    ...
+    [node.layers]              # seconds of each layer, whole, run in sequence with the others
+    "layer1.0.conv1" = 0.00021
+
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
 
@@ -28,9 +41,10 @@ the format above is all it writes.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -43,6 +57,7 @@ from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "latency_s")  # may be 0; every throughput must be positive
+LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,8 @@ class NodeProfile:
     matmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     segment_s: float = 5e-5
+    # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
+    layer_s: dict[str, float] = field(default_factory=dict, hash=False)
 
     def ops_per_s(self, kind: str) -> float:
         """Throughput for one of OP_KINDS."""
@@ -66,6 +83,17 @@ class NodeProfile:
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
         return float(getattr(self, f"{kind}_op_s"))
+
+    def layer_time(self, name: str, kind: str, ops: float, whole_ops: float) -> float:
+        """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
+        output). Where the layer was measured: its kind's fixed cost (at most the measured time) plus
+        the rest of the measured time in proportion to the operations (a half map costs half the
+        streamed work, and the whole fixed cost); else the kind's throughput and fixed cost."""
+        measured = self.layer_s.get(name)
+        if measured is None:
+            return ops / self.ops_per_s(kind) + self.op_s(kind)
+        fixed = min(self.op_s(kind), measured)
+        return fixed + (measured - fixed) * (ops / whole_ops if whole_ops > 0 else 1.0)
 
 
 @dataclass(frozen=True)
@@ -84,6 +112,15 @@ class ClusterProfile:
     nodes: tuple[NodeProfile, ...] = (NodeProfile(),)
     link: LinkProfile = LinkProfile()
     source: str = "<default>"
+    model_sha256: str = ""  # the model whose layers the nodes' layer_s hold ("" where none)
+    model_path: str = ""
+
+    def for_model(self, sha256: str) -> ClusterProfile:
+        """This profile for the model with that file hash: without the layer times where they were
+        measured on another model (a layer named alike there says nothing of this one)."""
+        if not self.model_sha256 or self.model_sha256 == sha256:
+            return self
+        return replace(self, nodes=tuple(replace(n, layer_s={}) for n in self.nodes), model_sha256="", model_path="")
 
     def node(self, n: int) -> NodeProfile:
         """Node n's profile (the last one listed where the profile lists fewer)."""
@@ -94,8 +131,12 @@ def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterPr
     """`profile`'s first node for every node, its throughputs times the node's relative speed (the
     default profile for a cluster known only by its --speeds)."""
     base = profile.nodes[0]
-    scaled = tuple(
-        replace(base, **{f"{kind}_ops_per_s": base.ops_per_s(kind) * s for kind in OP_KINDS}) for s in speeds)
+
+    def faster(s: float) -> NodeProfile:
+        changes: dict[str, Any] = {f"{kind}_ops_per_s": base.ops_per_s(kind) * s for kind in OP_KINDS}
+        return replace(base, **changes, layer_s={k: v / s for k, v in base.layer_s.items()})
+
+    scaled = tuple(faster(s) for s in speeds)
     return ClusterProfile(scaled, profile.link, f"{profile.source} with speeds {','.join(f'{s:g}' for s in speeds)}")
 
 
@@ -112,28 +153,50 @@ def _number(source: str, where: str, key: str, value: Any, positive: bool) -> fl
 
 
 def _table(source: str, where: str, table: Any, cls: type) -> dict[str, float]:
-    """The fields of `cls` from one TOML table (missing ones keep their defaults); unknown keys refused."""
+    """The numeric fields of `cls` from one TOML table (missing ones keep their defaults); unknown keys refused."""
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
-    names = {f.name for f in fields(cls)}
+    names = {f.name for f in fields(cls) if f.type in ("float", float)}
     unknown = sorted(set(table) - names)
     if unknown:
         raise BBGrapError(f"{source}: unknown key '{where}.{unknown[0]}' (known: {', '.join(sorted(names))})")
     return {k: _number(source, where, k, v, positive=k not in FIXED_COSTS) for k, v in table.items()}
 
 
+def _node(source: str, k: int, table: Any) -> NodeProfile:
+    """One [[node]] table, with its optional [node.layers] table of layer times."""
+    where = f"node[{k}]"
+    if not isinstance(table, dict):
+        raise BBGrapError(f"{source}: '{where}' must be a table")
+    rest = {key: v for key, v in table.items() if key != LAYERS}
+    layers = table.get(LAYERS, {})
+    if not isinstance(layers, dict):
+        raise BBGrapError(f"{source}: '{where}.{LAYERS}' must be a table of layer name = seconds")
+    times = {name: _number(source, f"{where}.{LAYERS}", json.dumps(name), v, positive=False) for name, v in layers.items()}
+    return NodeProfile(**_table(source, where, rest, NodeProfile), layer_s=times)
+
+
+def _model(source: str, table: Any) -> tuple[str, str]:
+    """The [model] table: the sha256 (64 hex digits) and path of the model whose layers were measured."""
+    if not isinstance(table, dict) or set(table) - {"sha256", "path"} or not isinstance(table.get("sha256"), str) \
+            or len(table["sha256"]) != 64 or not isinstance(table.get("path", ""), str):
+        raise BBGrapError(f"{source}: '[model]' must hold sha256 = the model file's 64 hex digits and optionally its path")
+    return table["sha256"], table.get("path", "")
+
+
 def profile_from_dict(data: dict[str, Any], source: str) -> ClusterProfile:
-    unknown = sorted(set(data) - {"node", "link"})
+    unknown = sorted(set(data) - {"node", "link", "model"})
     if unknown:
-        raise BBGrapError(f"{source}: unknown table '{unknown[0]}' (known: link, node)")
+        raise BBGrapError(f"{source}: unknown table '{unknown[0]}' (known: link, model, node)")
     nodes = data.get("node")
     if not isinstance(nodes, list) or not nodes:
         raise BBGrapError(f"{source}: no [[node]] table; a profile lists at least one node")
-    return ClusterProfile(
-        tuple(NodeProfile(**_table(source, f"node[{k}]", t, NodeProfile)) for k, t in enumerate(nodes)),
-        LinkProfile(**_table(source, "link", data.get("link", {}), LinkProfile)),
-        source,
-    )
+    parsed = tuple(_node(source, k, t) for k, t in enumerate(nodes))
+    sha, path = _model(source, data["model"]) if "model" in data else ("", "")
+    if any(n.layer_s for n in parsed) and not sha:
+        raise BBGrapError(f"{source}: layer times without a [model] table saying which model they are of; "
+                          "calibrate again with --model FILE")
+    return ClusterProfile(parsed, LinkProfile(**_table(source, "link", data.get("link", {}), LinkProfile)), source, sha, path)
 
 
 def read_profile(path: str) -> ClusterProfile:
@@ -151,9 +214,14 @@ def read_profile(path: str) -> ClusterProfile:
 def profile_toml(profile: ClusterProfile, comment: str = "") -> str:
     """The profile as TOML text (the format in the module docstring)."""
     lines = [f"# {line}" for line in comment.splitlines()]
+    if profile.model_sha256:
+        lines += ["[model]", f"sha256 = {json.dumps(profile.model_sha256)}", f"path = {json.dumps(profile.model_path, ensure_ascii=False)}", ""]
     lines += ["[link]", *(f"{f.name} = {getattr(profile.link, f.name)!r}" for f in fields(LinkProfile))]
     for node in profile.nodes:
-        lines += ["", "[[node]]", *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile))]
+        lines += ["", "[[node]]", *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile) if f.name != "layer_s")]
+        if node.layer_s:
+            # a TOML basic string is JSON's, with characters beyond ASCII written as they are
+            lines += [f"[node.{LAYERS}]", *(f"{json.dumps(k, ensure_ascii=False)} = {v!r}" for k, v in node.layer_s.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -215,6 +215,12 @@ def compile_model(
 
     t0 = time.perf_counter()
     check_output_dir(out_dir)
+    if profile is not None and profile.model_sha256:
+        mine = profile.for_model(file_sha256(model))
+        if mine is not profile:
+            log(f"profile {profile.source}: its layer times are of another model ({profile.model_path}); "
+                "this one's layers are priced by their kind (bbgrap calibrate --model with this file measures them)")
+        profile = mine
     step = progress or (lambda label, done, total: None)
     step("import", 0, 1)
     registry = registry or default_registry()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile
 from bbgrap.cost import layer_ops
-from bbgrap.ir import BBGrapError, Graph, Layer
+from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
@@ -37,11 +37,23 @@ if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
 
 
 @dataclass(frozen=True)
+class LayerWork:
+    """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole output."""
+
+    name: str
+    kind: str
+    ops: float
+    whole_ops: float
+
+
+@dataclass(frozen=True)
 class SegmentWork:
-    """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind."""
+    """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind
+    (the layers' and lowering's); and the layers among them, which a profile may have measured one by one."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
+    layers: tuple[LayerWork, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = dict.fromkeys(OP_KINDS, 0)
+    measured: list[LayerWork] = []
     convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
@@ -115,7 +128,9 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
         layer = layers.get(onnx_node.name)
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
-            ops[kind] += layer_ops(layer, graph, graph.partitions[layer.name].computes[node], registry)
+            here = layer_ops(layer, graph, graph.partitions[layer.name].computes[node], registry)
+            ops[kind] += here
+            measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry)))
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -123,7 +138,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             ops[kind] += float(sum(value_elements(graph, o) for o in outputs))
         count[kind] += 1
     ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
-    return SegmentWork(ops, count)
+    return SegmentWork(ops, count, tuple(measured))
 
 
 @dataclass(frozen=True)
@@ -153,10 +168,21 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
     return out
 
 
+def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) -> float:
+    """The operations of the layer's whole output."""
+    return layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), registry)
+
+
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
+    """The segment's time on `node`: its fixed cost, every kind's operations at that kind's throughput
+    and fixed cost per op, and for each layer the node measured (`NodeProfile.layer_s`) its measured
+    share instead of its kind's estimate."""
     p = profile.node(node)
+    measured = [w for w in work.layers if w.name in p.layer_s] if p.layer_s else []
     return p.segment_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
-                                    *(n * p.op_s(kind) for kind, n in work.count.items())])
+                                    *(n * p.op_s(kind) for kind, n in work.count.items()),
+                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops) - w.ops / p.ops_per_s(w.kind) - p.op_s(w.kind)
+                                      for w in measured)])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

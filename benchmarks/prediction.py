@@ -13,6 +13,7 @@ plans and over the plans for more than one node.
 
   python benchmarks/prediction.py                              # 5 models x (N = 1, and N = 2 x h, w, c x recompute on/off)
   python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
+  python benchmarks/prediction.py --per-layer                  # each model's layers measured by calibrate --model
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def zoo_models(work: str, names: list[str], resolution: int, width: float) -> It
         yield name, path
 
 
-def calibrate(nodes: int, path: str) -> ClusterProfile:
-    """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun)."""
+def calibrate(nodes: int, path: str, model: str | None = None) -> ClusterProfile:
+    """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun), with `model`'s layers where given."""
     cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap"), "calibrate", "-o", path]
+    cmd += ["--model", model] if model else []
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     return read_profile(path)
 
@@ -97,15 +99,20 @@ def main() -> int:
     p.add_argument("--directions", nargs="+", default=["h", "w", "c"])
     p.add_argument("--repeat", type=int, default=20, help="timed inferences per run (default 20, after as many warm-ups)")
     p.add_argument("--rounds", type=int, default=3, help="runs per plan; the fastest counts (default 3)")
+    p.add_argument("--per-layer", action="store_true",
+                   help="calibrate once per model and node count with --model: the simulator prices each layer by its own "
+                   "measured time (else once per node count, every layer by its kind's throughput)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
-        profiles = {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
+        profiles = {} if args.per_layer else {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
         for name, path in zoo_models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
+                if args.per_layer:
+                    profiles[n] = calibrate(n, os.path.join(work, f"cluster-{name}-{n}.toml"), path)
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
                     row = bench_plan(path, name, n, direction, recompute, profiles[n], args.repeat, args.rounds, work)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from helpers import save
@@ -13,7 +14,7 @@ from bbgrap.compiler import choose_nodes, compile_model
 from bbgrap.config import Config
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.plan import read_manifest
-from bbgrap.simulate import SegmentWork, SimStep, program_steps, simulate, value_elements
+from bbgrap.simulate import LayerWork, SegmentWork, SimStep, program_steps, simulate, value_elements
 
 # round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op;
 # 2 ms + 1 us per byte per message
@@ -79,6 +80,52 @@ def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
     assert profile_toml(back) == profile_toml(profile)
 
 
+def test_profile_with_layer_times_round_trips_names_toml_must_quote(tmp_path) -> None:
+    names = {"conv1": 1e-4, "blocks.0/attn.qkv": 2.5e-5, 'odd "name"\\x': 0.0, "ünï": 3e-6}
+    profile = ClusterProfile((replace(NODE, layer_s=names), NodeProfile()), LinkProfile(1e-5, 2.5e9), model_sha256="ab" * 32,
+                             model_path="/models/m é.onnx")
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile)
+    back = read_profile(path)
+    assert back.nodes[0].layer_s == names and back.nodes[1].layer_s == {}
+    assert (back.model_sha256, back.model_path) == (profile.model_sha256, profile.model_path)
+    assert profile_toml(back) == profile_toml(profile)
+
+
+def test_a_measured_layer_costs_its_fixed_cost_and_its_share_of_the_rest() -> None:
+    node = replace(NODE, layer_s={"conv1": 2e-3})
+    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6), 1e-4 + 0.5 * (2e-3 - 1e-4))
+    assert math.isclose(node.layer_time("conv1", "conv", 1e6, 1e6), 2e-3)
+    assert math.isclose(node.layer_time("other", "conv", 5e5, 1e6), 5e5 / 1e9 + 1e-4)  # not measured: its kind's
+    assert math.isclose(replace(NODE, layer_s={"tiny": 1e-6}).layer_time("tiny", "conv", 1.0, 2.0), 1e-6)  # fixed cost at most all
+
+
+def test_a_segment_prices_the_layers_its_node_measured_and_the_rest_by_kind() -> None:
+    work = SegmentWork({"conv": 2e6, "other": 1e5}, {"conv": 2, "other": 1},
+                       (LayerWork("a", "conv", 1e6, 4e6), LayerWork("b", "conv", 1e6, 1e6)))
+    plain = simulate([[SimStep("run", work=work)]], PROFILE).latency
+    assert math.isclose(plain, 1e-3 + 2e6 / 1e9 + 2 * 1e-4 + 1e5 / 1e8 + 1e-5)
+    measured = ClusterProfile((replace(NODE, layer_s={"a": 9e-3}),), PROFILE.link)
+    got = simulate([[SimStep("run", work=work)]], measured).latency
+    assert math.isclose(got, plain - (1e6 / 1e9 + 1e-4) + (1e-4 + (9e-3 - 1e-4) / 4))
+
+
+def test_layer_times_of_another_model_are_not_used(small_model: str, tmp_path) -> None:
+    from bbgrap.plan import file_sha256
+
+    layers = {layer: 1.0 for layer in ("conv1", "layer1.0.conv1")}
+    other = ClusterProfile((replace(NODE, layer_s=layers),), PROFILE.link, model_sha256="0" * 64)
+    assert other.for_model(file_sha256(small_model)).nodes[0].layer_s == {}
+    mine = replace(other, model_sha256=file_sha256(small_model))
+    assert mine.for_model(file_sha256(small_model)) is mine
+    said: list[str] = []
+    slow = compile_model(small_model, Config(nodes=1), str(tmp_path / "a"), profile=mine)
+    fast = compile_model(small_model, Config(nodes=1), str(tmp_path / "b"), profile=other, log=said.append)
+    assert slow.compiled.prediction is not None and fast.compiled.prediction is not None
+    assert slow.compiled.prediction.latency_ms > 2000 > fast.compiled.prediction.latency_ms  # two layers of 1 s each
+    assert any("layer times are of another model" in line for line in said)
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ("[link]\nlatency_s = 1e-5\n", "no \\[\\[node\\]\\]"),
     ("[[node]]\nconv_ops_per_s = 0\n", "'node\\[0\\].conv_ops_per_s' must be a positive number"),
@@ -86,6 +133,10 @@ def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
     ("[[node]]\nconv_flops = 1\n", "unknown key 'node\\[0\\].conv_flops'"),
     ("[[node]]\n[links]\n", "unknown table 'links'"),
     ("[[node]\n", "not valid TOML"),
+    ("[[node]]\n[node.layers]\nconv1 = 1e-4\n", "layer times without a \\[model\\] table"),
+    ("[model]\nsha256 = \"00\"\n[[node]]\n", "'\\[model\\]' must hold sha256"),
+    ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nconv1 = -1.0\n' % ("0" * 64), "'node\\[0\\].layers.\"conv1\"' must be a number >= 0"),
+    ("[[node]]\nlayers = 3\n", "'node\\[0\\].layers' must be a table"),
 ])
 def test_bad_profiles_are_one_line_naming_the_key(tmp_path, text: str, problem: str) -> None:
     path = tmp_path / "bad.toml"

@@ -65,7 +65,7 @@ from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import partition_layer, shared_axes, split_sizes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import op_kind
+from bbgrap.simulate import op_kind, whole_ops
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 
@@ -229,10 +229,11 @@ class NetworkCost:
         got = self._compute.get(key)
         if got is None:
             layer, part, kind = self.graph.layers[i], self.candidates[i][c], self.kinds[i]
+            whole = whole_ops(layer, self.graph, self.registry)
             times = [0.0] * self.nodes
             for n in part.active_nodes():
-                p = self.profile.node(n)
-                times[n] = layer_ops(layer, self.graph, part.computes[n], self.registry) / p.ops_per_s(kind) + p.op_s(kind)
+                ops = layer_ops(layer, self.graph, part.computes[n], self.registry)
+                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole)
             got = self._compute[key] = tuple(times)
         return got
 

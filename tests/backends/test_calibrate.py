@@ -7,16 +7,22 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import onnx
 import pytest
-from bbgrap.backends.calibrate import add_model, calibrate_one, conv_model, fit_line, matmul_model
+from bbgrap.backends.calibrate import add_model, calibrate_one, conv_model, fit_line, matmul_model, measure_layers
 from bbgrap.frontends.onnx import import_model
+from helpers import save
 
+from bbgrap import zoo
 from bbgrap.cli import main
 from bbgrap.cluster import OP_KINDS, read_profile
+from bbgrap.compiler import compile_model
+from bbgrap.config import Config
 from bbgrap.cost import layer_ops
 from bbgrap.ir import ShapeMap
+from bbgrap.plan import file_sha256
 
 
 @pytest.mark.parametrize(("model", "ops"), [
@@ -52,7 +58,51 @@ def test_calibrate_writes_a_profile_compile_reads(tmp_path) -> None:
     assert f"wrote {out}" in proc.stdout
 
 
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> str:
+    return save(zoo.build("inception", resolution=32, width=0.125), str(tmp_path_factory.mktemp("model")))
+
+
+def test_every_layer_of_a_model_is_timed_in_sequence(small_model: str) -> None:
+    front = import_model(small_model)
+    times = measure_layers(front.graph, front.sample_inputs, threads=1, runs=2)
+    assert set(times) == {layer.name for layer in front.graph.layers}
+    assert all(t >= 0 for t in times.values()) and sum(times.values()) > 0
+
+
+def test_a_layer_that_cannot_run_alone_is_left_out_with_what_reads_it(small_model: str, monkeypatch) -> None:
+    import bbgrap.backends.calibrate as calibrate
+
+    front = import_model(small_model)
+    first = next(layer for layer in front.graph.layers if ".branch" in layer.name)  # beside it, the other branches
+    real = calibrate.segment_model
+    monkeypatch.setattr(calibrate, "segment_model", lambda g, seg, types, name: onnx.ModelProto() if name == first.name
+                        else real(g, seg, types, name))
+    times = measure_layers(front.graph, front.sample_inputs, threads=1, runs=1)
+    readers = {layer.name for layer in front.graph.layers if set(layer.inputs) & set(first.outputs)}
+    assert readers and first.name not in times and not readers & set(times)
+    assert front.graph.layers[0].name in times and any(".branch" in name for name in times)  # the others still are
+
+
+def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(small_model: str, tmp_path) -> None:
+    out = tmp_path / "cluster.toml"
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "bbgrap"), "calibrate", "-o", str(out), "--threads", "1",
+                           "--model", small_model], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    profile = read_profile(str(out))
+    assert profile.model_sha256 == file_sha256(small_model) and profile.model_path == os.path.abspath(small_model)
+    assert set(profile.nodes[0].layer_s) == {layer.name for layer in import_model(small_model).graph.layers}
+    assert "layers of" in proc.stdout
+    # the prediction for one node is the measured layers' (the cheap ops fused into a convolution cost nothing)
+    plan = compile_model(small_model, Config(nodes=1), str(tmp_path / "plan"), profile=profile)
+    plain = compile_model(small_model, Config(nodes=1), str(tmp_path / "plain"), profile=replace(profile, model_sha256="0" * 64))
+    assert plan.compiled.prediction is not None and plain.compiled.prediction is not None
+    assert plan.compiled.prediction.latency_ms != plain.compiled.prediction.latency_ms
+
+
 @pytest.mark.parametrize(("flags", "problem"), [
+    (["--input-shape", "x:1x3x8x8"], "--input-shape only matters with --model FILE"),
+    (["--model", "{tmp}/missing.onnx"], "missing.onnx"),
     (["--threads", "0"], "--threads 0: give at least 1 thread"),
     (["-o", "{tmp}"], "is a directory"),
     (["-o", "{tmp}/missing/cluster.toml"], "does not exist"),

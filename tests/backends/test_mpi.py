@@ -124,7 +124,8 @@ def test_failing_rank_aborts_instead_of_hanging(tmp_path) -> None:
 def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> None:
     assert MPIRUN, "mpirun not found"
     out = tmp_path / "cluster.toml"
-    proc = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(out)],
+    model = save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path))
+    proc = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(out), "--model", model],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("wrote") == 1  # rank 0 reports, once
@@ -132,9 +133,12 @@ def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> Non
 
     profile = read_profile(str(out))
     assert len(profile.nodes) == 2 and profile.link.bandwidth_Bps > 0 and profile.link.latency_s > 0
-    bad = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "--threads", "0"],
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.count("bbgrap: error:") == 1
+    assert all(len(node.layer_s) == 69 for node in profile.nodes)  # every rank timed each of the model's layers
+    for flags in (["--threads", "0"], ["--model", str(tmp_path / "missing.onnx")]):
+        bad = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(tmp_path / "bad.toml"), *flags],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.count("bbgrap: error:") == 1, bad.stderr
+    assert not (tmp_path / "bad.toml").exists()
 
 
 def test_mpirun_a_plan_fitted_to_memory_without_prepacking(tmp_path) -> None:
