@@ -11,16 +11,15 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   gives 1 / throughput as its slope, and the op's fixed cost is the median of what each
   model's time leaves beyond a segment's cost and its operations at that throughput (small
   maps cost more per operation: the fixed cost catches that);
-* **the given model's layers** (with `--model FILE`): every layer of the model as a one-op model
-  with its own attributes, weights and shapes, all run in the model's order on the values the
-  layers before them made (the model's sample input), as a plan's segments run one after
-  another: each layer's time is its kernels' time by onnxruntime's profiler in the fastest of
-  LAYER_RUNS such runs (as for the other models here), without the layout reorders a one-op
-  model adds around a blocked-layout convolution.
-  The simulator then prices a layer this node measured from its measurement instead of its kind's
-  throughput (`NodeProfile.layer_time`): an op the microbenchmarks do not describe (LRN, a
-  Softmax, a 1x1 convolution on a 7x7 map) costs what it costs here. The profile records the
-  model file's hash, and compile uses the layer times only for that model;
+* **the given model's layers** (with `--model FILE`): the model run whole, as onnxruntime runs
+  it (its fusions, its blocked layout), under onnxruntime's profiler; each kernel's time goes to
+  the layer it is named after, or for an op fused into a convolution (a BatchNormalization, an
+  activation, a residual Add) to that convolution, and the times are scaled to add up to the
+  model's run without the profiler (`measure_layers`). The simulator then prices a layer this
+  node measured by its measurement instead of its kind's throughput (`NodeProfile.layer_time`):
+  an op the microbenchmarks do not describe (LRN, a Softmax, a 1x1 convolution on a 7x7 map)
+  costs what it costs here. The profile records the model file's hash, and compile uses the
+  layer times only for that model;
 * **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
   round trip per size: the smallest message's time is the latency, the slope of time over
   bytes (least squares) 1 / the bandwidth. With one node nothing is
@@ -36,27 +35,27 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import onnx
-from bbgrap.backends.engine import quiet_onnxruntime, session_options
-from bbgrap.backends.lower import Segment, segment_model
+from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
 from bbgrap.backends.transports import allgather, poll
+from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
 from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
-from bbgrap.ir import BBGrapError, Graph
+from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
-
-if TYPE_CHECKING:
-    from bbgrap.frontends.onnx import Frontend
+from bbgrap.rules.registry import RuleRegistry, default_registry
+from bbgrap.simulate import op_kind
 
 REPEAT = 15
 LAYER_RUNS = 12  # runs of a model's layers in sequence after a warm-up (each layer's time: the fastest)
@@ -99,6 +98,13 @@ def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
     return _model([node], {"x": (elements,)}, ("y", (elements,)), {"one": np.ones((1,), dtype=np.float32)}), float(elements)
 
 
+def timed_run(sess: Any, feeds: Mapping[str, np.ndarray]) -> float:
+    """Seconds of one run of an onnxruntime session."""
+    t0 = time.perf_counter()
+    sess.run(None, feeds)
+    return time.perf_counter() - t0
+
+
 def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
     """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up): the fastest of
     `repeat`, since other work on the host only ever slows a run down."""
@@ -111,12 +117,7 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> fl
         feeds[i.name] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     for _ in range(3):
         sess.run(None, feeds)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(timed_run(sess, feeds) for _ in range(repeat))
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -143,83 +144,112 @@ def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], thre
     return 1.0 / slope, max(0.0, statistics.median(t - segment - n * slope for n, t in zip(ops, times)))
 
 
-def layer_segments(graph: Graph) -> list[tuple[str, Segment]]:
-    """Each layer of `graph` as a one-op segment: its activations as inputs, its constants as
-    initializers, every output it names (a layer whose op reads values of an enclosing graph, an
-    If's or a Loop's body, is left out: it runs only inside the model)."""
-    out = []
-    for layer in graph.layers:
-        if layer.captured:
-            continue
-        ins = [t for t in layer.explicit_inputs if t and graph.is_activation(t)]
-        outs = [t for t in layer.outputs if t]
-        node = helper.make_node(layer.op_type, list(layer.explicit_inputs), outs, name=layer.name, domain=layer.domain or None,
-                                **layer.attrs)
-        types = {t: (graph.tensors[t].dtype, graph.tensors[t].shape) for t in (*ins, *outs)}
-        weights = {t: graph.constants[t] for t in layer.explicit_inputs if t in graph.constants}
-        out.append((layer.name, Segment([node], weights, set(weights), list(dict.fromkeys(ins)), outs, layer.name, types)))
-    return out
+@dataclass(frozen=True)
+class ModelToTime:
+    """The model `calibrate --model` times layer by layer: as loaded, its nodes named as its layers
+    are (`proto`); imported (`front`); and its file."""
+
+    proto: onnx.ModelProto
+    front: Frontend
+    path: str
 
 
-def kernel_seconds(profile_path: str) -> list[float]:
-    """Per run recorded in an onnxruntime profile (its `model_run` events, in order): the seconds of
-    its kernels, without the layout reorders onnxruntime puts around a blocked-layout op (a
-    one-op model converts its input and output; a plan's segment does so only at its edges, which
-    the simulator charges per element of the values a segment takes and gives)."""
-    with open(profile_path, encoding="utf-8") as fh:
-        events = json.load(fh)
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    out = []
-    for t0, t1 in runs:
-        out.append(1e-6 * sum(e["dur"] for e in events
-                              if e.get("cat") == "Node" and t0 <= e["ts"] <= t1 and e.get("name", "").endswith("_kernel_time")
-                              and not str(e.get("args", {}).get("op_name", "")).startswith("Reorder")))
-    return out
+def model_to_time(path: str, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModelToTime:
+    """Load and import `path` (each problem one BBGrapError line, as compile's)."""
+    proto = load_model(path)
+    front = import_proto(proto, os.path.splitext(os.path.basename(path))[0], input_shapes)
+    name_nodes(proto)
+    return ModelToTime(proto, front, path)
 
 
-def measure_layers(graph: Graph, inputs: dict[str, np.ndarray], threads: int, runs: int = LAYER_RUNS) -> dict[str, float]:
-    """Seconds of each layer of `graph` on this node (module docstring): one session per layer, all
-    run in the model's order on the values the layers before them made (from `inputs`), `runs` times
-    after a warm-up. A layer's time is the fastest run of its own kernels by onnxruntime's profiler
-    (`kernel_seconds`: neither the session's fixed cost nor the layout reorders around it, which
-    the simulator charges per segment). A layer that onnxruntime cannot load or run alone, and
-    every layer after it that reads its output, is left out: the simulator prices it by its kind."""
+def kernel_layer(kernel: str, layers: Mapping[str, Layer]) -> str | None:
+    """The layer an onnxruntime kernel is named after: its node's name, or that name with what the
+    optimiser adds to a node it makes of it ('fused ' before, '_bn', '_nchwc' and '_token_N' after);
+    None for a kernel of its own (a layout reorder)."""
+    name = re.sub(r"(_bn)?(_nchwc)?(_token_\d+)?$", "", kernel.removeprefix("fused "))
+    return name if name in layers else None
+
+
+def fusion_anchor(name: str, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
+    """The layer whose kernel a layer's work runs in: for an op onnxruntime folds into the
+    convolution or Gemm before it (`OpTraits.fuses_into_conv`: a BatchNormalization, an activation,
+    a residual Add), that convolution, found within `depth` such ops back (the input whose chain
+    reaches one soonest); else the layer itself. onnxruntime names a fused kernel after the last
+    op it holds, and the simulator prices the group at its convolution."""
+    layers = {layer.name: layer for layer in graph.layers}
+    producers = graph.producers()
+
+    def steps(layer: Layer, left: int) -> tuple[int, str] | None:
+        if op_kind(layer, graph) != "other":
+            return 0, layer.name
+        if left == 0 or not registry.traits(layer.op_type, layer.domain).fuses_into_conv:
+            return None
+        found = [s for t in layer.inputs if t in producers and (s := steps(producers[t], left - 1)) is not None]
+        return (min(found)[0] + 1, min(found)[1]) if found else None
+
+    got = steps(layers[name], depth)
+    return got[1] if got is not None else name
+
+
+def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
+                   registry: RuleRegistry | None = None, runs: int = LAYER_RUNS) -> dict[str, float]:
+    """Seconds of each layer of `graph` on this node, in the model as onnxruntime runs it whole
+    (`model`, its nodes named as the layers are): its profiler's kernel times, the fastest of `runs`
+    runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
+    fused into a convolution to that convolution (`fusion_anchor`). The profiler adds its own
+    cost to every kernel, so the times are scaled to add up to the model's fastest run without
+    it, less `segment` (a run's fixed cost, which the simulator charges per segment). A layer the optimiser folded
+    away (a BatchNormalization or activation fused into a convolution, an Identity) costs 0 here;
+    a layer of no kernel that would compute on its own is left out (priced by its kind)."""
     import onnxruntime as ort
 
-    sessions = []
+    registry = registry or default_registry()
+    layers = {layer.name: layer for layer in graph.layers}
     with tempfile.TemporaryDirectory(prefix="bbgrap-calibrate-") as work:
-        for k, (name, seg) in enumerate(layer_segments(graph)):
-            opts = session_options(threads)
-            opts.enable_profiling = True
-            opts.profile_file_prefix = os.path.join(work, f"layer{k}")
-            try:
-                model = segment_model(graph, seg, seg.types, name)
-                sessions.append((name, seg, ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])))
-            except Exception:  # noqa: BLE001  # onnxruntime's own errors: this layer is priced by its kind
-                continue
-        ran: set[str] = set()
+        opts = session_options(threads)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(work, "model")
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001  # onnxruntime's own errors (and protobuf's 2 GB limit)
+            raise BBGrapError(f"--model: onnxruntime cannot run it whole to time its layers ({first_line(exc)})") from None
+        feeds = {i.name: inputs[i.name] for i in sess.get_inputs()}
         for _ in range(runs + 1):
-            values = dict(inputs)
-            for name, seg, sess in sessions:
-                if not all(i in values for i in seg.inputs):
-                    continue
-                try:
-                    got = sess.run(seg.outputs, {i: values[i] for i in seg.inputs})
-                except Exception:  # noqa: BLE001  # as above
-                    continue
-                values.update(zip(seg.outputs, got))
-                ran.add(name)
-        times = {}
-        for name, _, sess in sessions:
-            path = sess.end_profiling()
-            if name in ran:
-                per_run = kernel_seconds(path)[1:]  # the first run warms up
-                if per_run:
-                    times[name] = min(per_run)
+            sess.run(None, feeds)
+        with open(sess.end_profiling(), encoding="utf-8") as fh:
+            events = json.load(fh)
+        del sess
+        plain = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+        plain.run(None, feeds)
+        wall = min(timed_run(plain, feeds) for _ in range(runs))
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    per_run: list[dict[str, float]] = [{} for _ in spans]
+    seen: set[str] = set()
+    anchors: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        name = kernel_layer(e["name"].removesuffix("_kernel_time"), layers)
+        run = next((k for k, (t0, t1) in enumerate(spans) if t0 <= e["ts"] <= t1), None)
+        if name is None or run is None:
+            continue
+        seen.add(name)
+        anchor = anchors[name] if name in anchors else anchors.setdefault(name, fusion_anchor(name, graph, registry))
+        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + 1e-6 * e["dur"]
+    timed = per_run[1:]  # the first run warms up
+    times = {name: min(r.get(name, 0.0) for r in timed) for name in set().union(*timed)} if timed else {}
+    # the profiler's own cost per kernel out: the layers' times add up to the model's run without it
+    kernels = sum(times.values())
+    scale = max(0.0, wall - segment) / kernels if kernels > 0 else 1.0
+    times = {name: t * scale for name, t in times.items()}
+    for name, layer in layers.items():  # in its convolution's time, or folded away (no kernel, nothing fused into it)
+        traits = registry.traits(layer.op_type, layer.domain)
+        if name not in times and (name in seen or traits.fuses_into_conv or traits.alias):
+            times[name] = 0.0
     return times
 
 
-def measure_node(threads: int, model: Frontend | None = None) -> NodeProfile:
+def measure_node(threads: int, model: ModelToTime | None = None) -> NodeProfile:
     """This process's node: throughput and fixed cost per kind of op, fixed cost per segment, and
     with `model` that model's layers (module docstring)."""
     segment = time_model(add_model(1)[0], threads)
@@ -235,7 +265,7 @@ def measure_node(threads: int, model: Frontend | None = None) -> NodeProfile:
     speeds = {kind: op_speed(b, threads, segment) for kind, b in builds.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
-    layers = measure_layers(model.graph, model.sample_inputs, threads) if model is not None else {}
+    layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment) if model is not None else {}
     return NodeProfile(**fields, segment_s=segment, layer_s=layers)
 
 
@@ -286,7 +316,7 @@ def describe(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def calibrate_one(threads: int | None, process_pool: bool = False, model: Frontend | None = None) -> ClusterProfile:
+def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelToTime | None = None) -> ClusterProfile:
     """One node in this process, with all its cores (or `threads`), and `model`'s layers where given;
     the default link. `process_pool`: on the process's one thread pool, as bbgrap-run runs (only for
     the command: it is process-wide)."""
@@ -298,7 +328,7 @@ def calibrate_one(threads: int | None, process_pool: bool = False, model: Fronte
     return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
 
 
-def calibrate_mpi(comm: Any, threads: int | None, model: Frontend | None = None) -> ClusterProfile | None:
+def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = None) -> ClusterProfile | None:
     """Every rank measures itself (and `model`'s layers where given); the profile on rank 0 (None elsewhere)."""
     from mpi4py import MPI
 
@@ -318,9 +348,9 @@ def calibrate_mpi(comm: Any, threads: int | None, model: Frontend | None = None)
     return ClusterProfile(tuple(nodes), link, f"bbgrap calibrate ({comm.Get_size()} nodes)")
 
 
-def run(output: str, threads: int | None, model: Frontend | None = None, model_path: str = "") -> tuple[int, str]:
+def run(output: str, threads: int | None, model: ModelToTime | None = None) -> tuple[int, str]:
     """Calibrate (under mpirun with more than one rank: one node per rank) and write `output` on
-    rank 0; with `model` (imported from `model_path`) its layers too. Returns (this rank, what to
+    rank 0; with `model` its layers too. Returns (this rank, what to
     print: the profile on rank 0, '' elsewhere)."""
     from bbgrap.backends.runtime import under_mpi
 
@@ -337,7 +367,7 @@ def run(output: str, threads: int | None, model: Frontend | None = None, model_p
     if profile is None:
         return rank, ""
     if model is not None:
-        profile = replace(profile, model_sha256=file_sha256(model_path), model_path=os.path.abspath(model_path))
+        profile = replace(profile, model_sha256=file_sha256(model.path), model_path=os.path.abspath(model.path))
     host = os.uname().nodename
     try:
         write_profile(output, profile, f"{profile.source} on {host}, {time.strftime('%Y-%m-%d %H:%M:%S')}")

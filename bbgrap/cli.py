@@ -322,10 +322,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         problem = "--input-shape only matters with --model FILE; drop it or name the model"
     model = None
     if problem is None and args.model:
-        from bbgrap.frontends.onnx import import_model, parse_input_shapes
+        from bbgrap.backends.calibrate import model_to_time
+        from bbgrap.frontends.onnx import parse_input_shapes
 
         try:
-            model = import_model(args.model, parse_input_shapes(args.input_shape))
+            model = model_to_time(args.model, parse_input_shapes(args.input_shape))
         except BBGrapError as exc:
             problem = str(exc)
     if problem:
@@ -334,7 +335,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 2
     from bbgrap.backends.calibrate import run
 
-    rank, text = run(args.output, args.threads, model, args.model or "")
+    rank, text = run(args.output, args.threads, model)
     if rank == 0:
         print(text)
     return 0

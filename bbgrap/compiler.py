@@ -139,7 +139,7 @@ def prediction_record(profile: ClusterProfile, requested: int, chosen: int, plan
     pred, one = plans[chosen].prediction, plans[1].prediction
     assert pred is not None and one is not None
     return PredictionRecord(
-        profile=profile.source,
+        profile=f"{profile.source}, with this model's layer times" if any(n.layer_s for n in profile.nodes) else profile.source,
         requested_nodes=requested,
         nodes=chosen,
         latency_ms=round(pred.latency * 1e3, 4),

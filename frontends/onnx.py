@@ -140,7 +140,8 @@ def _fix_inputs(model: onnx.ModelProto, overrides: Mapping[str, tuple[int, ...]]
     return shapes
 
 
-def _name_nodes(model: onnx.ModelProto) -> None:
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Name every node (an unnamed one after its op and position), uniquely: the names of the layers."""
     seen: set[str] = set()
     for k, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}_{k}"
@@ -403,7 +404,7 @@ def import_proto(
     real_inputs = [i for i in model.graph.input if i.name not in inits]
     del model.graph.input[:]
     model.graph.input.extend(real_inputs)
-    _name_nodes(model)
+    name_nodes(model)
     known = _inferred(model)
     _check_sample_memory(model, shapes, known, overridden=bool(input_shapes))
 

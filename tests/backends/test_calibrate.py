@@ -7,11 +7,22 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 
 import onnx
 import pytest
-from bbgrap.backends.calibrate import add_model, calibrate_one, conv_model, fit_line, matmul_model, measure_layers
+from bbgrap.backends.calibrate import (
+    add_model,
+    calibrate_one,
+    conv_model,
+    fit_line,
+    fusion_anchor,
+    kernel_layer,
+    matmul_model,
+    measure_layers,
+    model_to_time,
+)
 from bbgrap.frontends.onnx import import_model
 from helpers import save
 
@@ -23,6 +34,7 @@ from bbgrap.config import Config
 from bbgrap.cost import layer_ops
 from bbgrap.ir import ShapeMap
 from bbgrap.plan import file_sha256
+from bbgrap.rules.registry import default_registry
 
 
 @pytest.mark.parametrize(("model", "ops"), [
@@ -63,25 +75,31 @@ def small_model(tmp_path_factory) -> str:
     return save(zoo.build("inception", resolution=32, width=0.125), str(tmp_path_factory.mktemp("model")))
 
 
-def test_every_layer_of_a_model_is_timed_in_sequence(small_model: str) -> None:
-    front = import_model(small_model)
-    times = measure_layers(front.graph, front.sample_inputs, threads=1, runs=2)
-    assert set(times) == {layer.name for layer in front.graph.layers}
-    assert all(t >= 0 for t in times.values()) and sum(times.values()) > 0
+def test_every_layer_of_a_model_is_timed_in_the_model_as_onnxruntime_runs_it(small_model: str) -> None:
+    model = model_to_time(small_model)
+    times = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads=1, segment=0.0, runs=2)
+    graph = model.front.graph
+    assert set(times) == {layer.name for layer in graph.layers}
+    assert all(t >= 0 for t in times.values())
+    convs = [layer.name for layer in graph.layers if layer.op_type == "Conv"]
+    assert all(times[c] > 0 for c in convs)  # each convolution's kernel, with what onnxruntime fused into it
+    assert all(times[layer.name] == 0 for layer in graph.layers if layer.op_type == "BatchNormalization")  # folded away
+    assert times["lrn1"] > 0  # an op of its own
 
 
-def test_a_layer_that_cannot_run_alone_is_left_out_with_what_reads_it(small_model: str, monkeypatch) -> None:
-    import bbgrap.backends.calibrate as calibrate
-
-    front = import_model(small_model)
-    first = next(layer for layer in front.graph.layers if ".branch" in layer.name)  # beside it, the other branches
-    real = calibrate.segment_model
-    monkeypatch.setattr(calibrate, "segment_model", lambda g, seg, types, name: onnx.ModelProto() if name == first.name
-                        else real(g, seg, types, name))
-    times = measure_layers(front.graph, front.sample_inputs, threads=1, runs=1)
-    readers = {layer.name for layer in front.graph.layers if set(layer.inputs) & set(first.outputs)}
-    assert readers and first.name not in times and not readers & set(times)
-    assert front.graph.layers[0].name in times and any(".branch" in name for name in times)  # the others still are
+def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution() -> None:
+    layers = {name: None for name in ("conv1", "classifier.0", "features.norm1", "layer1.1.relu")}
+    assert kernel_layer("layer1.1.relu_nchwc", layers) == "layer1.1.relu"  # type: ignore[arg-type]
+    assert kernel_layer("fused classifier.0", layers) == "classifier.0"  # type: ignore[arg-type]
+    assert kernel_layer("features.norm1_bn_nchwc", layers) == "features.norm1"  # type: ignore[arg-type]
+    assert kernel_layer("conv1", layers) == "conv1"  # type: ignore[arg-type]
+    assert kernel_layer("ReorderOutput_token_12", layers) is None  # type: ignore[arg-type]
+    graph = import_model(save(zoo.build("resnet18", resolution=32, width=0.125), tempfile.mkdtemp())).graph
+    registry = default_registry()
+    assert fusion_anchor("layer1.1.relu", graph, registry) == "layer1.1.conv2"  # relu <- add <- bn2 <- conv2, not the skip
+    assert fusion_anchor("layer1.0.bn1", graph, registry) == "layer1.0.conv1"
+    assert fusion_anchor("layer1.0.conv1", graph, registry) == "layer1.0.conv1"
+    assert fusion_anchor("maxpool", graph, registry) == "maxpool"
 
 
 def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(small_model: str, tmp_path) -> None:
@@ -98,6 +116,8 @@ def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(sma
     plain = compile_model(small_model, Config(nodes=1), str(tmp_path / "plain"), profile=replace(profile, model_sha256="0" * 64))
     assert plan.compiled.prediction is not None and plain.compiled.prediction is not None
     assert plan.compiled.prediction.latency_ms != plain.compiled.prediction.latency_ms
+    assert plan.compiled.prediction.profile.endswith("with this model's layer times")
+    assert "layer times" not in plain.compiled.prediction.profile
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
