@@ -13,6 +13,7 @@ is printed beside it. Prints one row per plan, with the measured and predicted r
 
   python benchmarks/planners.py                                   # 4 zoo models x N = 2, 4 (4 ranks need 4 cores)
   python benchmarks/planners.py --models resnet18 --nodes 2 --planners greedy dp
+  python benchmarks/planners.py --nodes 2 --per-layer             # each model's layers measured (calibrate --model)
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def main() -> int:
     p.add_argument("--direction", default="h")
     p.add_argument("--repeat", type=int, default=20, help="timed inferences per run (default 20, after as many warm-ups)")
     p.add_argument("--rounds", type=int, default=3, help="runs per plan; the fastest counts (default 3)")
+    p.add_argument("--per-layer", action="store_true",
+                   help="calibrate once per model and node count with --model, so the planners price each layer by its own "
+                   "measured time (else once per node count, every layer by its kind's throughput)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows: list[dict[str, Any]] = []
@@ -82,9 +86,11 @@ def main() -> int:
                    ("pred ms", ">9.2f"), ("/greedy", ">8.3f"), ("own pred", ">9.2f"), ("segs", ">5"), ("msgs", ">5"),
                    ("compile s", ">10.1f"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-planners-") as work:
-        profiles = {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
+        profiles = {} if args.per_layer else {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
         for name, path in zoo_models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
+                if args.per_layer:
+                    profiles[n] = calibrate(n, os.path.join(work, f"cluster-{name}-{n}.toml"), path)
                 plans = [compile_for(path, name, n, planner, args.direction, profiles[n], work) for planner in args.planners]
                 measure(plans, n, args.repeat, args.rounds)
                 base = plans[0][1]

@@ -9,7 +9,8 @@ latency is the fastest inference of all runs (calibrate, too, keeps the fastest 
 models: on a shared machine others' jobs only slow a run down) and, beside it, the lowest of
 the runs' medians. Prints one row per plan,
 Pearson's R between predicted and measured latency and the largest relative error, over all
-plans and over the plans for more than one node.
+plans and over the plans for more than one node, and per model and node count how much slower
+the plan predicted fastest measured than the fastest measured.
 
   python benchmarks/prediction.py                              # 5 models x (N = 1, and N = 2 x h, w, c x recompute on/off)
   python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
@@ -89,6 +90,21 @@ def agreement(rows: list[dict[str, Any]], real_key: str) -> dict[str, float]:
             "median_rel_error": float(np.median(np.abs(pred - real) / real))}
 
 
+def choices(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and node count (with more than one plan): the plan the simulator predicts fastest,
+    and how much slower it measured than the fastest measured plan among them."""
+    out = []
+    for key in dict.fromkeys((r["model"], r["nodes"]) for r in rows):
+        group = [r for r in rows if (r["model"], r["nodes"]) == key]
+        if len(group) < 2:
+            continue
+        chosen = min(group, key=lambda r: r["predicted_ms"])
+        best = min(r["real_ms"] for r in group)
+        out.append({"model": key[0], "nodes": key[1], "plans": len(group), "chosen": f"{chosen['direction']}"
+                    f"{'+recompute' if chosen['recompute'] else ''}", "gap": chosen["real_ms"] / best - 1})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"])
@@ -126,12 +142,16 @@ def main() -> int:
     stats = {f"{label}, against the {key.split('_')[1] if key != 'real_ms' else 'fastest'}": agreement(subset, key)
              for label, subset in (("all plans", rows), ("plans on >1 node", [r for r in rows if r["nodes"] > 1]))
              for key in ("real_ms", "real_median_ms")}
+    chosen = choices(rows)
     if args.json:
-        print(json.dumps({"rows": rows, "agreement": stats, "cores": len(os.sched_getaffinity(0))}, indent=1))
+        print(json.dumps({"rows": rows, "agreement": stats, "choices": chosen, "cores": len(os.sched_getaffinity(0))}, indent=1))
     else:
         for label, a in stats.items():
             print(f"{label}: {a['plans']} plans, Pearson R {a['pearson_r']:.3f}, relative error median "
                   f"{100 * a['median_rel_error']:.1f} %, max {100 * a['max_rel_error']:.1f} %")
+        for c in chosen:
+            print(f"{c['model']} on {c['nodes']} nodes: the plan predicted fastest of {c['plans']} ({c['chosen']}) measured "
+                  f"{100 * c['gap']:.1f} % slower than the fastest measured")
     return 0 if all(r["exact"] for r in rows) else 1
 
 
