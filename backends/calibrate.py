@@ -58,7 +58,7 @@ from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.simulate import op_kind
 
 REPEAT = 15
-LAYER_RUNS = 12  # runs of a model's layers in sequence after a warm-up (each layer's time: the fastest)
+LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
@@ -198,9 +198,10 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
     fused into a convolution to that convolution (`fusion_anchor`). The profiler adds its own
     cost to every kernel, so the times are scaled to add up to the model's fastest run without
-    it, less `segment` (a run's fixed cost, which the simulator charges per segment). A layer the optimiser folded
-    away (a BatchNormalization or activation fused into a convolution, an Identity) costs 0 here;
-    a layer of no kernel that would compute on its own is left out (priced by its kind)."""
+    it, less `segment` (a run's fixed cost, which the simulator charges per segment). A layer
+    the optimiser folded away (a BatchNormalization or activation fused into a convolution, an
+    Identity) costs 0 here; a layer of no kernel that would compute on its own is left out
+    (priced by its kind)."""
     import onnxruntime as ort
 
     registry = registry or default_registry()
@@ -234,7 +235,9 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         if name is None or run is None:
             continue
         seen.add(name)
-        anchor = anchors[name] if name in anchors else anchors.setdefault(name, fusion_anchor(name, graph, registry))
+        if name not in anchors:
+            anchors[name] = fusion_anchor(name, graph, registry)
+        anchor = anchors[name]
         per_run[run][anchor] = per_run[run].get(anchor, 0.0) + 1e-6 * e["dur"]
     timed = per_run[1:]  # the first run warms up
     times = {name: min(r.get(name, 0.0) for r in timed) for name in set().union(*timed)} if timed else {}

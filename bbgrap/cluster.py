@@ -28,7 +28,7 @@ this one: compile says so and falls back to the kinds' throughputs):
 
     [[node]]
     ...
-    [node.layers]              # seconds of each layer, whole, run in sequence with the others
+    [node.layers]              # seconds of each layer in the model run whole (its kernels, by onnxruntime's profiler)
     "layer1.0.conv1" = 0.00021
 
 A plan for more nodes than the profile lists uses the profile's last node for the rest
@@ -179,7 +179,8 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
 def _model(source: str, table: Any) -> tuple[str, str]:
     """The [model] table: the sha256 (64 hex digits) and path of the model whose layers were measured."""
     if not isinstance(table, dict) or set(table) - {"sha256", "path"} or not isinstance(table.get("sha256"), str) \
-            or len(table["sha256"]) != 64 or not isinstance(table.get("path", ""), str):
+            or len(table["sha256"]) != 64 or set(table["sha256"].lower()) - set("0123456789abcdef") \
+            or not isinstance(table.get("path", ""), str):
         raise BBGrapError(f"{source}: '[model]' must hold sha256 = the model file's 64 hex digits and optionally its path")
     return table["sha256"], table.get("path", "")
 
