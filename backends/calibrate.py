@@ -170,25 +170,24 @@ def kernel_layer(kernel: str, layers: Mapping[str, Layer]) -> str | None:
     return name if name in layers else None
 
 
-def fusion_anchor(name: str, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
+def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
     """The layer whose kernel a layer's work runs in: for an op onnxruntime folds into the
     convolution or Gemm before it (`OpTraits.fuses_into_conv`: a BatchNormalization, an activation,
     a residual Add), that convolution, found within `depth` such ops back (the input whose chain
     reaches one soonest); else the layer itself. onnxruntime names a fused kernel after the last
-    op it holds, and the simulator prices the group at its convolution."""
-    layers = {layer.name: layer for layer in graph.layers}
+    op it holds, and the simulator prices the group at its convolution. Returns the name."""
     producers = graph.producers()
 
-    def steps(layer: Layer, left: int) -> tuple[int, str] | None:
-        if op_kind(layer, graph) != "other":
-            return 0, layer.name
-        if left == 0 or not registry.traits(layer.op_type, layer.domain).fuses_into_conv:
+    def steps(at: Layer, left: int) -> tuple[int, str] | None:
+        if op_kind(at, graph) != "other":
+            return 0, at.name
+        if left == 0 or not registry.traits(at.op_type, at.domain).fuses_into_conv:
             return None
-        found = [s for t in layer.inputs if t in producers and (s := steps(producers[t], left - 1)) is not None]
+        found = [s for t in at.inputs if t in producers and (s := steps(producers[t], left - 1)) is not None]
         return (min(found)[0] + 1, min(found)[1]) if found else None
 
-    got = steps(layers[name], depth)
-    return got[1] if got is not None else name
+    got = steps(layer, depth)
+    return got[1] if got is not None else layer.name
 
 
 def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
@@ -211,7 +210,8 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(work, "model")
         try:
-            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            serialized = model.SerializeToString()
+            sess = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001  # onnxruntime's own errors (and protobuf's 2 GB limit)
             raise BBGrapError(f"--model: onnxruntime cannot run it whole to time its layers ({first_line(exc)})") from None
         feeds = {i.name: inputs[i.name] for i in sess.get_inputs()}
@@ -220,7 +220,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         with open(sess.end_profiling(), encoding="utf-8") as fh:
             events = json.load(fh)
         del sess
-        plain = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+        plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
         plain.run(None, feeds)
         wall = min(timed_run(plain, feeds) for _ in range(runs))
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
@@ -236,7 +236,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
             continue
         seen.add(name)
         if name not in anchors:
-            anchors[name] = fusion_anchor(name, graph, registry)
+            anchors[name] = fusion_anchor(layers[name], graph, registry)
         anchor = anchors[name]
         per_run[run][anchor] = per_run[run].get(anchor, 0.0) + 1e-6 * e["dur"]
     timed = per_run[1:]  # the first run warms up

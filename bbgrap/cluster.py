@@ -84,14 +84,18 @@ class NodeProfile:
         """Fixed cost of one op of one of OP_KINDS."""
         return float(getattr(self, f"{kind}_op_s"))
 
+    def kind_time(self, kind: str, ops: float) -> float:
+        """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
+        return ops / self.ops_per_s(kind) + self.op_s(kind)
+
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output). Where the layer was measured: its kind's fixed cost (at most the measured time) plus
         the rest of the measured time in proportion to the operations (a half map costs half the
-        streamed work, and the whole fixed cost); else the kind's throughput and fixed cost."""
+        streamed work, and the whole fixed cost); else `kind_time`."""
         measured = self.layer_s.get(name)
         if measured is None:
-            return ops / self.ops_per_s(kind) + self.op_s(kind)
+            return self.kind_time(kind, ops)
         fixed = min(self.op_s(kind), measured)
         return fixed + (measured - fixed) * (ops / whole_ops if whole_ops > 0 else 1.0)
 

@@ -181,8 +181,7 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     measured = [w for w in work.layers if w.name in p.layer_s] if p.layer_s else []
     return p.segment_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
-                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops) - w.ops / p.ops_per_s(w.kind) - p.op_s(w.kind)
-                                      for w in measured)])
+                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops) - p.kind_time(w.kind, w.ops) for w in measured)])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

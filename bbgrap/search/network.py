@@ -11,7 +11,9 @@ layer too short to cut still has its placements.
 
 **Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
-computes, the profile's throughput for the op's kind). Reading an input whose producer chose
+computes, the profile's throughput for the op's kind), or where the profile measured L on n
+(`calibrate --model`) the kind's fixed cost plus L's measured time in proportion to `ops_n`
+(`NodeProfile.layer_time`). Reading an input whose producer chose
 candidate d, node n receives from every other node s the part of its need that s owns and n
 does not hold; each message costs `latency + bytes / bandwidth`, and a node that receives
 anything for the layer pays one segment boundary (`segment_s`) and the concat of what it

@@ -96,10 +96,10 @@ def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution(
     assert kernel_layer("ReorderOutput_token_12", layers) is None  # type: ignore[arg-type]
     graph = import_model(save(zoo.build("resnet18", resolution=32, width=0.125), tempfile.mkdtemp())).graph
     registry = default_registry()
-    assert fusion_anchor("layer1.1.relu", graph, registry) == "layer1.1.conv2"  # relu <- add <- bn2 <- conv2, not the skip
-    assert fusion_anchor("layer1.0.bn1", graph, registry) == "layer1.0.conv1"
-    assert fusion_anchor("layer1.0.conv1", graph, registry) == "layer1.0.conv1"
-    assert fusion_anchor("maxpool", graph, registry) == "maxpool"
+    assert fusion_anchor(graph.layer("layer1.1.relu"), graph, registry) == "layer1.1.conv2"  # relu <- add <- bn2 <- conv2, not the skip
+    assert fusion_anchor(graph.layer("layer1.0.bn1"), graph, registry) == "layer1.0.conv1"
+    assert fusion_anchor(graph.layer("layer1.0.conv1"), graph, registry) == "layer1.0.conv1"
+    assert fusion_anchor(graph.layer("maxpool"), graph, registry) == "maxpool"
 
 
 def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(small_model: str, tmp_path) -> None:
