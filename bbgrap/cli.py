@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                    "or the layer whole on one node, chosen jointly after the per-layer search, the exact minimum of the "
                    "layer-synchronous time by dynamic programming); greedy: the per-layer search alone (each layer's best cut "
                    "given its producers'); heft: list scheduling on each node's timeline (layers may go whole to one node); ga: a "
-                   "genetic algorithm on that timeline seeded with the others. Costs come from --profile (else the default "
+                   "genetic algorithm on that timeline seeded with the others; map-elites: MAP-Elites on that timeline, the fastest "
+                   "plan per kind of plan (share of work on one node, number of boundaries) kept, seeded with the others. Costs come from --profile (else the default "
                    "profile scaled by --speeds); the planner's plan is kept where predicted at least 3%% faster than greedy's, else greedy's")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")

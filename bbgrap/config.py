@@ -52,8 +52,8 @@ def parse_direction(text: str, problem: Callable[[str], BBGrapError]) -> Directi
         raise problem(f"must be one of {', '.join(DIRECTIONS)}, not '{text}'") from None
 
 SEARCHES = ("exact", "pruned-tree", "exhaustive")
-# greedy: the per-layer search alone; dp, heft, ga: a whole-network planner after it (bbgrap/search/network.py)
-PLANNERS = ("greedy", "dp", "heft", "ga")
+# greedy: the per-layer search alone; dp, heft, ga, map-elites: a whole-network planner after it (bbgrap/search/network.py)
+PLANNERS = ("greedy", "dp", "heft", "ga", "map-elites")
 # More nodes than any model here has rows or channels to share out; compile time and memory grow with the count.
 MAX_NODES = 1024
 

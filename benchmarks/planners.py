@@ -1,4 +1,4 @@
-"""Planners side by side: the per-layer search (greedy) against the whole-network planners (dp, heft, ga).
+"""Planners side by side: the per-layer search (greedy) against the whole-network planners (dp, heft, ga, map-elites).
 
 For every node count N the cluster is calibrated once (`mpirun -n N bbgrap calibrate`, one
 rank per node); then every zoo model is compiled for N nodes with each planner

@@ -2,14 +2,15 @@
 
 It starts from the plan the per-layer search (or naive-partition) made, offers each layer
 its candidates (that cut, the speed-proportional cut along every axis its rule allows, the
-layer whole on node 0, and for heft and ga the layer whole on each other node), and takes
+layer whole on node 0, and for heft, ga and map-elites the layer whole on each other node), and takes
 the choice of the named planner: `dp` minimises
 
     S(x) = Σ_L max_n (compute(L, x_L, n) + receive(L, x_L, x_producers, n)) + output gather
 
 exactly by dynamic programming over the layers (a beam where the frontier of live layers
 is too wide), `heft` list-schedules the layers on the per-node timeline, `ga` evolves whole
-choices on that timeline seeded with the start, dp's and heft's. Costs come from the cluster
+choices on that timeline seeded with the start, dp's and heft's, and `map-elites` keeps the
+fastest choice of each kind (share of work on one node, number of boundaries) while it does. Costs come from the cluster
 profile. The plan it started from is one of the choices every planner weighs (dp: its S is
 never above the start's), and the compiler keeps whichever of this plan and the per-layer
 search's the simulator of the lowered plan predicts faster (by a margin: bbgrap/compiler.py).

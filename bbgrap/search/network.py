@@ -32,7 +32,7 @@ Two evaluations of a whole choice `x` (one candidate per layer):
 * **timeline** (`NetworkCost.timeline`): each node keeps its own clock and a layer starts on
   node n when n is free and every message it needs has arrived (sent when its sender
   finished the producer). It credits what the synchronous sum cannot: parallel branches
-  placed on different nodes. HEFT and the genetic algorithm minimise it.
+  placed on different nodes. HEFT, the genetic algorithm and MAP-Elites minimise it.
 
 Neither replaces the simulator of the lowered plan (bbgrap/simulate.py), which judges the
 planners' results against the per-layer search's (bbgrap/compiler.py).
@@ -46,7 +46,9 @@ planners' results against the per-layer search's (bbgrap/compiler.py).
   layer taking the candidate with the earliest finish on the timeline so far;
 * `plan_ga`: a genetic algorithm over whole choices, seeded with the current plan, the DP's
   and HEFT's, minimising the timeline (seeded random generator: the same input gives the same
-  plan).
+  plan);
+* `plan_map_elites`: MAP-Elites over the same choices, seeds and timeline, keeping the fastest
+  choice of each kind (share of work on one node, number of boundaries) as stepping stones.
 """
 
 from __future__ import annotations
@@ -356,7 +358,7 @@ class NetworkResult:
     choice: Choice
     synchronous: float
     timeline: float
-    evaluated: int  # states (DP), candidate placements (HEFT) or whole choices (GA) scored
+    evaluated: int  # states (DP), candidate placements (HEFT) or whole choices (GA, MAP-Elites) scored
     exact: bool  # the DP's result is S's minimum over all candidate choices
     seconds: float
 
@@ -478,66 +480,129 @@ def plan_heft(cost: NetworkCost) -> NetworkResult:
     return NetworkResult("heft", x, cost.synchronous(x), cost.timeline(x), evaluated, False, time.perf_counter() - t0)
 
 
+@dataclass
+class Variation:
+    """How the evolutionary planners make new choices from old ones (a seeded generator: the same
+    input gives the same plans): `mutate` changes a few layers (one layer, or a run of consecutive
+    layers set to one axis' cut), `cross` takes each layer's candidate from either parent; and
+    `score`, the timeline of a choice, remembered."""
+
+    cost: NetworkCost
+    rng: random.Random
+    scores: dict[Choice, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.choosable = [i for i, cands in enumerate(self.cost.candidates) if len(cands) > 1]
+
+    def score(self, x: Choice) -> float:
+        got = self.scores.get(x)
+        if got is None:
+            got = self.scores[x] = self.cost.timeline(x)
+        return got
+
+    def mutate(self, x: Choice) -> Choice:
+        rng, candidates = self.rng, self.cost.candidates
+        if not self.choosable:
+            return x
+        y = list(x)
+        if rng.random() < 0.5:
+            i = rng.choice(self.choosable)
+            y[i] = rng.randrange(len(candidates[i]))
+        else:  # a run of layers to the same candidate position (the same axis where the sets match)
+            start = rng.randrange(len(self.choosable))
+            run = self.choosable[start:start + rng.randint(2, 8)]
+            c = rng.randrange(max(len(candidates[i]) for i in run))
+            for i in run:
+                y[i] = min(c, len(candidates[i]) - 1)
+        return tuple(y)
+
+    def cross(self, a: Choice, b: Choice) -> Choice:
+        return tuple(a[i] if self.rng.random() < 0.5 else b[i] for i in range(len(a)))
+
+
 def plan_ga(cost: NetworkCost, seeds: Sequence[Choice], generations: int = 60, population: int = 24,
             seed: int = 0) -> NetworkResult:
     """A genetic algorithm over whole choices minimising the timeline: the seeds and their
     mutations start it; each generation keeps the best quarter, and fills the rest with
-    children of two tournament winners (each layer's candidate from either parent) mutated at a
-    few layers (one layer, or a run of consecutive layers set to one axis' cut)."""
+    mutated children of two tournament winners (`Variation`)."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
-    n = len(cost.candidates)
-    choosable = [i for i in range(n) if len(cost.candidates[i]) > 1]
-    scores: dict[Choice, float] = {}
-
-    def score(x: Choice) -> float:
-        got = scores.get(x)
-        if got is None:
-            got = scores[x] = cost.timeline(x)
-        return got
-
-    def mutate(x: Choice) -> Choice:
-        if not choosable:
-            return x
-        y = list(x)
-        if rng.random() < 0.5:
-            i = rng.choice(choosable)
-            y[i] = rng.randrange(len(cost.candidates[i]))
-        else:  # a run of layers to the same candidate position (the same axis where the sets match)
-            start = rng.randrange(len(choosable))
-            run = choosable[start:start + rng.randint(2, 8)]
-            c = rng.randrange(max(len(cost.candidates[i]) for i in run))
-            for i in run:
-                y[i] = min(c, len(cost.candidates[i]) - 1)
-        return tuple(y)
-
+    vary = Variation(cost, rng)
+    rank = lambda x: (vary.score(x), x)  # noqa: E731
     starts = list(dict.fromkeys(seeds))
     pool = starts[:]
     while len(pool) < population:
-        pool.append(mutate(rng.choice(starts)))
+        pool.append(vary.mutate(rng.choice(starts)))
     for _ in range(generations):
-        pool.sort(key=lambda x: (score(x), x))
+        pool.sort(key=rank)
         elite = pool[: max(2, population // 4)]
         children: list[Choice] = []
         while len(elite) + len(children) < population:
-            a, b = (min(rng.sample(pool, 3), key=lambda x: (score(x), x)) for _ in range(2))
-            child = tuple(a[i] if rng.random() < 0.5 else b[i] for i in range(n))
-            children.append(mutate(child))
+            a, b = (min(rng.sample(pool, 3), key=rank) for _ in range(2))
+            children.append(vary.mutate(vary.cross(a, b)))
         pool = elite + children
-    best = min(pool, key=lambda x: (score(x), x))
-    return NetworkResult("ga", best, cost.synchronous(best), score(best), len(scores), False, time.perf_counter() - t0)
+    best = min(pool, key=rank)
+    return NetworkResult("ga", best, cost.synchronous(best), vary.score(best), len(vary.scores), False, time.perf_counter() - t0)
+
+
+WHOLE_BINS = 5  # MAP-Elites' first descriptor: the share of the work computed on one node, in fifths
+BOUNDARY_BINS = 8  # its second: how many layer inputs any node receives, by powers of two (0, 1, 2-3, ..., 64+)
+
+
+def descriptor(cost: NetworkCost, x: Choice, work: Sequence[float]) -> tuple[int, int]:
+    """Where choice x sits in MAP-Elites' archive: the share of the network's work (`work`, per
+    layer) in layers computed by one node, and the number of layer inputs for which some node
+    receives a message (each a segment boundary at run time), both binned."""
+    alone = math.fsum(w for i, (w, c) in enumerate(zip(work, x)) if len(cost.candidates[i][c].active_nodes()) <= 1)
+    share = alone / max(math.fsum(work), 1e-300)
+    received = sum(1 for i, c in enumerate(x) for k, j in cost.edges[i] if any(cost.receives(i, k, j, x[j], c).messages))
+    return min(int(share * WHOLE_BINS), WHOLE_BINS - 1), min(received.bit_length(), BOUNDARY_BINS - 1)
+
+
+def plan_map_elites(cost: NetworkCost, seeds: Sequence[Choice], evaluations: int = 1500, seed: int = 0) -> NetworkResult:
+    """MAP-Elites (Mouret and Clune) over whole choices minimising the timeline: an archive keeps
+    the fastest choice found in each cell of two descriptors (`descriptor`: how much work runs
+    on one node, how many boundaries the plan has), so that plans unlike the best so far, which a
+    GA's population loses, survive as stepping stones. It starts with the seeds; each evaluation
+    mutates an elite drawn at random (crossed with another one time in three) and keeps the child
+    where its cell is empty or holds a slower choice. The result is the fastest elite."""
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    vary = Variation(cost, rng)
+    work = [float(sum(cost.compute(i, 0))) for i in range(len(cost.candidates))]
+    archive: dict[tuple[int, int], Choice] = {}
+
+    def place(x: Choice) -> None:
+        cell = descriptor(cost, x, work)
+        held = archive.get(cell)
+        if held is None or (vary.score(x), x) < (vary.score(held), held):
+            archive[cell] = x
+
+    for x in dict.fromkeys(seeds):
+        place(x)
+    for _ in range(evaluations):
+        elites = sorted(archive.values())
+        child = rng.choice(elites)
+        if len(elites) > 1 and rng.random() < 1 / 3:
+            child = vary.cross(child, rng.choice(elites))
+        place(vary.mutate(child))
+    best = min(archive.values(), key=lambda x: (vary.score(x), x))
+    return NetworkResult("map-elites", best, cost.synchronous(best), vary.score(best), len(vary.scores), False,
+                         time.perf_counter() - t0)
 
 
 def plan_network(cost: NetworkCost, planner: str, seed: int = 0) -> NetworkResult:
-    """The named planner's choice (dp, heft or ga; ga is seeded with the current plan, dp's and heft's)."""
+    """The named planner's choice (dp, heft, ga or map-elites; the last two are seeded with the
+    current plan, dp's and heft's, and their figures include finding those)."""
     if planner == "dp":
         return plan_dp(cost)
     if planner == "heft":
         return plan_heft(cost)
-    if planner == "ga":
+    if planner in ("ga", "map-elites"):
         current = tuple(0 for _ in cost.candidates)
         dp, heft = plan_dp(cost), plan_heft(cost)
-        ga = plan_ga(cost, [current, dp.choice, heft.choice], seed=seed)
-        return NetworkResult("ga", ga.choice, ga.synchronous, ga.timeline, ga.evaluated + dp.evaluated + heft.evaluated, False,
-                             ga.seconds + dp.seconds + heft.seconds)
+        seeds = [current, dp.choice, heft.choice]
+        got = plan_ga(cost, seeds, seed=seed) if planner == "ga" else plan_map_elites(cost, seeds, seed=seed)
+        return NetworkResult(planner, got.choice, got.synchronous, got.timeline, got.evaluated + dp.evaluated + heft.evaluated,
+                             False, got.seconds + dp.seconds + heft.seconds)
     raise ValueError(f"unknown planner '{planner}' (known: {', '.join(PLANNERS[1:])})")

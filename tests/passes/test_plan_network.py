@@ -19,7 +19,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: save(zoo.build(name, resolution=48, width=0.125), work, name) for name in zoo.NAMES}
 
 
-@pytest.mark.parametrize("planner", ["dp", "heft", "ga"])
+@pytest.mark.parametrize("planner", ["dp", "heft", "ga", "map-elites"])
 @pytest.mark.parametrize(("name", "nodes", "speeds"), [("resnet18", 2, ()), ("inception", 3, (1.0, 2.0, 1.0)), ("mobilenet_v2", 4, ())])
 def test_every_planners_own_plan_is_exact(tmp_path, models: dict[str, str], planner: str, name: str, nodes: int,
                                           speeds: tuple[float, ...]) -> None:

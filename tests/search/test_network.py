@@ -19,7 +19,21 @@ from bbgrap.config import Config
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.rules.registry import default_registry
-from bbgrap.search.network import Boxes, NetworkCost, Senders, layer_candidates, plan_dp, plan_ga, plan_heft, plan_network, received_values
+from bbgrap.search.network import (
+    BOUNDARY_BINS,
+    WHOLE_BINS,
+    Boxes,
+    NetworkCost,
+    Senders,
+    descriptor,
+    layer_candidates,
+    plan_dp,
+    plan_ga,
+    plan_heft,
+    plan_map_elites,
+    plan_network,
+    received_values,
+)
 from tests.onnx_builder import build_model
 
 RNG = np.random.default_rng(0)
@@ -197,6 +211,43 @@ def test_ga_is_deterministic(tmp_path) -> None:
     cost = network_cost(graph, PROFILES["fast link"])
     a, b = (plan_network(cost, "ga", seed=3) for _ in range(2))
     assert a.choice == b.choice and a.timeline == b.timeline
+
+
+def test_map_elites_is_never_worse_than_its_seeds_and_is_deterministic(tmp_path) -> None:
+    graph = partitioned(residual_model(), 3, tmp_path)
+    cost = network_cost(graph, PROFILES["mixed speeds"])
+    seeds = [tuple(0 for _ in cost.candidates), plan_heft(cost).choice]
+    a, b = (plan_map_elites(cost, seeds, evaluations=200, seed=5) for _ in range(2))
+    assert a.timeline <= min(cost.timeline(x) for x in seeds)
+    assert a.choice == b.choice and a.timeline == b.timeline and a.planner == "map-elites"
+    assert a.timeline == pytest.approx(cost.timeline(a.choice), rel=1e-12)
+    full = plan_network(cost, "map-elites")
+    assert full.planner == "map-elites" and full.timeline <= plan_dp(cost).timeline
+
+
+def test_map_elites_descriptor_bins_the_work_on_one_node_and_the_boundaries(tmp_path) -> None:
+    """The whole network on node 0: all its work on one node, no boundary (the top share bin,
+    boundary bin 0); the start (every layer cut) has no work alone and receives halos."""
+    graph = partitioned(residual_model(), 2, tmp_path)
+    cost = network_cost(graph, PROFILES["fast link"])
+    work = [float(sum(cost.compute(i, 0))) for i in range(len(cost.candidates))]
+    whole = tuple(k - 1 for k in cost.cuts)
+    assert descriptor(cost, whole, work) == (WHOLE_BINS - 1, 0)
+    start = tuple(0 for _ in cost.candidates)
+    share, boundaries = descriptor(cost, start, work)
+    assert all(len(cost.candidates[i][0].active_nodes()) == 2 for i in range(len(start)) if cost.cuts[i] > 1)
+    assert share < WHOLE_BINS - 1 and 0 < boundaries < BOUNDARY_BINS
+
+
+def test_map_elites_keeps_an_unlike_plan_the_fastest_cannot_reach(tmp_path) -> None:
+    """Where placing two branches on different nodes wins (slow nodes, tiny branches), MAP-Elites
+    seeded with only the start still finds a plan as fast as HEFT's, which runs them side by side."""
+    graph = partitioned(branches_model(size=1, channels=1), 2, tmp_path)
+    slow = ClusterProfile((NodeProfile(conv_ops_per_s=1e4),), LinkProfile(latency_s=1e-5))
+    cost = network_cost(graph, slow)
+    start = tuple(0 for _ in cost.candidates)
+    me = plan_map_elites(cost, [start], evaluations=600)
+    assert me.timeline <= plan_heft(cost).timeline * (1 + 1e-9) < cost.timeline(start)
 
 
 def test_timeline_of_a_plan_on_one_node_is_its_compute(tmp_path) -> None:
