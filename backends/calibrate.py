@@ -18,8 +18,12 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   model's run without the profiler (`measure_layers`). The simulator then prices a layer this
   node measured by its measurement instead of its kind's throughput (`NodeProfile.layer_time`):
   an op the microbenchmarks do not describe (LRN, a Softmax, a 1x1 convolution on a 7x7 map)
-  costs what it costs here. The profile records the model file's hash, and compile uses the
-  layer times only for that model;
+  costs what it costs here. For each convolution and constant-weight MatMul or Gemm it also
+  measures how that time splits between a fixed part, a part in proportion to the weights a
+  piece reads and one in proportion to its operations (backends/scaling.py: the layer alone,
+  whole and on half its rows and half its output channels), so a half map of a small
+  convolution costs what it does. The profile records the model file's hash, and compile
+  uses the layer times only for that model;
 * **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
   round trip per size: the smallest message's time is the latency, the slope of time over
   bytes (least squares) 1 / the bandwidth. With one node nothing is
@@ -46,6 +50,7 @@ from typing import Any
 import numpy as np
 import onnx
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
+from bbgrap.backends.scaling import measure_scaling
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
 from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
@@ -118,6 +123,19 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> fl
     for _ in range(3):
         sess.run(None, feeds)
     return min(timed_run(sess, feeds) for _ in range(repeat))
+
+
+def time_piece(model: onnx.ModelProto, threads: int) -> tuple[float, tuple[int, ...]]:
+    """`time_model` of a one-op model, and its output's shape."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.random.default_rng(1).standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    shape = tuple(sess.run(None, feeds)[0].shape)
+    for _ in range(2):
+        sess.run(None, feeds)
+    return min(timed_run(sess, feeds) for _ in range(REPEAT)), shape
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -268,8 +286,11 @@ def measure_node(threads: int, model: ModelToTime | None = None) -> NodeProfile:
     speeds = {kind: op_speed(b, threads, segment) for kind, b in builds.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
-    layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment) if model is not None else {}
-    return NodeProfile(**fields, segment_s=segment, layer_s=layers)
+    layers, scaling = {}, {}
+    if model is not None:
+        layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment)
+        scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads), layers)
+    return NodeProfile(**fields, segment_s=segment, layer_s=layers, layer_scaling=scaling)
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
@@ -314,7 +335,7 @@ def describe(profile: ClusterProfile) -> str:
                      f"other {p.other_op_s * 1e6:.1f} us; {p.segment_s * 1e6:.1f} us per segment")
         if p.layer_s:
             lines.append(f"  {len(p.layer_s)} layers of {os.path.basename(profile.model_path)} measured: "
-                         f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all")
+                         f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all; how {len(p.layer_scaling)} of them scale with a piece")
     lines.append(f"link: {profile.link.latency_s * 1e6:.1f} us + {profile.link.bandwidth_Bps / 1e9:.2f} GB/s")
     return "\n".join(lines)
 

@@ -30,6 +30,8 @@ this one: compile says so and falls back to the kinds' throughputs):
     ...
     [node.layers]              # seconds of each layer in the model run whole (its kernels, by onnxruntime's profiler)
     "layer1.0.conv1" = 0.00021
+    [node.scaling]             # how a convolution's or matmul's time scales: [rows, channels] slopes
+    "layer1.0.conv1" = [0.85, 0.7]
 
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
@@ -58,6 +60,30 @@ from bbgrap.paths import written_whole
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "latency_s")  # may be 0; every throughput must be positive
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
+SCALING = "scaling"  # a node's table of how those times split (NodeProfile.layer_scaling)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How a measured layer's time scales with the piece a node computes, along its rows (or
+    positions, tokens) and along its output channels, each a line through the whole layer:
+    a piece with a share `r` of the rows and `c` of the channels takes
+
+        (1 - rows + rows * r) * (1 - channels + channels * c)
+
+    of the whole layer's time. A slope under 1 is a part the cut does not shrink: along rows,
+    the filter every row band streams again and the kernel's start; along channels, the lanes a
+    blocked layout leaves empty when few channels are left (backends/scaling.py measures both)."""
+
+    rows: float
+    channels: float
+
+    def share(self, weight_share: float, ops_share: float) -> float:
+        """The part of the layer's whole time a piece reading `weight_share` of its weights (its
+        channels' filters) and doing `ops_share` of its operations takes."""
+        c = weight_share if weight_share > 0 else 1.0
+        r = ops_share / c
+        return (1.0 - self.rows + self.rows * r) * (1.0 - self.channels + self.channels * c)
 
 
 @dataclass(frozen=True)
@@ -75,6 +101,8 @@ class NodeProfile:
     segment_s: float = 5e-5
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
+    # how the time of some of them splits between fixed, weights and operations; a measured layer without: its kind's fixed cost and operations
+    layer_scaling: dict[str, Scaling] = field(default_factory=dict, hash=False)
 
     def ops_per_s(self, kind: str) -> float:
         """Throughput for one of OP_KINDS."""
@@ -88,16 +116,20 @@ class NodeProfile:
         """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
         return ops / self.ops_per_s(kind) + self.op_s(kind)
 
-    def layer_time(self, name: str, kind: str, ops: float, whole_ops: float) -> float:
+    def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
-        output). Where the layer was measured: its kind's fixed cost (at most the measured time) plus
-        the rest of the measured time in proportion to the operations (a half map costs half the
-        streamed work, and the whole fixed cost); else `kind_time`."""
+        output), reading `weight_share` of its weights. Where the layer was measured: its measured
+        time scaled by its `Scaling` where measured too, else its kind's fixed cost (at most the
+        measured time) plus the rest in proportion to the operations; else `kind_time`."""
         measured = self.layer_s.get(name)
         if measured is None:
             return self.kind_time(kind, ops)
+        ops_share = ops / whole_ops if whole_ops > 0 else 1.0
+        scaling = self.layer_scaling.get(name)
+        if scaling is not None:
+            return measured * scaling.share(weight_share, ops_share)
         fixed = min(self.op_s(kind), measured)
-        return fixed + (measured - fixed) * (ops / whole_ops if whole_ops > 0 else 1.0)
+        return fixed + (measured - fixed) * ops_share
 
 
 @dataclass(frozen=True)
@@ -124,7 +156,7 @@ class ClusterProfile:
         measured on another model (a layer named alike there says nothing of this one)."""
         if not self.model_sha256 or self.model_sha256 == sha256:
             return self
-        return replace(self, nodes=tuple(replace(n, layer_s={}) for n in self.nodes), model_sha256="", model_path="")
+        return replace(self, nodes=tuple(replace(n, layer_s={}, layer_scaling={}) for n in self.nodes), model_sha256="", model_path="")
 
     def node(self, n: int) -> NodeProfile:
         """Node n's profile (the last one listed where the profile lists fewer)."""
@@ -172,12 +204,31 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     where = f"node[{k}]"
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
-    rest = {key: v for key, v in table.items() if key != LAYERS}
+    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING)}
     layers = table.get(LAYERS, {})
     if not isinstance(layers, dict):
         raise BBGrapError(f"{source}: '{where}.{LAYERS}' must be a table of layer name = seconds")
     times = {name: _number(source, f"{where}.{LAYERS}", json.dumps(name), v, positive=False) for name, v in layers.items()}
-    return NodeProfile(**_table(source, where, rest, NodeProfile), layer_s=times)
+    return NodeProfile(**_table(source, where, rest, NodeProfile), layer_s=times,
+                       layer_scaling=_scaling(source, f"{where}.{SCALING}", table.get(SCALING, {}), times))
+
+
+def _scaling(source: str, where: str, table: Any, times: dict[str, float]) -> dict[str, Scaling]:
+    """A [node.scaling] table: per measured layer its [rows, channels] slopes, each in [0, 1]."""
+    if not isinstance(table, dict):
+        raise BBGrapError(f"{source}: '{where}' must be a table of layer name = [rows, channels]")
+    out = {}
+    for name, v in table.items():
+        key = f"{where}.{json.dumps(name)}"
+        if not isinstance(v, list) or len(v) != 2:
+            raise BBGrapError(f"{source}: '{key}' must be [rows, channels], two slopes from 0 to 1")
+        slopes = [_number(source, where, json.dumps(name), x, positive=False) for x in v]
+        if max(slopes) > 1:
+            raise BBGrapError(f"{source}: '{key}' must be [rows, channels], two slopes from 0 to 1, got {v!r}")
+        if name not in times:
+            raise BBGrapError(f"{source}: '{key}' is for a layer without a time in [node.{LAYERS}]; calibrate again with --model FILE")
+        out[name] = Scaling(*slopes)
+    return out
 
 
 def _model(source: str, table: Any) -> tuple[str, str]:
@@ -223,10 +274,13 @@ def profile_toml(profile: ClusterProfile, comment: str = "") -> str:
         lines += ["[model]", f"sha256 = {json.dumps(profile.model_sha256)}", f"path = {json.dumps(profile.model_path, ensure_ascii=False)}", ""]
     lines += ["[link]", *(f"{f.name} = {getattr(profile.link, f.name)!r}" for f in fields(LinkProfile))]
     for node in profile.nodes:
-        lines += ["", "[[node]]", *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile) if f.name != "layer_s")]
+        lines += ["", "[[node]]", *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile) if f.name not in ("layer_s", "layer_scaling"))]
+        # a TOML basic string is JSON's, with characters beyond ASCII written as they are
         if node.layer_s:
-            # a TOML basic string is JSON's, with characters beyond ASCII written as they are
             lines += [f"[node.{LAYERS}]", *(f"{json.dumps(k, ensure_ascii=False)} = {v!r}" for k, v in node.layer_s.items())]
+        if node.layer_scaling:
+            lines += [f"[node.{SCALING}]", *(f"{json.dumps(k, ensure_ascii=False)} = [{s.rows!r}, {s.channels!r}]"
+                                              for k, s in node.layer_scaling.items())]
     return "\n".join(lines) + "\n"
 
 

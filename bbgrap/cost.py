@@ -10,6 +10,8 @@ them against what a receive costs (`ReceiveCost`, per execution provider).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bbgrap.cluster import ClusterProfile
@@ -25,6 +27,18 @@ def ops_per_element(layer: Layer, graph: Graph, registry: RuleRegistry | None = 
 def layer_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
     """Operations to compute `region` of the layer's output."""
     return ops_per_element(layer, graph, registry) * region.volume
+
+
+def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -> float:
+    """The share of the layer's constant inputs (its weights, a bias) a node reading `needs` (one
+    region per input, None: not read) reads; 1 for a layer without constant inputs. A cut along
+    rows reads every weight, a cut along output channels its channels' filters only."""
+    whole = read = 0
+    for tensor, need in zip(layer.inputs, needs):
+        if tensor in graph.constants:
+            whole += math.prod(graph.tensors[tensor].shape)
+            read += need.volume if need is not None else 0
+    return read / whole if whole else 1.0
 
 
 def plan_flops(graph: Graph, owned: bool = False, registry: RuleRegistry | None = None) -> list[float]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile
-from bbgrap.cost import layer_ops
+from bbgrap.cost import layer_ops, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -38,12 +38,14 @@ if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
 
 @dataclass(frozen=True)
 class LayerWork:
-    """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole output."""
+    """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole
+    output, and the share of its weights it reads here."""
 
     name: str
     kind: str
     ops: float
     whole_ops: float
+    weight_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,10 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
         layer = layers.get(onnx_node.name)
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
-            here = layer_ops(layer, graph, graph.partitions[layer.name].computes[node], registry)
+            part = graph.partitions[layer.name]
+            here = layer_ops(layer, graph, part.computes[node], registry)
             ops[kind] += here
-            measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry)))
+            measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node])))
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -181,7 +184,7 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     measured = [w for w in work.layers if w.name in p.layer_s] if p.layer_s else []
     return p.segment_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
-                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops) - p.kind_time(w.kind, w.ops) for w in measured)])
+                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share) - p.kind_time(w.kind, w.ops) for w in measured)])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

@@ -9,7 +9,7 @@ import pytest
 from helpers import save
 
 from bbgrap import zoo
-from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, profile_toml, read_profile, write_profile
+from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, Scaling, profile_toml, read_profile, write_profile
 from bbgrap.compiler import choose_nodes, compile_model
 from bbgrap.config import Config
 from bbgrap.ir import BBGrapError, Graph
@@ -100,6 +100,27 @@ def test_a_measured_layer_costs_its_fixed_cost_and_its_share_of_the_rest() -> No
     assert math.isclose(replace(NODE, layer_s={"tiny": 1e-6}).layer_time("tiny", "conv", 1.0, 2.0), 1e-6)  # fixed cost at most all
 
 
+def test_a_measured_layer_with_its_scaling_costs_what_its_rows_and_channels_slopes_say() -> None:
+    """Slopes 0.5 along rows, 1 along channels: half the rows cost 3/4 of the layer, half the
+    output channels (half the weights, half the operations) half of it, a quarter tile 3/8;
+    the whole layer costs its measurement, and the kind's fixed cost plays no part."""
+    node = replace(NODE, layer_s={"conv1": 2e-3}, layer_scaling={"conv1": Scaling(rows=0.5, channels=1.0)})
+    assert math.isclose(node.layer_time("conv1", "conv", 1e6, 1e6), 2e-3)
+    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6, weight_share=1.0), 0.75 * 2e-3)
+    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6, weight_share=0.5), 0.5 * 2e-3)
+    assert math.isclose(node.layer_time("conv1", "conv", 2.5e5, 1e6, weight_share=0.5), 0.375 * 2e-3)
+
+
+def test_profile_with_scaling_round_trips(tmp_path) -> None:
+    node = replace(NODE, layer_s={"a": 1e-3, "b b": 2e-3}, layer_scaling={"b b": Scaling(0.25, 1.0)})
+    profile = ClusterProfile((node,), LinkProfile(1e-5, 2.5e9), model_sha256="cd" * 32)
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile)
+    back = read_profile(path)
+    assert back.nodes[0].layer_scaling == {"b b": Scaling(0.25, 1.0)} and profile_toml(back) == profile_toml(profile)
+    assert back.for_model("0" * 64).nodes[0].layer_scaling == {}
+
+
 def test_a_segment_prices_the_layers_its_node_measured_and_the_rest_by_kind() -> None:
     work = SegmentWork({"conv": 2e6, "other": 1e5}, {"conv": 2, "other": 1},
                        (LayerWork("a", "conv", 1e6, 4e6), LayerWork("b", "conv", 1e6, 1e6)))
@@ -137,6 +158,10 @@ def test_layer_times_of_another_model_are_not_used(small_model: str, tmp_path) -
     ("[model]\nsha256 = \"00\"\n[[node]]\n", "'\\[model\\]' must hold sha256"),
     ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nconv1 = -1.0\n' % ("0" * 64), "'node\\[0\\].layers.\"conv1\"' must be a number >= 0"),
     ("[[node]]\nlayers = 3\n", "'node\\[0\\].layers' must be a table"),
+    ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nc = 1.0\n[node.scaling]\nc = [0.5]\n' % ("0" * 64), "must be \\[rows, channels\\]"),
+    ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nc = 1.0\n[node.scaling]\nc = [0.5, 1.5]\n' % ("0" * 64), "two slopes from 0 to 1"),
+    ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nc = 1.0\n[node.scaling]\nd = [0.5, 1.0]\n' % ("0" * 64), "without a time"),
+    ("[[node]]\nscaling = 3\n", "'node\\[0\\].scaling' must be a table"),
 ])
 def test_bad_profiles_are_one_line_naming_the_key(tmp_path, text: str, problem: str) -> None:
     path = tmp_path / "bad.toml"

@@ -64,7 +64,7 @@ import numpy as np
 
 from bbgrap.cluster import ClusterProfile
 from bbgrap.config import PLANNERS
-from bbgrap.cost import layer_ops
+from bbgrap.cost import layer_ops, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import partition_layer, shared_axes, split_sizes
@@ -237,7 +237,7 @@ class NetworkCost:
             times = [0.0] * self.nodes
             for n in part.active_nodes():
                 ops = layer_ops(layer, self.graph, part.computes[n], self.registry)
-                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole)
+                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]))
             got = self._compute[key] = tuple(times)
         return got
 

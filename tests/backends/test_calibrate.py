@@ -111,6 +111,11 @@ def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(sma
     assert profile.model_sha256 == file_sha256(small_model) and profile.model_path == os.path.abspath(small_model)
     assert set(profile.nodes[0].layer_s) == {layer.name for layer in import_model(small_model).graph.layers}
     assert "layers of" in proc.stdout
+    graph = import_model(small_model).graph
+    timed = {k for k, v in profile.nodes[0].layer_s.items() if v > 0}
+    scalable = {layer.name for layer in graph.layers if layer.op_type in ("Conv", "Gemm", "MatMul")} & timed
+    assert any(graph.layer(k).op_type == "Conv" for k in scalable) and set(profile.nodes[0].layer_scaling) == scalable
+    assert all(0 <= s.rows <= 1 and 0 <= s.channels <= 1 for s in profile.nodes[0].layer_scaling.values())
     # the prediction for one node is the measured layers' (the cheap ops fused into a convolution cost nothing)
     plan = compile_model(small_model, Config(nodes=1), str(tmp_path / "plan"), profile=profile)
     plain = compile_model(small_model, Config(nodes=1), str(tmp_path / "plain"), profile=replace(profile, model_sha256="0" * 64))
