@@ -8,9 +8,9 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
   (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
   each, from small feature maps to large; the line through (operations, time)
-  gives 1 / throughput as its slope, and the op's fixed cost is the median of what each
-  model's time leaves beyond a segment's cost and its operations at that throughput (small
-  maps cost more per operation: the fixed cost catches that);
+  gives 1 / throughput as its slope, and the op's fixed cost is what a tiny one of its kind
+  (a 4x4 map of 8 channels; for "other" a crop, as lowering adds them) takes beyond a
+  segment's cost and its operations at that throughput;
 * **the given model's layers** (with `--model FILE`): the model run whole, as onnxruntime runs
   it (its fusions, its blocked layout), under onnxruntime's profiler; each kernel's time goes to
   the layer it is named after, or for an op fused into a convolution (a BatchNormalization, an
@@ -40,7 +40,6 @@ import functools
 import json
 import os
 import re
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -144,13 +143,31 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], threads: int, segment: float) -> tuple[float, float]:
-    """Operations per second and fixed seconds per op of the one-op models `builds` make: 1 / the slope
-    of the line through their (operations, time) (least squares), and the median over the models of
-    what their time leaves beyond a segment's fixed cost `segment` and their operations at that speed
-    (not the line's intercept, which one noisy large model moves by far more than the small models'
-    fixed costs). Where noise makes the slope no larger than 0: the largest model's operations over
-    its time, and no fixed cost."""
+def slice_model(channels: int, size: int) -> tuple[onnx.ModelProto, float]:
+    """The first half of the rows of a channels x size x size map: a crop as lowering writes them
+    (a Slice), and its operations (one per element written)."""
+    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("s", 0), ("e", size // 2), ("a", 2)))
+    node = helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])
+    model = _model([node], {"x": (1, channels, size, size)}, ("y", (1, channels, size // 2, size)), {})
+    model.graph.initializer.extend([starts, ends, axes])
+    return model, float(channels * (size // 2) * size)
+
+
+# A tiny op of each kind: what it takes beyond a segment's own cost and its operations is the
+# kind's fixed cost per op (with the layout reorders a lone convolution brings, as in a segment)
+TINY: dict[str, Callable[[], tuple[onnx.ModelProto, float]]] = {
+    "conv": functools.partial(conv_model, 8, 4, False), "depthwise": functools.partial(conv_model, 8, 4, True),
+    "matmul": functools.partial(matmul_model, 1, 16), "other": functools.partial(slice_model, 8, 4)}
+
+
+def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], tiny: Callable[[], tuple[onnx.ModelProto, float]],
+             threads: int, segment: float) -> tuple[float, float]:
+    """Operations per second and fixed seconds per op of one kind of op: 1 / the slope of the line
+    through the (operations, time) of the one-op models `builds` make (least squares), and what the
+    `tiny` one-op model's time leaves beyond a segment's fixed cost `segment` and its operations at
+    that speed (not the line's intercept, which one noisy large model moves by far more than the
+    fixed cost; nor what the larger models leave, which their better cache fit can make negative).
+    Where noise makes the slope no larger than 0: the largest model's operations over its time."""
     ops, times = [], []
     for build in builds:
         model, n = build()
@@ -158,8 +175,9 @@ def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], thre
         times.append(time_model(model, threads))
     _, slope = fit_line(ops, times)
     if slope <= 0:
-        return ops[-1] / times[-1], 0.0
-    return 1.0 / slope, max(0.0, statistics.median(t - segment - n * slope for n, t in zip(ops, times)))
+        slope = times[-1] / ops[-1]
+    model, n = tiny()
+    return 1.0 / slope, max(0.0, time_model(model, threads) - segment - n * slope)
 
 
 @dataclass(frozen=True)
@@ -283,7 +301,7 @@ def measure_node(threads: int, model: ModelToTime | None = None) -> NodeProfile:
         "matmul": [functools.partial(matmul_model, 16, s) for s in (64, 128, 256, 512)],
         "other": [functools.partial(add_model, s * s * 64) for s in sizes],
     }
-    speeds = {kind: op_speed(b, threads, segment) for kind, b in builds.items()}
+    speeds = {kind: op_speed(b, TINY[kind], threads, segment) for kind, b in builds.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
     layers, scaling = {}, {}

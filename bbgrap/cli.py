@@ -89,9 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
     k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores)")
     k.add_argument("--model", metavar="FILE.onnx",
-                   help="also time every layer of this model on each node, in the model's order (a few seconds more): "
-                   "compile --profile then prices that model's layers by their own times, not their kind's (the profile "
-                   "records the file's hash; for another model it falls back to the kinds)")
+                   help="also time every layer of this model on each node, in the model run whole (a few seconds more), and "
+                   "how each convolution's and matmul's time scales on half its rows and half its channels: compile "
+                   "--profile then prices that model's layers and their pieces by these times, not their kind's (the "
+                   "profile records the file's hash; for another model it falls back to the kinds)")
     k.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="with --model: fix a symbolic input shape, as compile's (repeatable)")
 

@@ -118,18 +118,17 @@ class NodeProfile:
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
-        output), reading `weight_share` of its weights. Where the layer was measured: its measured
-        time scaled by its `Scaling` where measured too, else its kind's fixed cost (at most the
-        measured time) plus the rest in proportion to the operations; else `kind_time`."""
+        output), reading `weight_share` of its weights. Where the layer was measured: its kind's
+        fixed cost (at most the measured time: a piece is one more op in a segment) plus the rest
+        of the measured time scaled by its `Scaling` where measured too, else in proportion to the
+        operations; else `kind_time`."""
         measured = self.layer_s.get(name)
         if measured is None:
             return self.kind_time(kind, ops)
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
-        if scaling is not None:
-            return measured * scaling.share(weight_share, ops_share)
         fixed = min(self.op_s(kind), measured)
-        return fixed + (measured - fixed) * ops_share
+        return fixed + (measured - fixed) * (scaling.share(weight_share, ops_share) if scaling is not None else ops_share)
 
 
 @dataclass(frozen=True)

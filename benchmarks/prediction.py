@@ -15,6 +15,7 @@ the plan predicted fastest measured than the fastest measured.
   python benchmarks/prediction.py                              # 5 models x (N = 1, and N = 2 x h, w, c x recompute on/off)
   python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
   python benchmarks/prediction.py --per-layer                  # each model's layers measured by calibrate --model
+  python benchmarks/prediction.py --per-layer --no-scaling     # ... but a piece costs its share of the operations
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -118,6 +120,9 @@ def main() -> int:
     p.add_argument("--per-layer", action="store_true",
                    help="calibrate once per model and node count with --model: the simulator prices each layer by its own "
                    "measured time (else once per node count, every layer by its kind's throughput)")
+    p.add_argument("--no-scaling", action="store_true",
+                   help="with --per-layer: drop what calibrate measured of how each layer scales with its piece, so a piece "
+                   "costs its share of the operations (to compare the two)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
@@ -129,6 +134,8 @@ def main() -> int:
             for n in args.nodes:
                 if args.per_layer:
                     profiles[n] = calibrate(n, os.path.join(work, f"cluster-{name}-{n}.toml"), path)
+                    if args.no_scaling:
+                        profiles[n] = replace(profiles[n], nodes=tuple(replace(p, layer_scaling={}) for p in profiles[n].nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
                     row = bench_plan(path, name, n, direction, recompute, profiles[n], args.repeat, args.rounds, work)

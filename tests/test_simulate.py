@@ -101,14 +101,15 @@ def test_a_measured_layer_costs_its_fixed_cost_and_its_share_of_the_rest() -> No
 
 
 def test_a_measured_layer_with_its_scaling_costs_what_its_rows_and_channels_slopes_say() -> None:
-    """Slopes 0.5 along rows, 1 along channels: half the rows cost 3/4 of the layer, half the
-    output channels (half the weights, half the operations) half of it, a quarter tile 3/8;
-    the whole layer costs its measurement, and the kind's fixed cost plays no part."""
+    """Slopes 0.5 along rows, 1 along channels: beyond the kind's fixed cost (1e-4 s), half the
+    rows cost 3/4 of the layer, half the output channels (half the weights, half the operations)
+    half of it, a quarter tile 3/8; the whole layer costs its measurement."""
     node = replace(NODE, layer_s={"conv1": 2e-3}, layer_scaling={"conv1": Scaling(rows=0.5, channels=1.0)})
+    rest = 2e-3 - 1e-4
     assert math.isclose(node.layer_time("conv1", "conv", 1e6, 1e6), 2e-3)
-    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6, weight_share=1.0), 0.75 * 2e-3)
-    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6, weight_share=0.5), 0.5 * 2e-3)
-    assert math.isclose(node.layer_time("conv1", "conv", 2.5e5, 1e6, weight_share=0.5), 0.375 * 2e-3)
+    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6, weight_share=1.0), 1e-4 + 0.75 * rest)
+    assert math.isclose(node.layer_time("conv1", "conv", 5e5, 1e6, weight_share=0.5), 1e-4 + 0.5 * rest)
+    assert math.isclose(node.layer_time("conv1", "conv", 2.5e5, 1e6, weight_share=0.5), 1e-4 + 0.375 * rest)
 
 
 def test_profile_with_scaling_round_trips(tmp_path) -> None:
