@@ -60,7 +60,7 @@ from bbgrap.paths import written_whole
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "latency_s")  # may be 0; every throughput must be positive
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
-SCALING = "scaling"  # a node's table of how those times split (NodeProfile.layer_scaling)
+SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class NodeProfile:
     segment_s: float = 5e-5
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
-    # how the time of some of them splits between fixed, weights and operations; a measured layer without: its kind's fixed cost and operations
+    # how some of them scale along rows and channels (`Scaling`); a measured layer without: in proportion to its operations
     layer_scaling: dict[str, Scaling] = field(default_factory=dict, hash=False)
 
     def ops_per_s(self, kind: str) -> float:
