@@ -109,23 +109,10 @@ def timed_run(sess: Any, feeds: Mapping[str, np.ndarray]) -> float:
     return time.perf_counter() - t0
 
 
-def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
-    """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up): the fastest of
-    `repeat`, since other work on the host only ever slows a run down."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
-    feeds = {}
-    for i in model.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        feeds[i.name] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    for _ in range(3):
-        sess.run(None, feeds)
-    return min(timed_run(sess, feeds) for _ in range(repeat))
-
-
-def time_piece(model: onnx.ModelProto, threads: int) -> tuple[float, tuple[int, ...]]:
-    """`time_model` of a one-op model, and its output's shape."""
+def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> tuple[float, tuple[int, ...]]:
+    """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up by three runs):
+    the fastest of `repeat`, since other work on the host only ever slows a run down; and the shape
+    of its first output."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
@@ -134,7 +121,12 @@ def time_piece(model: onnx.ModelProto, threads: int) -> tuple[float, tuple[int, 
     shape = tuple(sess.run(None, feeds)[0].shape)
     for _ in range(2):
         sess.run(None, feeds)
-    return min(timed_run(sess, feeds) for _ in range(REPEAT)), shape
+    return min(timed_run(sess, feeds) for _ in range(repeat)), shape
+
+
+def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
+    """Seconds of one run of `model`, as `time_piece` times it."""
+    return time_piece(model, threads, repeat)[0]
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:

@@ -500,6 +500,11 @@ class Variation:
             got = self.scores[x] = self.cost.timeline(x)
         return got
 
+    def rank(self, x: Choice) -> tuple[float, Choice]:
+        """The order of choices: faster first, ties by the choice itself (so the result never
+        depends on the order they were found in)."""
+        return self.score(x), x
+
     def mutate(self, x: Choice) -> Choice:
         rng, candidates = self.rng, self.cost.candidates
         if not self.choosable:
@@ -528,7 +533,7 @@ def plan_ga(cost: NetworkCost, seeds: Sequence[Choice], generations: int = 60, p
     t0 = time.perf_counter()
     rng = random.Random(seed)
     vary = Variation(cost, rng)
-    rank = lambda x: (vary.score(x), x)  # noqa: E731
+    rank = vary.rank
     starts = list(dict.fromkeys(seeds))
     pool = starts[:]
     while len(pool) < population:
@@ -575,7 +580,7 @@ def plan_map_elites(cost: NetworkCost, seeds: Sequence[Choice], evaluations: int
     def place(x: Choice) -> None:
         cell = descriptor(cost, x, work)
         held = archive.get(cell)
-        if held is None or (vary.score(x), x) < (vary.score(held), held):
+        if held is None or vary.rank(x) < vary.rank(held):
             archive[cell] = x
 
     for x in dict.fromkeys(seeds):
@@ -586,7 +591,7 @@ def plan_map_elites(cost: NetworkCost, seeds: Sequence[Choice], evaluations: int
         if len(elites) > 1 and rng.random() < 1 / 3:
             child = vary.cross(child, rng.choice(elites))
         place(vary.mutate(child))
-    best = min(archive.values(), key=lambda x: (vary.score(x), x))
+    best = min(archive.values(), key=vary.rank)
     return NetworkResult("map-elites", best, cost.synchronous(best), vary.score(best), len(vary.scores), False,
                          time.perf_counter() - t0)
 
