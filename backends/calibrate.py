@@ -19,10 +19,9 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   node measured by its measurement instead of its kind's throughput (`NodeProfile.layer_time`):
   an op the microbenchmarks do not describe (LRN, a Softmax, a 1x1 convolution on a 7x7 map)
   costs what it costs here. For each convolution and constant-weight MatMul or Gemm it also
-  measures how that time splits between a fixed part, a part in proportion to the weights a
-  piece reads and one in proportion to its operations (backends/scaling.py: the layer alone,
-  whole and on half its rows and half its output channels), so a half map of a small
-  convolution costs what it does. The profile records the model file's hash, and compile
+  measures how that time scales along rows and along output channels (backends/scaling.py:
+  the layer alone, whole and on half its rows and half its output channels), so a half map
+  of a small convolution costs what it does. The profile records the model file's hash, and compile
   uses the layer times only for that model;
 * **the link** (ranks 0 and 1, all links taken alike): ping-pong at several sizes, half a
   round trip per size: the smallest message's time is the latency, the slope of time over

@@ -12,7 +12,8 @@ layer too short to cut still has its placements.
 **Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
 computes, the profile's throughput for the op's kind), or where the profile measured L on n
-(`calibrate --model`) the kind's fixed cost plus L's measured time in proportion to `ops_n`
+(`calibrate --model`) the kind's fixed cost plus the rest of L's measured time scaled to the
+piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 (`NodeProfile.layer_time`). Reading an input whose producer chose
 candidate d, node n receives from every other node s the part of its need that s owns and n
 does not hold; each message costs `latency + bytes / bandwidth`, and a node that receives
