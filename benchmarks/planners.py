@@ -26,7 +26,7 @@ import tempfile
 from typing import Any
 
 from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
-from prediction import calibrate, zoo_models  # noqa: E402
+from prediction import Profiles, zoo_models  # noqa: E402
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
 from bbgrap.cluster import ClusterProfile
@@ -86,12 +86,11 @@ def main() -> int:
                    ("pred ms", ">9.2f"), ("/greedy", ">8.3f"), ("own pred", ">9.2f"), ("segs", ">5"), ("msgs", ">5"),
                    ("compile s", ">10.1f"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-planners-") as work:
-        profiles = {} if args.per_layer else {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
+        profiles = Profiles(work, args.nodes, args.per_layer)
         for name, path in zoo_models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
-                if args.per_layer:
-                    profiles[n] = calibrate(n, os.path.join(work, f"cluster-{name}-{n}.toml"), path)
-                plans = [compile_for(path, name, n, planner, args.direction, profiles[n], work) for planner in args.planners]
+                profile = profiles.of(name, path, n)
+                plans = [compile_for(path, name, n, planner, args.direction, profile, work) for planner in args.planners]
                 measure(plans, n, args.repeat, args.rounds)
                 base = plans[0][1]
                 for _, row in plans:

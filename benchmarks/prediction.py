@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -57,6 +57,27 @@ def calibrate(nodes: int, path: str, model: str | None = None) -> ClusterProfile
     cmd += ["--model", model] if model else []
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     return read_profile(path)
+
+
+@dataclass
+class Profiles:
+    """The calibrated profile for each model and node count: one per node count, calibrated once
+    up front; or with `per_layer` one per model and node count, with that model's layers
+    (calibrate --model), calibrated when asked for."""
+
+    work: str
+    nodes: list[int]
+    per_layer: bool
+    shared: dict[int, ClusterProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.per_layer:
+            self.shared = {n: calibrate(n, os.path.join(self.work, f"cluster-{n}.toml")) for n in self.nodes}
+
+    def of(self, name: str, path: str, nodes: int) -> ClusterProfile:
+        if not self.per_layer:
+            return self.shared[nodes]
+        return calibrate(nodes, os.path.join(self.work, f"cluster-{name}-{nodes}.toml"), path)
 
 
 def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
@@ -129,16 +150,15 @@ def main() -> int:
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
-        profiles = {} if args.per_layer else {n: calibrate(n, os.path.join(work, f"cluster-{n}.toml")) for n in args.nodes}
+        profiles = Profiles(work, args.nodes, args.per_layer)
         for name, path in zoo_models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
-                if args.per_layer:
-                    profiles[n] = calibrate(n, os.path.join(work, f"cluster-{name}-{n}.toml"), path)
-                    if args.no_scaling:
-                        profiles[n] = replace(profiles[n], nodes=tuple(replace(p, layer_scaling={}) for p in profiles[n].nodes))
+                profile = profiles.of(name, path, n)
+                if args.no_scaling:
+                    profile = replace(profile, nodes=tuple(replace(p, layer_scaling={}) for p in profile.nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
-                    row = bench_plan(path, name, n, direction, recompute, profiles[n], args.repeat, args.rounds, work)
+                    row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work)
                     rows.append(row)
                     if not args.json:
                         table.row(name, n, direction, "yes" if recompute else "no", row["real_ms"], row["real_median_ms"], row["predicted_ms"],
