@@ -48,11 +48,12 @@ from typing import Any
 import numpy as np
 import onnx
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
+from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
 from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
 from bbgrap.ir import BBGrapError, Graph, Layer
@@ -65,19 +66,6 @@ LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up;
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]], output: tuple[str, tuple[int, ...]],
-           weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes, "calibrate",
-        [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, list(output[1]))],
-        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="bbgrap-calibrate")
-    model.ir_version = 7
-    return model
-
-
 def conv_model(channels: int, size: int, depthwise: bool, kernel: int = 3) -> tuple[onnx.ModelProto, float]:
     """A kernel x kernel convolution (padded, so the output is size x size) and its operations (bbgrap/cost.py's count)."""
     per_group = 1 if depthwise else channels
@@ -86,19 +74,19 @@ def conv_model(channels: int, size: int, depthwise: bool, kernel: int = 3) -> tu
     pad = kernel // 2
     node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pad] * 4, group=channels if depthwise else 1)
     shape = (1, channels, size, size)
-    return _model([node], {"x": shape}, ("y", shape), {"w": w}), 2.0 * per_group * kernel * kernel * channels * size * size
+    return float_model([node], {"x": shape}, {"y": shape}, {"w": w}), 2.0 * per_group * kernel * kernel * channels * size * size
 
 
 def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
     w = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
     node = helper.make_node("MatMul", ["x", "w"], ["y"])
-    return _model([node], {"x": (rows, size)}, ("y", (rows, size)), {"w": w}), 2.0 * rows * size * size
+    return float_model([node], {"x": (rows, size)}, {"y": (rows, size)}, {"w": w}), 2.0 * rows * size * size
 
 
 def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
     """An Add of a constant to `elements` values."""
     node = helper.make_node("Add", ["x", "one"], ["y"])
-    return _model([node], {"x": (elements,)}, ("y", (elements,)), {"one": np.ones((1,), dtype=np.float32)}), float(elements)
+    return float_model([node], {"x": (elements,)}, {"y": (elements,)}, {"one": np.ones((1,), dtype=np.float32)}), float(elements)
 
 
 def timed_run(sess: Any, feeds: Mapping[str, np.ndarray]) -> float:
@@ -137,11 +125,9 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 def slice_model(channels: int, size: int) -> tuple[onnx.ModelProto, float]:
     """The first half of the rows of a channels x size x size map: a crop as lowering writes them
     (a Slice), and its operations (one per element written)."""
-    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("s", 0), ("e", size // 2), ("a", 2)))
+    bounds = {k: np.array([v], np.int64) for k, v in (("s", 0), ("e", size // 2), ("a", 2))}
     node = helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])
-    model = _model([node], {"x": (1, channels, size, size)}, ("y", (1, channels, size // 2, size)), {})
-    model.graph.initializer.extend([starts, ends, axes])
-    return model, float(channels * (size // 2) * size)
+    return float_model([node], {"x": (1, channels, size, size)}, {"y": (1, channels, size // 2, size)}, bounds), float(channels * (size // 2) * size)
 
 
 # A tiny op of each kind: what it takes beyond a segment's own cost and its operations is the

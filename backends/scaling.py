@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from bbgrap.backends.probe_models import float_model
+from onnx import helper
 
 from bbgrap.cluster import Scaling
 from bbgrap.ir import Graph, Layer
@@ -124,19 +125,11 @@ PIECES: dict[str, Callable[[Layer, Graph, dict[str, np.ndarray]], tuple[Piece, P
 def piece_model(layer: Layer, piece: Piece) -> onnx.ModelProto:
     """The layer alone as a model: its activation input at the piece's shape, its constants as
     initializers, its one output of whatever shape it makes."""
-    consts = [t for t in layer.inputs if t in piece.constants]
     node = helper.make_node(layer.op_type, list(layer.inputs), ["y"])
     node.attribute.extend(helper.make_attribute(k, v) for k, v in piece.attrs.items())
     activations = [t for t in layer.inputs if t and t not in piece.constants]
-    graph = helper.make_graph(
-        [node], "scaling",
-        [helper.make_tensor_value_info(t, TensorProto.FLOAT, list(s)) for t, s in zip(activations, piece.shapes)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        initializer=[numpy_helper.from_array(piece.constants[t], t) for t in consts],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="bbgrap-calibrate")
-    model.ir_version = 7
-    return model
+    constants = {t: piece.constants[t] for t in layer.inputs if t in piece.constants}
+    return float_model([node], dict(zip(activations, piece.shapes)), {"y": None}, constants, "scaling")
 
 
 def slopes(whole: float, rows: tuple[float, float] | None, channels: tuple[float, float] | None) -> Scaling | None:
