@@ -4,7 +4,10 @@ Run as `mpirun -n N bbgrap calibrate -o cluster.toml` (one rank per node, as bbg
 runs a plan), or `bbgrap calibrate -o cluster.toml` for one node. Each rank, with the
 threads and session options bbgrap-run would give it (backends/threads.py, engine.py):
 
-* **a segment's fixed cost** (`segment_s`): one run of a one-element Add;
+* **a segment boundary** as bbgrap-run pays it (backends/boundary.py): chains of distinct
+  one-element segments run through the executor give the fixed cost per segment (`segment_s`),
+  per value a segment takes or gives (`value_s`) and, under mpirun with more than one rank,
+  per message its sender posts (`send_s`; one node keeps the default);
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
   (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
   each, from small feature maps to large; the line through (operations, time)
@@ -47,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from bbgrap.backends.boundary import Ring, measure_boundary, transport_for
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
@@ -265,9 +269,12 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     return times
 
 
-def measure_node(threads: int, model: ModelToTime | None = None) -> NodeProfile:
-    """This process's node: throughput and fixed cost per kind of op, fixed cost per segment, and
-    with `model` that model's layers (module docstring)."""
+def measure_node(threads: int, model: ModelToTime | None = None, ring: Ring | None = None, comm: Any = None) -> NodeProfile:
+    """This process's node: throughput and fixed cost per kind of op, a segment boundary's costs (the
+    cost of a message sent to `ring.dst` on `comm` where given: every rank at once), and with `model`
+    that model's layers (module docstring)."""
+    boundary = measure_boundary(threads, ring, transport_for(comm) if comm is not None else None)
+    # what a lone session's run costs beyond its ops: the op kinds' one-op models and the model's run are such runs
     segment = time_model(add_model(1)[0], threads)
     sizes = (7, 14, 28, 56)
     builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
@@ -285,7 +292,9 @@ def measure_node(threads: int, model: ModelToTime | None = None) -> NodeProfile:
     if model is not None:
         layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment)
         scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads), layers)
-    return NodeProfile(**fields, segment_s=segment, layer_s=layers, layer_scaling=scaling)
+    if boundary.send_s is not None:
+        fields["send_s"] = boundary.send_s
+    return NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, layer_s=layers, layer_scaling=scaling)
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
@@ -327,7 +336,8 @@ def describe(profile: ClusterProfile) -> str:
         lines.append(f"node {n}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
-                     f"other {p.other_op_s * 1e6:.1f} us; {p.segment_s * 1e6:.1f} us per segment")
+                     f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
+                     f"per message sent {p.send_s * 1e6:.1f} us")
         if p.layer_s:
             lines.append(f"  {len(p.layer_s)} layers of {os.path.basename(profile.model_path)} measured: "
                          f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all; how {len(p.layer_scaling)} of them scale with a piece")
@@ -357,7 +367,8 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
     mine = threads or threads_for_rank(affinities, local.Get_rank())
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = measure_node(mine, model)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    node = measure_node(mine, model, Ring(rank, (rank + 1) % size, (rank - 1) % size), comm)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)

@@ -16,7 +16,9 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     depthwise_op_s = 1e-05
     matmul_op_s = 1e-05
     other_op_s = 5e-06
-    segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run (s)
+    segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run through the executor (s)
+    value_s = 1e-06            # fixed cost of each value a segment takes or gives (s)
+    send_s = 5e-06             # what posting one message costs its sender (s)
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
 model's own layers, and which file it was (a profile of another model's layers is not used for
@@ -58,7 +60,7 @@ from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
-FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "latency_s")  # may be 0; every throughput must be positive
+FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "send_s", "latency_s")  # may be 0; every throughput must be positive
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 
@@ -88,7 +90,8 @@ class Scaling:
 
 @dataclass(frozen=True)
 class NodeProfile:
-    """One node's speed: operations per second and fixed cost per op for each kind of op, fixed cost per segment."""
+    """One node's speed: operations per second and fixed cost per op for each kind of op; the fixed
+    costs of a segment boundary (per segment, per value it takes or gives, per message sent)."""
 
     conv_ops_per_s: float = 2.5e10
     depthwise_ops_per_s: float = 5e9
@@ -99,6 +102,8 @@ class NodeProfile:
     matmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     segment_s: float = 5e-5
+    value_s: float = 1e-6
+    send_s: float = 5e-6
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
     # how some of them scale along rows and channels (`Scaling`); a measured layer without: in proportion to its operations

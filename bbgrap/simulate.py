@@ -4,11 +4,13 @@ A rank walks its program (backends/lower.py: run a segment, send a message, wait
 on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
-  that kind, plus a fixed cost per ONNX op of that kind and `segment_s` for the segment (an onnxruntime run,
-  handing the live values to the next session);
-* **send**: costs the sender nothing (bbgrap-run posts sends without blocking); the message
-  arrives `latency_s + bytes / bandwidth_Bps` after the link from sender to receiver is free
-  (messages on one link go one after another);
+  that kind, plus a fixed cost per ONNX op of that kind, `segment_s` for the segment (an
+  onnxruntime run through the executor) and `value_s` for each value it takes or gives (a
+  feed or a fetch);
+* **send**: costs the sender `send_s` (bbgrap-run posts sends without blocking; posting one,
+  and MPI's progress on it, takes that much of the sender's time, counted in its compute); the
+  message leaves then and arrives `latency_s + bytes / bandwidth_Bps` after the link from
+  sender to receiver is free (messages on one link go one after another);
 * **wait**: the rank's clock jumps to the message's arrival where it is later.
 
 The operations of a layer's op are bbgrap/cost.py's for the region the node computes (a
@@ -51,11 +53,13 @@ class LayerWork:
 @dataclass(frozen=True)
 class SegmentWork:
     """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind
-    (the layers' and lowering's); and the layers among them, which a profile may have measured one by one."""
+    (the layers' and lowering's); the layers among them, which a profile may have measured one by one;
+    and how many values it takes and gives."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     layers: tuple[LayerWork, ...] = ()
+    values: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             ops[kind] += float(sum(value_elements(graph, o) for o in outputs))
         count[kind] += 1
     ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
-    return SegmentWork(ops, count, tuple(measured))
+    return SegmentWork(ops, count, tuple(measured), len(seg.inputs) + len(seg.outputs))
 
 
 @dataclass(frozen=True)
@@ -177,12 +181,12 @@ def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) 
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
-    """The segment's time on `node`: its fixed cost, every kind's operations at that kind's throughput
-    and fixed cost per op, and for each layer the node measured (`NodeProfile.layer_s`) its measured
-    share instead of its kind's estimate."""
+    """The segment's time on `node`: its fixed costs (the segment's, its values'), every kind's
+    operations at that kind's throughput and fixed cost per op, and for each layer the node measured
+    (`NodeProfile.layer_s`) its measured share instead of its kind's estimate."""
     p = profile.node(node)
     measured = [w for w in work.layers if w.name in p.layer_s] if p.layer_s else []
-    return p.segment_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
+    return p.segment_s + work.values * p.value_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
                                     *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share) - p.kind_time(w.kind, w.ops) for w in measured)])
 
@@ -209,6 +213,9 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     clock[r] += dt
                     compute[r] += dt
                 elif step.op == "send":
+                    dt = profile.node(r).send_s
+                    clock[r] += dt
+                    compute[r] += dt
                     start = max(clock[r], link_free.get((step.src, step.dst), 0.0))
                     arrival[step.message] = link_free[(step.src, step.dst)] = start + profile.link.message_s(step.nbytes)
                 elif step.message in arrival:

@@ -16,10 +16,11 @@ from bbgrap.ir import BBGrapError, Graph
 from bbgrap.plan import read_manifest
 from bbgrap.simulate import LayerWork, SegmentWork, SimStep, program_steps, simulate, value_elements
 
-# round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op;
+# round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op, nothing per value or send;
 # 2 ms + 1 us per byte per message
 NODE = NodeProfile(conv_ops_per_s=1e9, depthwise_ops_per_s=1e9, matmul_ops_per_s=1e9, other_ops_per_s=1e8,
-                   conv_op_s=1e-4, depthwise_op_s=1e-4, matmul_op_s=1e-4, other_op_s=1e-5, segment_s=1e-3)
+                   conv_op_s=1e-4, depthwise_op_s=1e-4, matmul_op_s=1e-4, other_op_s=1e-5, segment_s=1e-3,
+                   value_s=0.0, send_s=0.0)
 PROFILE = ClusterProfile((NODE,), LinkProfile(latency_s=2e-3, bandwidth_Bps=1e6))
 
 
@@ -50,6 +51,22 @@ def test_a_rank_waits_until_the_message_arrives() -> None:
     assert math.isclose(pred.ranks[1].wait, 0.014)
     assert math.isclose(pred.ranks[1].compute, 0.001)
     assert math.isclose(pred.latency, 0.015)
+
+
+def test_every_value_a_segment_takes_or_gives_costs_value_s() -> None:
+    node = replace(NODE, value_s=2e-4)
+    work = SegmentWork({"conv": 1e7}, {"conv": 1}, values=3)
+    pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
+    assert math.isclose(pred.latency, 1e-3 + 1e-4 + 1e7 / 1e9 + 3 * 2e-4)
+
+
+def test_a_send_costs_its_sender_send_s_and_leaves_after_it() -> None:
+    # rank 0 posts the message 0.5 ms after its segment, so it arrives 0.5 ms later than without
+    node = replace(NODE, send_s=5e-4)
+    steps = [[run(conv=1e7), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run()]]
+    pred = simulate(steps, replace(PROFILE, nodes=(node,)))
+    assert math.isclose(pred.ranks[0].compute, 0.011 + 5e-4) and math.isclose(pred.ranks[0].total, 0.0115)
+    assert math.isclose(pred.ranks[1].wait, 0.0145) and math.isclose(pred.latency, 0.0155)
 
 
 def test_a_message_that_is_already_there_costs_no_wait() -> None:

@@ -16,9 +16,10 @@ computes, the profile's throughput for the op's kind), or where the profile meas
 piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 (`NodeProfile.layer_time`). Reading an input whose producer chose
 candidate d, node n receives from every other node s the part of its need that s owns and n
-does not hold; each message costs `latency + bytes / bandwidth`, and a node that receives
-anything for the layer pays one segment boundary (`segment_s`) and the concat of what it
-received (one "other" operation per element). The model's outputs are gathered on node 0.
+does not hold; each message costs its sender's `send_s` and `latency + bytes / bandwidth`,
+and a node that receives anything for the layer pays one segment boundary (`segment_s`, and
+`value_s` per piece received) and the concat of what it received (one "other" operation per
+element). The model's outputs are gathered on node 0.
 
 Two evaluations of a whole choice `x` (one candidate per layer):
 
@@ -249,7 +250,7 @@ class NetworkCost:
         got = self._receives.get(key)
         if got is not None:
             return got
-        graph, link = self.graph, self.profile.link
+        graph = self.graph
         tensor = graph.layers[i].inputs[k]
         itemsize = np.dtype(graph.tensors[tensor].dtype).itemsize
         per_node: list[list[tuple[int, int]]] = [[] for _ in range(self.nodes)]
@@ -261,13 +262,17 @@ class NetworkCost:
         for n, got_n in enumerate(per_node):
             if got_n:
                 p = self.profile.node(n)
-                extra.append(p.segment_s + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
-                seconds.append(math.fsum(link.message_s(b) for _, b in got_n) + extra[-1])
+                extra.append(p.segment_s + len(got_n) * p.value_s + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
+                seconds.append(math.fsum(self.message_seconds(s, b) for s, b in got_n) + extra[-1])
             else:
                 extra.append(0.0)
                 seconds.append(0.0)
         got = self._receives[key] = Receives(messages, tuple(extra), tuple(seconds))
         return got
+
+    def message_seconds(self, sender: int, nbytes: int) -> float:
+        """From the sender posting a message of `nbytes` to its arrival."""
+        return self.profile.node(sender).send_s + self.profile.link.message_s(nbytes)
 
     def senders(self, j: int, d: int, tensor: str) -> Senders:
         """Who owns what of `tensor`, an output of layer j computed as its candidate d (a further
@@ -304,7 +309,7 @@ class NetworkCost:
             itemsize = np.dtype(self.graph.tensors[t].dtype).itemsize
             for s in part.active_nodes():
                 if s != OUTPUT_NODE:
-                    total += self.profile.link.message_s(part.out[s].volume * itemsize)
+                    total += self.message_seconds(s, part.out[s].volume * itemsize)
         return total
 
     # evaluations ------------------------------------------------------------------------------
@@ -326,14 +331,13 @@ class NetworkCost:
         """When each node finishes candidate c of layer i on the timeline: `clock` holds when
         each node is free, `done` when each node finished each earlier layer. Advances `clock`."""
         compute = self.compute(i, c)
-        link = self.profile.link
         out = [0.0] * self.nodes
         for n in self.candidates[i][c].active_nodes():
             ready, extra = clock[n], 0.0
             for k, j in self.edges[i]:
                 rec = self.receives(i, k, j, x[j], c)
                 for s, nbytes in rec.messages[n]:
-                    ready = max(ready, done[j][s] + link.message_s(nbytes))
+                    ready = max(ready, done[j][s] + self.message_seconds(s, nbytes))
                 extra += rec.extra[n]
             out[n] = clock[n] = ready + extra + compute[n]
         return tuple(out)

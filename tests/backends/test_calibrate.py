@@ -28,7 +28,7 @@ from helpers import save
 
 from bbgrap import zoo
 from bbgrap.cli import main
-from bbgrap.cluster import OP_KINDS, read_profile
+from bbgrap.cluster import OP_KINDS, NodeProfile, read_profile
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.cost import layer_ops
@@ -57,7 +57,8 @@ def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     profile = calibrate_one(threads=1)
     (node,) = profile.nodes
     assert all(node.ops_per_s(kind) > 0 for kind in OP_KINDS)
-    assert node.segment_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
+    assert node.segment_s > 0 and node.value_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
+    assert node.send_s == NodeProfile().send_s  # one node sends nothing: the default stays
 
 
 def test_calibrate_writes_a_profile_compile_reads(tmp_path) -> None:

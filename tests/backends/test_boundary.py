@@ -1,0 +1,72 @@
+"""A segment boundary measured through the executor (backends/boundary.py): the chains compute
+what they say, under the executor with the in-process transport and under real mpirun; the
+measured costs are the chains' differences. (calibrate writing them: test_calibrate.py, test_mpi.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from bbgrap.backends.boundary import CHAIN, Boundary, busy_seconds, chain_inputs, chain_runner, measure_boundary
+from bbgrap.backends.executor import Profile, run_node
+from bbgrap.backends.transports import Mailbox
+
+from bbgrap.plan_schema import RunStep, SendStep, WaitStep
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_a_chain_adds_each_segments_constant_to_every_value(width: int) -> None:
+    runner = chain_runner(1, width, length=5)
+    assert [type(s) for s in runner.steps] == [RunStep] * 5
+    assert all(len(i) == width and len(o) == width for i, o in zip(runner.seg_inputs, runner.seg_outputs))
+    profile = Profile()
+    out = run_node(runner, Mailbox(), chain_inputs(width), profile)
+    np.testing.assert_array_equal(out["y"], np.array([1 + 2 + 3 + 4 + 5], np.float32))
+    assert profile.compute > 0 and profile.wait == 0.0
+
+
+def test_a_sending_chain_sends_each_segments_value_and_waits_for_the_peers_at_the_end() -> None:
+    from bbgrap.backends.boundary import Ring
+
+    runner = chain_runner(1, ring=Ring(node=1, dst=2, src=0), length=3)
+    ops = [type(s) for s in runner.steps]
+    assert ops == [RunStep, SendStep] * 3 + [WaitStep] * 3
+    sent = [runner.messages[s.message] for s in runner.steps if isinstance(s, SendStep)]
+    got = [runner.messages[s.message] for s in runner.steps if isinstance(s, WaitStep)]
+    assert [(m.id, m.src, m.dst) for m in sent] == [(3, 1, 2), (4, 1, 2), (5, 1, 2)]  # ids: sender * length + segment
+    assert [(m.id, m.src, m.dst) for m in got] == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
+
+
+def test_busy_time_leaves_out_waiting() -> None:
+    runner = chain_runner(1, length=4)
+    assert 0 < busy_seconds(runner, Mailbox(), repeat=3) < 1.0
+
+
+def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
+    got = measure_boundary(1)
+    assert isinstance(got, Boundary) and got.send_s is None
+    assert got.segment_s > 0 and got.value_s > 0
+    assert CHAIN >= 16  # enough segments that the chain's own start and end are a small part of it
+
+
+def test_under_mpirun_every_rank_measures_what_sending_costs(tmp_path) -> None:
+    from tests.backends.test_mpi import MPIRUN
+
+    assert MPIRUN, "mpirun not found"
+    script = tmp_path / "ring.py"
+    script.write_text(
+        "from mpi4py import MPI\n"
+        "from bbgrap.backends.boundary import Ring, measure_boundary, transport_for\n"
+        "comm = MPI.COMM_WORLD\n"
+        "r, n = comm.Get_rank(), comm.Get_size()\n"
+        "b = measure_boundary(1, Ring(r, (r + 1) % n, (r - 1) % n), transport_for(comm))\n"
+        "got = comm.gather((b.segment_s > 0, b.value_s > 0, b.send_s is not None and b.send_s >= 0), root=0)\n"
+        "if r == 0:\n"
+        "    print(got)\n")
+    proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[(True, True, True), (True, True, True)]", proc.stdout
