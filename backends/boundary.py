@@ -122,14 +122,13 @@ def measure_boundary(threads: int, ring: Ring | None = None,
     """This node's segment boundary (module docstring); the sending chain only with `ring` and
     `mpi_transport` (how this rank's transport is made for a runner; every rank of the ring
     must call this at once)."""
-    length = CHAIN
-    narrow = busy_seconds(chain_runner(threads), Mailbox()) / length
-    wide = busy_seconds(chain_runner(threads, WIDE), Mailbox()) / length
+    narrow = busy_seconds(chain_runner(threads), Mailbox()) / CHAIN
+    wide = busy_seconds(chain_runner(threads, WIDE), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
     send_s: float | None = None
     if ring is not None and mpi_transport is not None:
         runner = chain_runner(threads, ring=ring)
-        send_s = max(0.0, busy_seconds(runner, mpi_transport(runner)) / length - narrow)
+        send_s = max(0.0, busy_seconds(runner, mpi_transport(runner)) / CHAIN - narrow)
     return Boundary(max(0.0, narrow - 2 * value_s), value_s, send_s)
 
 
