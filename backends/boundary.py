@@ -23,7 +23,6 @@ Each chain's time is the fastest of REPEAT runs after two warm-ups.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,23 +116,17 @@ def busy_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT)
     return best
 
 
-def measure_boundary(threads: int, ring: Ring | None = None,
-                     mpi_transport: Callable[[NodeRunner], Transport] | None = None) -> Boundary:
-    """This node's segment boundary (module docstring); the sending chain only with `ring` and
-    `mpi_transport` (how this rank's transport is made for a runner; every rank of the ring
-    must call this at once)."""
+def measure_boundary(threads: int, comm: Any = None) -> Boundary:
+    """This node's segment boundary (module docstring); the sending chain only on an MPI `comm` of
+    more than one rank, whose every rank must call this at once."""
     narrow = busy_seconds(chain_runner(threads), Mailbox()) / CHAIN
     wide = busy_seconds(chain_runner(threads, WIDE), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
     send_s: float | None = None
-    if ring is not None and mpi_transport is not None:
-        runner = chain_runner(threads, ring=ring)
-        send_s = max(0.0, busy_seconds(runner, mpi_transport(runner)) / CHAIN - narrow)
+    if comm is not None and comm.Get_size() > 1:
+        from bbgrap.backends.transports import MPITransport
+
+        rank, size = comm.Get_rank(), comm.Get_size()
+        runner = chain_runner(threads, ring=Ring(rank, (rank + 1) % size, (rank - 1) % size))
+        send_s = max(0.0, busy_seconds(runner, MPITransport(comm, runner)) / CHAIN - narrow)
     return Boundary(max(0.0, narrow - 2 * value_s), value_s, send_s)
-
-
-def transport_for(comm: Any) -> Callable[[NodeRunner], Transport]:
-    """`measure_boundary`'s mpi_transport: an MPITransport on `comm`."""
-    from bbgrap.backends.transports import MPITransport
-
-    return lambda runner: MPITransport(comm, runner)

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from bbgrap.backends.boundary import Ring, measure_boundary, transport_for
+from bbgrap.backends.boundary import measure_boundary
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
@@ -269,11 +269,11 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     return times
 
 
-def measure_node(threads: int, model: ModelToTime | None = None, ring: Ring | None = None, comm: Any = None) -> NodeProfile:
-    """This process's node: throughput and fixed cost per kind of op, a segment boundary's costs (the
-    cost of a message sent to `ring.dst` on `comm` where given: every rank at once), and with `model`
+def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None) -> NodeProfile:
+    """This process's node: throughput and fixed cost per kind of op, a segment boundary's costs (a
+    message's too on an MPI `comm` of more than one rank: every rank at once), and with `model`
     that model's layers (module docstring)."""
-    boundary = measure_boundary(threads, ring, transport_for(comm) if comm is not None else None)
+    boundary = measure_boundary(threads, comm)
     # what a lone session's run costs beyond its ops: the op kinds' one-op models and the model's run are such runs
     segment = time_model(add_model(1)[0], threads)
     sizes = (7, 14, 28, 56)
@@ -367,8 +367,7 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
     mine = threads or threads_for_rank(affinities, local.Get_rank())
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    rank, size = comm.Get_rank(), comm.Get_size()
-    node = measure_node(mine, model, Ring(rank, (rank + 1) % size, (rank - 1) % size), comm)
+    node = measure_node(mine, model, comm)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)
