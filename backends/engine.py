@@ -192,10 +192,11 @@ def node_layouts(plan_dir: str, plan: Plan | None, nodes: Sequence[int], threads
             assert plan is not None, "a rank that could not read the plan lays out no node"
             # The model's inputs and outputs stay NCHW: users hand them in and read them.
             keep = {i.value for i in plan.inputs} | {v for p in plan.programs for v in p.outputs.values()}
-            models = segment_models(plan_dir, plan.programs[n])
+            files = [seg.file for seg in plan.programs[n].segments]
             try:
                 with quiet_stdout():
-                    layouts[n] = nchwc.NodeLayout(models, keep, block, lambda: session_options(threads, spin))
+                    layouts[n] = nchwc.NodeLayout(functools.partial(_segment_of, plan_dir, files), len(files), keep, block,
+                                                  lambda: session_options(threads, spin))
             except Exception as exc:
                 unloadable_segment(plan_dir, plan.programs[n])  # a segment onnxruntime cannot load is no layout problem
                 raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
@@ -246,15 +247,18 @@ def segment_session(plan_dir: str, rel: str, opts: Any, providers: Sequence[Any]
     return ort.InferenceSession(model, opts, providers=list(providers))
 
 
-def segment_models(plan_dir: str, program: Program) -> list[Any]:
-    """A node's segments as ONNX models."""
-    models = []
-    for seg in program.segments:
-        try:
-            models.append(load_segment(plan_dir, seg.file))
-        except Exception as exc:
-            raise cannot_load(os.path.join(plan_dir, seg.file), exc) from None
-    return models
+def _segment_of(plan_dir: str, files: Sequence[str], k: int) -> Any:
+    """Segment k of a node whose segment files are `files`, weights included."""
+    return segment_model(plan_dir, files[k])
+
+
+def segment_model(plan_dir: str, rel: str) -> Any:
+    """One segment as an ONNX model, weights included (a file it cannot load: BBGrapError)."""
+    try:
+        return load_segment(plan_dir, rel)
+    except Exception as exc:
+        raise cannot_load(os.path.join(plan_dir, rel), exc) from None
+
 
 
 def unloadable_segment(plan_dir: str, program: Program) -> None:
@@ -292,10 +296,10 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
             o.enable_profiling = True
             o.profile_file_prefix = f"{profile_prefix}-seg{k:03d}"  # a file per session (onnxruntime names them by the ms)
         try:
-            blocked = layout.model(k) if layout is not None else None
+            blocked = layout.path(k) if layout is not None else None
             with quiet_stdout():
                 if blocked is not None:
-                    sess = ort.InferenceSession(blocked.SerializeToString(), plain, providers=providers)
+                    sess = ort.InferenceSession(blocked, plain, providers=providers)
                 else:
                     sess = segment_session(plan_dir, seg.file, opts, providers)
         except Exception as exc:

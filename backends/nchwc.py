@@ -411,24 +411,57 @@ class NodeLayout:
     then stays blocked only where all segments that make or read it, on every node, lose a
     reorder by it (`agree`, with the votes of all nodes), because a value that onnxruntime
     makes and reads in NCHW anyway would only gain two reorders (densenet's concatenations).
-    Votes depend on the segments only, so the ranks that send and receive a halo agree."""
+    Votes depend on the segments only, so the ranks that send and receive a halo agree.
 
-    def __init__(self, models: list[onnx.ModelProto], keep: set[str], block: int, make_options: Callable[[], Any]) -> None:
-        self.block, self.make_options = block, make_options
-        self.models = models
-        self.edges = [boundary_values(model, keep, block) for model in self.models]
-        self.folded = [blocked_model(m, e, block, make_options) if e else None for m, e in zip(self.models, self.edges)]
-        self.votes = merged_votes(edge_votes(f, e) for f, e in zip(self.folded, self.edges) if f is not None)
+    The segments are taken one at a time (`load(k)`), and each folded segment is kept in a
+    directory of its own with its weights as external data, not in memory: holding every
+    segment's model and its folded copy until the sessions are built had taken a rank's peak
+    memory to about twice that of the same plan in NCHW."""
+
+    def __init__(self, load: Callable[[int], onnx.ModelProto], count: int, keep: set[str], block: int,
+                 make_options: Callable[[], Any]) -> None:
+        self.block, self.make_options, self.load = block, make_options, load
+        self.workdir = tempfile.TemporaryDirectory(prefix="bbgrap-layout-")
+        self.edges: list[set[str]] = []
+        self.folded: list[str | None] = []  # the file of each segment with all its edges blocked
+        votes = []
+        for k in range(count):
+            model = load(k)
+            edges = boundary_values(model, keep, block)
+            self.edges.append(edges)
+            folded = blocked_model(model, edges, block, make_options) if edges else None
+            if folded is not None:
+                votes.append(edge_votes(folded, edges))
+            self.folded.append(self.store(folded, f"seg{k}") if folded is not None else None)
+        self.votes = merged_votes(votes)
         self.agreed: set[str] = set()
+
+    def store(self, model: onnx.ModelProto, name: str) -> str:
+        """`model` saved in the work directory, its weights beside it; the file's path."""
+        path = os.path.join(self.workdir.name, f"{name}.onnx")
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=f"{name}.bin",
+                        size_threshold=1024)
+        return path
 
     def agree(self, votes: Iterable[dict[str, bool]]) -> None:
         self.agreed = {name for name, ok in merged_votes(votes).items() if ok}
 
-    def model(self, k: int) -> onnx.ModelProto | None:
-        """Segment k as it runs, or None where none of its edges stays blocked (the plain segment)."""
+    def path(self, k: int) -> str | None:
+        """The file of segment k as it runs, or None where none of its edges stays blocked (the
+        plain segment runs); valid until `close`."""
         edges = self.edges[k] & self.agreed
         if not edges:
             return None
-        if edges == self.edges[k]:
-            return self.folded[k]
-        return blocked_model(self.models[k], edges, self.block, self.make_options)
+        path = self.folded[k]
+        if edges != self.edges[k]:
+            path = self.store(blocked_model(self.load(k), edges, self.block, self.make_options), f"seg{k}-agreed")
+        return path
+
+    def model(self, k: int) -> onnx.ModelProto | None:
+        """Segment k as it runs, weights included, or None (as `path`)."""
+        path = self.path(k)
+        return onnx.load(path) if path is not None else None
+
+    def close(self) -> None:
+        """Remove the folded segments' files (sessions already built from them keep what they read)."""
+        self.workdir.cleanup()

@@ -4,6 +4,7 @@ guards that keep NCHW, and compiled plans that stay exact with blocked boundarie
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -265,7 +266,7 @@ def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw() -> None:
     ones, zeros = np.ones(c, np.float32), np.zeros(c, np.float32)
     second = model([helper.make_node("BatchNormalization", ["y", "s", "b", "m", "v"], ["z"])], {"y": [1, c, 4, 4]}, ["z"],
                    {"s": ones * 2, "b": zeros + 1, "m": zeros, "v": ones})
-    layout = nchwc.NodeLayout([first, second], set(), BLOCK, options)
+    layout = nchwc.NodeLayout([first, second].__getitem__, 2, set(), BLOCK, options)
     assert layout.votes == {"x": True, "y": False, "z": False}
     layout.agree([layout.votes])
     assert layout.agreed == {"x"}
@@ -277,6 +278,41 @@ def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw() -> None:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     y = ort.InferenceSession(kept.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": nchwc.to_blocked(x, BLOCK)})[0]
     np.testing.assert_allclose(y, run_plain(first, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+@needs_nchwc
+def test_layout_keeps_folded_segments_on_disk_until_closed() -> None:
+    # the folded segments' weights wait in files, not in memory, until the sessions are built
+    rng = np.random.default_rng(7)
+    c = BLOCK
+    weights = conv_weights(rng, c, 3)
+    first = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": [1, c, 4, 4]}, ["y"], {"w": weights})
+    loaded: list[int] = []
+
+    def load(k: int) -> onnx.ModelProto:
+        loaded.append(k)
+        return first
+
+    layout = nchwc.NodeLayout(load, 1, set(), BLOCK, options)
+    assert loaded == [0]  # each segment read once, when it is laid out
+    path = layout.folded[0]
+    assert path is not None and os.path.isfile(path)
+    on_disk = onnx.load(path, load_external_data=False)
+    big = [t for t in on_disk.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert big and not any(t.raw_data for t in big)  # the weights are in the file beside it
+    layout.agree([layout.votes])
+    assert layout.agreed == {"x", "y"}  # read and made by the blocked convolution itself
+    kept = layout.model(0)
+    assert kept is not None and layout.path(0) == path
+    x = rng.standard_normal((1, c, 4, 4)).astype(np.float32)
+    opts = options()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    layout.close()
+    assert not os.path.exists(os.path.dirname(path))
+    y = session.run(None, {"x": nchwc.to_blocked(x, BLOCK)})[0]  # the session kept what it read
+    expected = run_plain(first, {"x": x})["y"]
+    np.testing.assert_allclose(nchwc.from_blocked(y, BLOCK), expected, rtol=1e-5, atol=1e-5)
 
 
 @needs_nchwc
