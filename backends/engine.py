@@ -157,9 +157,10 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def plan_layout(layout: str, plan: Plan | None) -> str:
-    """The layout asked for, except that a plan fitted to its nodes' memory keeps NCHW: laying
-    segments out in NCHWc loads their weights into this process beside onnxruntime's (about
-    twice the memory fit-memory's estimate counts)."""
+    """The layout asked for, except that a plan fitted to its nodes' memory keeps NCHW: fit-memory's
+    estimate was measured on NCHW runs, and a plan fitted without prepacked copies
+    (`prepack: false`) must not get the NCHWc copies of its convolutions' weights that laying
+    it out makes."""
     return layout if plan is None or not plan.compiled.fitted_to_memory else "nchw"
 
 
