@@ -261,7 +261,6 @@ def segment_model(plan_dir: str, rel: str) -> Any:
         raise cannot_load(os.path.join(plan_dir, rel), exc) from None
 
 
-
 def unloadable_segment(plan_dir: str, program: Program) -> None:
     """Raise, naming the file, where onnxruntime cannot load one of a node's segments as it is."""
     for seg in program.segments:
@@ -299,8 +298,9 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
         try:
             blocked = layout.path(k) if layout is not None else None
             with quiet_stdout():
-                if blocked is not None:
+                if layout is not None and blocked is not None:
                     sess = ort.InferenceSession(blocked, plain, providers=providers)
+                    layout.release(k)  # the session holds what it read
                 else:
                     sess = segment_session(plan_dir, seg.file, opts, providers)
         except Exception as exc:

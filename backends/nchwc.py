@@ -31,6 +31,7 @@ runs on a GPU, all of them keep NCHW.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -435,6 +436,7 @@ class NodeLayout:
             self.folded.append(self.store(folded, f"seg{k}") if folded is not None else None)
         self.votes = merged_votes(votes)
         self.agreed: set[str] = set()
+        self.released: set[int] = set()
 
     def store(self, model: onnx.ModelProto, name: str) -> str:
         """`model` saved in the work directory, its weights beside it; the file's path."""
@@ -448,7 +450,8 @@ class NodeLayout:
 
     def path(self, k: int) -> str | None:
         """The file of segment k as it runs, or None where none of its edges stays blocked (the
-        plain segment runs); valid until `close`."""
+        plain segment runs); valid until `release(k)` or `close`."""
+        assert k not in self.released, f"segment {k}'s layout was released once its session was built"
         edges = self.edges[k] & self.agreed
         if not edges:
             return None
@@ -461,6 +464,14 @@ class NodeLayout:
         """Segment k as it runs, weights included, or None (as `path`)."""
         path = self.path(k)
         return onnx.load(path) if path is not None else None
+
+    def release(self, k: int) -> None:
+        """Remove segment k's files, once its session is built (it keeps what it read): where the
+        temporary directory is a tmpfs, they are memory too."""
+        for name in (f"seg{k}.onnx", f"seg{k}.bin", f"seg{k}-agreed.onnx", f"seg{k}-agreed.bin"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.workdir.name, name))
+        self.released.add(k)
 
     def close(self) -> None:
         """Remove the folded segments' files (sessions already built from them keep what they read)."""

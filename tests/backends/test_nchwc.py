@@ -333,18 +333,22 @@ def test_compiled_resnet_with_blocked_boundaries_is_exact(tmp_path, direction: s
     assert_exact(str(tmp_path / "plan"), layout="nchw")
     manifest = read_manifest(str(tmp_path / "plan"))
     layouts = node_layouts(str(tmp_path / "plan"), manifest, [0, 1], 1, False, BLOCK)
-    runner = load_runner(str(tmp_path / "plan"), manifest, 0, 1, "cpu", spin=False, layout=layouts[0])
-    assert runner.block == BLOCK
+    plan_dir = str(tmp_path / "plan")
+
+    def reorders(model: onnx.ModelProto) -> list[str]:
+        return [n.input[0] for n in model.graph.node if n.op_type in ("ReorderInput", "ReorderOutput")]
+
+    as_nchw = [reorders(nchwc.optimized(load_segment(plan_dir, s.file), options())) for s in manifest.programs[0].segments]
+    as_run = [reorders(m) if (m := layouts[0].model(k)) is not None else r for k, r in enumerate(as_nchw)]
+    blocked = [k for k in range(len(as_nchw)) if layouts[0].path(k) is not None]
+    runner = load_runner(plan_dir, manifest, 0, 1, "cpu", spin=False, layout=layouts[0])
+    assert runner.block == BLOCK and blocked
+    with pytest.raises(AssertionError, match="released"):  # the runner's sessions took the layout's files
+        layouts[0].path(blocked[0])
     if direction == "h":
         # rows cut up to the 4x4 stage, channels after it: the boundaries between convolutions
         # are blocked and folded; what is left reorders the last block's output for the
         # classifier's pool, which reads it in NCHW
-        def reorders(model: onnx.ModelProto) -> list[str]:
-            return [n.input[0] for n in model.graph.node if n.op_type in ("ReorderInput", "ReorderOutput")]
-
-        plan_dir = str(tmp_path / "plan")
-        as_nchw = [reorders(nchwc.optimized(load_segment(plan_dir, s.file), options())) for s in manifest.programs[0].segments]
-        as_run = [reorders(m) if (m := layouts[0].model(k)) is not None else r for k, r in enumerate(as_nchw)]
         left = [name for r in as_run for name in r]
         assert len(left) * 4 < sum(map(len, as_nchw)), (left, as_nchw)
         assert all(name.startswith(("layer4.1.relu@", "layer4.2.relu@", "reorder_token")) for name in left), left
