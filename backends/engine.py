@@ -193,11 +193,10 @@ def node_layouts(plan_dir: str, plan: Plan | None, nodes: Sequence[int], threads
             assert plan is not None, "a rank that could not read the plan lays out no node"
             # The model's inputs and outputs stay NCHW: users hand them in and read them.
             keep = {i.value for i in plan.inputs} | {v for p in plan.programs for v in p.outputs.values()}
-            files = [seg.file for seg in plan.programs[n].segments]
+            loads = [functools.partial(segment_model, plan_dir, seg.file) for seg in plan.programs[n].segments]
             try:
                 with quiet_stdout():
-                    layouts[n] = nchwc.NodeLayout(functools.partial(_segment_of, plan_dir, files), len(files), keep, block,
-                                                  lambda: session_options(threads, spin))
+                    layouts[n] = nchwc.NodeLayout(loads, keep, block, lambda: session_options(threads, spin))
             except Exception as exc:
                 unloadable_segment(plan_dir, plan.programs[n])  # a segment onnxruntime cannot load is no layout problem
                 raise BBGrapError(f"cannot lay out the plan '{plan_dir}' in onnxruntime's blocked layout "
@@ -246,11 +245,6 @@ def segment_session(plan_dir: str, rel: str, opts: Any, providers: Sequence[Any]
     with open(os.path.join(plan_dir, rel), "rb") as fh:
         model = fh.read()
     return ort.InferenceSession(model, opts, providers=list(providers))
-
-
-def _segment_of(plan_dir: str, files: Sequence[str], k: int) -> Any:
-    """Segment k of a node whose segment files are `files`, weights included."""
-    return segment_model(plan_dir, files[k])
 
 
 def segment_model(plan_dir: str, rel: str) -> Any:

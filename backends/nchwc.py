@@ -35,7 +35,7 @@ import contextlib
 import functools
 import os
 import tempfile
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -407,6 +407,12 @@ def merged_votes(votes: Iterable[dict[str, bool]]) -> dict[str, bool]:
     return merged
 
 
+def _stem(k: int, agreed: bool) -> str:
+    """The name of segment k's files in a NodeLayout's directory: with all its blocked edges, or
+    with those all nodes agreed on where that is fewer."""
+    return f"seg{k}-agreed" if agreed else f"seg{k}"
+
+
 class NodeLayout:
     """One node's segments with blocked edges. Every blockable edge is tried first; a value
     then stays blocked only where all segments that make or read it, on every node, lose a
@@ -414,26 +420,26 @@ class NodeLayout:
     makes and reads in NCHW anyway would only gain two reorders (densenet's concatenations).
     Votes depend on the segments only, so the ranks that send and receive a halo agree.
 
-    The segments are taken one at a time (`load(k)`), and each folded segment is kept in a
+    The segments are taken one at a time (`loads[k]()`), and each folded segment is kept in a
     directory of its own with its weights as external data, not in memory: holding every
     segment's model and its folded copy until the sessions are built had taken a rank's peak
     memory to about twice that of the same plan in NCHW."""
 
-    def __init__(self, load: Callable[[int], onnx.ModelProto], count: int, keep: set[str], block: int,
+    def __init__(self, loads: Sequence[Callable[[], onnx.ModelProto]], keep: set[str], block: int,
                  make_options: Callable[[], Any]) -> None:
-        self.block, self.make_options, self.load = block, make_options, load
+        self.block, self.make_options, self.loads = block, make_options, loads
         self.workdir = tempfile.TemporaryDirectory(prefix="bbgrap-layout-")
         self.edges: list[set[str]] = []
         self.folded: list[str | None] = []  # the file of each segment with all its edges blocked
         votes = []
-        for k in range(count):
-            model = load(k)
+        for k, load in enumerate(loads):
+            model = load()
             edges = boundary_values(model, keep, block)
             self.edges.append(edges)
             folded = blocked_model(model, edges, block, make_options) if edges else None
             if folded is not None:
                 votes.append(edge_votes(folded, edges))
-            self.folded.append(self.store(folded, f"seg{k}") if folded is not None else None)
+            self.folded.append(self.store(folded, _stem(k, agreed=False)) if folded is not None else None)
         self.votes = merged_votes(votes)
         self.agreed: set[str] = set()
         self.released: set[int] = set()
@@ -457,7 +463,7 @@ class NodeLayout:
             return None
         path = self.folded[k]
         if edges != self.edges[k]:
-            path = self.store(blocked_model(self.load(k), edges, self.block, self.make_options), f"seg{k}-agreed")
+            path = self.store(blocked_model(self.loads[k](), edges, self.block, self.make_options), _stem(k, agreed=True))
         return path
 
     def model(self, k: int) -> onnx.ModelProto | None:
@@ -468,9 +474,10 @@ class NodeLayout:
     def release(self, k: int) -> None:
         """Remove segment k's files, once its session is built (it keeps what it read): where the
         temporary directory is a tmpfs, they are memory too."""
-        for name in (f"seg{k}.onnx", f"seg{k}.bin", f"seg{k}-agreed.onnx", f"seg{k}-agreed.bin"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(self.workdir.name, name))
+        for stem in (_stem(k, agreed=False), _stem(k, agreed=True)):
+            for suffix in (".onnx", ".bin"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.workdir.name, stem + suffix))
         self.released.add(k)
 
     def close(self) -> None:

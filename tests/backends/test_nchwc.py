@@ -266,7 +266,7 @@ def test_votes_keep_a_value_nchw_where_a_reader_takes_it_in_nchw() -> None:
     ones, zeros = np.ones(c, np.float32), np.zeros(c, np.float32)
     second = model([helper.make_node("BatchNormalization", ["y", "s", "b", "m", "v"], ["z"])], {"y": [1, c, 4, 4]}, ["z"],
                    {"s": ones * 2, "b": zeros + 1, "m": zeros, "v": ones})
-    layout = nchwc.NodeLayout([first, second].__getitem__, 2, set(), BLOCK, options)
+    layout = nchwc.NodeLayout([lambda: first, lambda: second], set(), BLOCK, options)
     assert layout.votes == {"x": True, "y": False, "z": False}
     layout.agree([layout.votes])
     assert layout.agreed == {"x"}
@@ -289,11 +289,11 @@ def test_layout_keeps_folded_segments_on_disk_until_closed() -> None:
     first = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": [1, c, 4, 4]}, ["y"], {"w": weights})
     loaded: list[int] = []
 
-    def load(k: int) -> onnx.ModelProto:
-        loaded.append(k)
+    def load() -> onnx.ModelProto:
+        loaded.append(0)
         return first
 
-    layout = nchwc.NodeLayout(load, 1, set(), BLOCK, options)
+    layout = nchwc.NodeLayout([load], set(), BLOCK, options)
     assert loaded == [0]  # each segment read once, when it is laid out
     path = layout.folded[0]
     assert path is not None and os.path.isfile(path)
