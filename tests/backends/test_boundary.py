@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from bbgrap.backends.boundary import CHAIN, Boundary, busy_seconds, chain_inputs, chain_runner, measure_boundary
+from bbgrap.backends.boundary import CHAIN, Boundary, Ring, busy_seconds, chain_inputs, chain_runner, measure_boundary
 from bbgrap.backends.executor import Profile, run_node
 from bbgrap.backends.transports import Mailbox
 
@@ -29,8 +29,6 @@ def test_a_chain_adds_each_segments_constant_to_every_value(width: int) -> None:
 
 
 def test_a_sending_chain_sends_each_segments_value_and_waits_for_the_peers_at_the_end() -> None:
-    from bbgrap.backends.boundary import Ring
-
     runner = chain_runner(1, ring=Ring(node=1, dst=2, src=0), length=3)
     ops = [type(s) for s in runner.steps]
     assert ops == [RunStep, SendStep] * 3 + [WaitStep] * 3

@@ -13,6 +13,7 @@ import pytest
 from helpers import compile_plan, save
 
 from bbgrap import zoo
+from bbgrap.cluster import NodeProfile, read_profile
 from bbgrap.plan import read_manifest
 
 BIN = os.path.dirname(sys.executable)
@@ -129,13 +130,9 @@ def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> Non
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("wrote") == 1  # rank 0 reports, once
-    from bbgrap.cluster import read_profile
-
     profile = read_profile(str(out))
     assert len(profile.nodes) == 2 and profile.link.bandwidth_Bps > 0 and profile.link.latency_s > 0
     assert all(len(node.layer_s) == 69 for node in profile.nodes)  # every rank timed each of the model's layers
-    from bbgrap.cluster import NodeProfile
-
     assert all(node.send_s != NodeProfile().send_s for node in profile.nodes)  # every rank timed its sends
     for flags in (["--threads", "0"], ["--model", str(tmp_path / "missing.onnx")]):
         bad = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(tmp_path / "bad.toml"), *flags],
