@@ -1,7 +1,7 @@
 """naive-partition: cut every layer's output along its direction (thesis §3.3).
 
-Even split with the remainder dealt round-robin (eq. 3.1), or proportional to the
-node speeds; per-layer custom partitions from the config override both. Each
+Even split (eq. 3.1, with the remainder dealt to the two end nodes first: see
+`split_sizes`), or proportional to the node speeds; per-layer custom partitions from the config override both. Each
 node's needed input regions come from the op's region rule (eq. 3.2–3.6). A layer
 that cannot be cut in the requested direction is cut along channels if its rule
 allows, else computed whole on node 0; a layer narrower than the node count is
@@ -24,13 +24,29 @@ WHOLE_NODE = 0  # where layers that cannot be cut are computed
 CHANNELS = 1  # the channel axis of an NCHW tensor
 
 
+def spare_order(n: int) -> list[int]:
+    """The order in which an even split's spare rows go to `n` nodes: the first node, the last,
+    then the rest from the second on.
+
+    The two end nodes of a cut have one neighbour, every other node two, so an interior node
+    receives (or, after recompute-halos, computes) twice the halo rows of an end node. Eq. 3.1
+    deals the remainder round-robin from the first node, which puts the spare rows on interior
+    nodes too and leaves the last node the lightest of all on every map whose rows do not divide
+    (7 rows on 4 nodes: 2, 2, 2, 1, its halos on top); dealt to the ends first they even out
+    own rows plus halo rows (2, 2, 1, 2). On two nodes, both ends, nothing changes."""
+    return [0, n - 1, *range(1, n - 1)] if n > 1 else [0]
+
+
 def split_sizes(extent: int, speeds: Sequence[float]) -> list[int]:
-    """Sizes per node summing to `extent`: even with a round-robin remainder for equal
-    speeds (eq. 3.1), else proportional to speed with the largest remainders rounded up."""
+    """Sizes per node summing to `extent`: even for equal speeds (eq. 3.1), the remainder dealt
+    in `spare_order` where every node gets a row and to the first nodes where some get none
+    (those then form one contiguous run from node 0); else proportional to speed with the
+    largest remainders rounded up."""
     n = len(speeds)
     if len(set(speeds)) == 1:
         base, rem = divmod(extent, n)
-        return [base + (1 if i < rem else 0) for i in range(n)]
+        spares = set(spare_order(n)[:rem]) if base > 0 else set(range(rem))
+        return [base + (1 if i in spares else 0) for i in range(n)]
     total = sum(speeds)
     exact = [extent * s / total for s in speeds]
     sizes = [int(e) for e in exact]

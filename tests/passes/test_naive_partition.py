@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from bbgrap.frontends.onnx import import_proto
-from bbgrap.passes.naive_partition import NaivePartition, split_sizes
+from bbgrap.passes.naive_partition import NaivePartition, spare_order, split_sizes
 from graphs import conv_chain
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,9 +13,14 @@ from bbgrap.config import CustomPartition, Direction
 from bbgrap.ir import BBGrapError
 
 
-def test_even_split_deals_the_remainder_round_robin() -> None:
-    assert split_sizes(8, [1, 1, 1]) == [3, 3, 2]  # thesis §3.3's example
+def test_even_split_deals_the_remainder_to_the_end_nodes_first() -> None:
+    assert split_sizes(7, [1, 1]) == [4, 3]
+    assert split_sizes(8, [1, 1, 1]) == [3, 2, 3]  # thesis §3.3's example, whose round-robin gives 3, 3, 2
+    assert split_sizes(7, [1, 1, 1, 1]) == [2, 2, 1, 2]
+    assert split_sizes(14, [1, 1, 1, 1]) == [4, 3, 3, 4]
+    assert split_sizes(14, [1] * 16) == [1] * 14 + [0, 0]  # too few rows: the first nodes, one run
     assert split_sizes(2, [1, 1, 1, 1]) == [1, 1, 0, 0]
+    assert spare_order(5) == [0, 4, 1, 2, 3]
 
 
 def test_speed_proportional_split() -> None:
@@ -58,8 +63,8 @@ def test_channel_direction_slices_weights() -> None:
     graph = import_proto(conv_chain([3], channels=6, height=8)).graph
     g = NaivePartition(4, Direction.C).call(graph).graph
     part = g.partitions["conv0"]
-    assert [r.shape[1] for r in part.out] == [2, 2, 1, 1]
-    assert [n[1].shape[0] for n in part.needs] == [2, 2, 1, 1]  # weight rows per node
+    assert [r.shape[1] for r in part.out] == [2, 1, 1, 2]
+    assert [n[1].shape[0] for n in part.needs] == [2, 1, 1, 2]  # weight rows per node
 
 
 @pytest.mark.parametrize("pads", [[0, 0, 40, 0], [40, 0, 0, 0]], ids=["end", "begin"])
