@@ -219,6 +219,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "search": plan.compiled.search.to_json() if plan.compiled.search is not None else None,
         "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
         "memory": plan.compiled.memory.to_json() if plan.compiled.memory is not None else None,
+        "recompute": plan.compiled.recompute.to_json() if plan.compiled.recompute is not None else None,
     }
 
 
@@ -285,6 +286,10 @@ def summary(plan: Plan, where: str) -> str:
             f"{p.stats.seconds:.2f}s); predicted {p.planner_ms:.3f} ms against {p.greedy_ms:.3f} ms for the per-layer search "
             f"alone ({p.profile}): kept {'the ' + p.planner + ' plan' if p.kept == p.planner else 'the per-layer search'}"
         )
+    r = plan.compiled.recompute
+    if r is not None:
+        lines.append(f"recompute-halos: predicted {r.with_ms:.3f} ms against {r.without_ms:.3f} ms receiving every halo "
+                     f"({r.profile}): {'kept' if r.kept else 'left out, every halo received'}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from bbgrap.forked import Forked
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, Source
+from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, RecomputeRecord, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.simulate import Prediction, predict
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
     from bbgrap.backends.lower import Message, NodeProgram
 
 
-# A planner's plan replaces the per-layer search's only where it is predicted at least this much
-# faster: smaller predicted gains are within the simulator's error (docs/benchmarks.md: resnet18 on
-# 2 nodes, predicted 2 % faster, measured 17 % slower).
+# A planner's plan replaces the per-layer search's, and a plan receiving every halo replaces
+# recompute-halos' plan, only where it is predicted at least this much faster: smaller predicted
+# gains are within the simulator's error (docs/benchmarks.md: resnet18 on 2 nodes, predicted 2 %
+# faster, measured 17 % slower).
 PLANNER_MARGIN = 0.03
 
 # Seconds the compile waits for the per-layer plan's prediction from its forked child beyond four
@@ -115,6 +116,7 @@ class Partitioned:
     messages: list[Message]
     prediction: Prediction | None
     planner: PlannerRecord | None = None
+    recompute: RecomputeRecord | None = None
 
     @property
     def latency(self) -> float:
@@ -246,26 +248,57 @@ def compile_model(
         core: bbgrap/forked.py; only its prediction comes back, and the plan is made again here
         where it is kept): the planner's plan is kept where the simulator predicts it at least
         PLANNER_MARGIN faster than the per-layer search's, else the search's (or without `judge`
-        the planner's); both predictions are recorded."""
+        the planner's); both predictions are recorded. Then, with a measured `profile`, where the
+        pipeline ends with recompute-halos (and `judge`), the kept plan without that pass is lowered
+        too and kept where the simulator predicts it at least PLANNER_MARGIN faster
+        (recompute_judged). Without a profile the pass's own weighing stands: on the default
+        profile the simulator judged resnet18's 2-node plan faster without the pass, which measured
+        slower (docs/benchmarks.md, session 9)."""
         passes = pipeline(c, optimize, search, progress, recompute, registry, profile)
-        manager = PassManager(passes, dump_after=dump, dump=dump_ir(dump_dir))  # checks the names in `dump`
+        PassManager(passes, dump_after=dump, dump=dump_ir(dump_dir))  # checks the names in `dump`
         names = [p.name for p in passes]
-        if "plan-network" not in names:
-            return finish(manager.run(front.graph), manager)
-        k = names.index("plan-network")
-        head = run(passes[:k], front.graph, dump)
-        rest = passes[:k] + passes[k + 1:]
+        grows = names[-1] == "recompute-halos"
+        core = passes[:-1] if grows else passes  # every pass but recompute-halos
         costs = planner_profile(c, profile)
-
-        def greedy() -> Partitioned:
-            return finish(run(passes[k + 1:], head, ()), PassManager(rest))
 
         def latency(p: Partitioned) -> float:
             return p.prediction.latency if p.prediction is not None else predict(p.graph, p.programs, costs, registry).latency
 
-        with Forked(lambda: latency(greedy())) as greedy_latency:  # on a second core, beside the planner's
+        def grown(before: Graph, done: Sequence[Pass], dump: Sequence[str]) -> Partitioned:
+            """`before` (the graph after the passes `done`) through recompute-halos where the pipeline has it, lowered."""
+            if not grows:
+                return finish(before, PassManager(done))
+            return finish(run(passes[-1:], before, dump), PassManager([*done, passes[-1]]))
+
+        def recompute_judged(kept: Partitioned, before: Graph, done: Sequence[Pass]) -> Partitioned:
+            """`kept` (recompute-halos' plan of `before`), or `before` lowered as it is, receiving
+            every halo, where the simulator predicts that at least PLANNER_MARGIN faster: the pass
+            weighs each halo by operations summed over the nodes that read it, which can load the
+            middle nodes of a cut (two halos each) past the others; the simulator prices the plan."""
+            if not grows or not judge or profile is None:
+                return kept
+            plain = finish(before, PassManager(done))
+            t_with, t_without = latency(kept), latency(plain)
+            keep = not t_without <= (1 - PLANNER_MARGIN) * t_with
+            log(f"recompute-halos: predicted {t_with * 1e3:.3f} ms, receiving every halo {t_without * 1e3:.3f} ms; "
+                f"{'kept' if keep else 'left out'}")
+            record = RecomputeRecord(keep, costs.source, round(t_with * 1e3, 4), round(t_without * 1e3, 4))
+            return replace(kept if keep else plain, recompute=record)
+
+        if "plan-network" not in names:
+            before = run(core, front.graph, dump)
+            return recompute_judged(grown(before, core, dump), before, core)
+        k = names.index("plan-network")
+        head = run(passes[:k], front.graph, dump)
+        rest = core[:k] + core[k + 1:]  # without plan-network
+
+        def greedy_before() -> Graph:
+            return run(rest[k:], head, ())
+
+        with Forked(lambda: latency(grown(greedy_before(), rest, ()))) as greedy_latency:  # on a second core, beside the planner's
             started = time.perf_counter()
-            planned = finish(run(passes[k:], head, dump), manager)
+            planned_before = run(core[k:], head, dump)
+            planned = grown(planned_before, core, dump)
             times = {c.planner: latency(planned)}
             # the child does less than this branch did: one stuck far longer is stopped, its work done here
             times["greedy"] = greedy_latency.result(timeout=CHILD_WAIT_S + 4 * (time.perf_counter() - started))
@@ -275,7 +308,12 @@ def compile_model(
         record = PlannerRecord(c.planner, kept, costs.source, round(times[c.planner] * 1e3, 4), round(times["greedy"] * 1e3, 4), stats)
         log(f"planner {c.planner}: predicted {times[c.planner] * 1e3:.3f} ms, per-layer search alone {times['greedy'] * 1e3:.3f} ms; "
             f"kept {kept}")
-        return replace(planned if kept == c.planner else greedy(), planner=record)
+        if kept == c.planner:
+            result = recompute_judged(planned, planned_before, core)
+        else:
+            before = greedy_before()
+            result = recompute_judged(grown(before, rest, ()), before, rest)
+        return replace(result, planner=record)
 
     plans = {cfg.nodes: partitioned(cfg, dump_after)}
     chosen = cfg.nodes
@@ -302,6 +340,7 @@ def compile_model(
         prediction=prediction_record(profile, requested, chosen, plans) if profile is not None else None,
         planner=plans[chosen].planner,
         memory=memory_record(graph, cfg.memory_mb),
+        recompute=plans[chosen].recompute,
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"

@@ -528,6 +528,26 @@ class PlannerRecord:
                    _number(rec, where, "greedy_ms"), _record(rec, where, "stats", planner_stats_from_json))
 
 
+@dataclass(frozen=True)
+class RecomputeRecord:
+    """Whether recompute-halos' plan was kept (`kept`) or the same plan receiving every halo, as the
+    simulator judged them on `profile`: both predicted latencies, in ms."""
+
+    kept: bool
+    profile: str
+    with_ms: float
+    without_ms: float
+
+    def to_json(self) -> Json:
+        return {"kept": self.kept, "profile": self.profile, "with_ms": self.with_ms, "without_ms": self.without_ms}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> RecomputeRecord:
+        rec = _object(value, where)
+        kept = _take(rec, where, "kept", lambda v: isinstance(v, bool), "true or false")
+        return cls(kept, _str(rec, where, "profile"), _number(rec, where, "with_ms"), _number(rec, where, "without_ms"))
+
+
 def _numbers(rec: Mapping[str, Any], where: str, key: str) -> tuple[float, ...]:
     value = _take(rec, where, key, lambda v: isinstance(v, list) and all(_is_number(x) and x >= 0 for x in v),
                   "a list of numbers >= 0")
@@ -577,6 +597,7 @@ class CompileRecord:
     prediction: PredictionRecord | None = None  # with a cluster profile (compile --profile)
     planner: PlannerRecord | None = None  # with a whole-network planner (compile --planner)
     memory: MemoryRecord | None = None  # None in plans written before it was recorded: prepacked weights
+    recompute: RecomputeRecord | None = None  # where recompute-halos ran and was judged (None in older plans)
 
     @property
     def prepack(self) -> bool:
@@ -594,7 +615,8 @@ class CompileRecord:
                "layer_table": [r.to_json() for r in self.layer_table], "compile_seconds": self.compile_seconds,
                "prediction": self.prediction.to_json() if self.prediction is not None else None,
                "planner": self.planner.to_json() if self.planner is not None else None,
-               "memory": self.memory.to_json() if self.memory is not None else None}
+               "memory": self.memory.to_json() if self.memory is not None else None,
+               "recompute": self.recompute.to_json() if self.recompute is not None else None}
         return out if self.source is None else out | {"source": self.source.to_json()}
 
     @classmethod
@@ -616,10 +638,13 @@ class CompileRecord:
         memory = None
         if "memory" in rec and _take(rec, where, "memory", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
             memory = _record(rec, where, "memory", MemoryRecord.from_json)
+        recompute = None
+        if "recompute" in rec and _take(rec, where, "recompute", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
+            recompute = _record(rec, where, "recompute", RecomputeRecord.from_json)
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
-                   prediction, planner, memory)
+                   prediction, planner, memory, recompute)
 
 
 @dataclass(frozen=True)

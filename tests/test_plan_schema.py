@@ -20,7 +20,7 @@ from bbgrap.plan_schema import PLAN_VERSION, Plan, PlanSchemaError, PlanVersionE
 from tests.rules.helpers import build_model
 
 MAPS = {"files", "outputs"}  # objects of names, not records: checked whole
-OPTIONAL = {"source", "planner", "memory"}  # absent for a plan built from a model in memory, or compiled before planners or memory records
+OPTIONAL = {"source", "planner", "memory", "recompute"}  # absent for a plan built from a model in memory, or compiled before planners, memory or recompute records
 
 
 def conv_then_hardmax_model() -> Any:

@@ -22,13 +22,16 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 from onnx_builder import graph_of, model_of, value_info
 
-from bbgrap.config import Direction
+from bbgrap import zoo
+from bbgrap.cluster import DEFAULT_PROFILE, with_speeds
+from bbgrap.compiler import PLANNER_MARGIN, compile_model
+from bbgrap.config import Config, Direction
 from bbgrap.cost import CPU_RECEIVE, ReceiveCost
 from bbgrap.invariants import check_invariants
 from bbgrap.ir import Graph, Part, ShapeMap
 from bbgrap.movement import assemble
 from bbgrap.pass_manager import PassManager
-from bbgrap.plan import write_plan
+from bbgrap.plan import read_manifest, write_plan
 from bbgrap.plan_schema import CompileRecord
 from bbgrap.report import layer_table
 
@@ -175,3 +178,34 @@ def test_recomputed_plans_of_random_window_chains_are_exact(tmp_path_factory, ch
     plan = str(tmp_path_factory.mktemp("chain") / "plan")
     run_pipeline(window_chain(layers, 3, height, height), nodes, RecomputeHalos(receive=replace(CPU_RECEIVE, sync_ops=sync)), plan)
     assert_exact(plan)
+
+
+@pytest.mark.parametrize(("depthwise_ops_per_s", "kept"), [(5e9, True), (1e7, False)], ids=["default", "slow-depthwise"])
+def test_the_compiler_keeps_recomputed_halos_only_where_not_predicted_slower(tmp_path, depthwise_ops_per_s: float, kept: bool) -> None:
+    """recompute-halos weighs a halo by its operations, all alike; the simulator prices them by
+    kind. On a profile whose depthwise convolutions are 500 times slower than the default's, the
+    halos the pass recomputes through MobileNet's depthwise layers cost more than receiving them;
+    on the default profile recomputing them is worth it. Compile lowers the plan without the pass
+    too, keeps the faster predicted, says which, and either plan is exact. (The per-layer plan:
+    dp puts so small a model whole on one node, where no halo is left to recompute.)"""
+    path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
+    base = with_speeds(DEFAULT_PROFILE, (1.0, 1.0))
+    profile = replace(base, nodes=tuple(replace(n, depthwise_ops_per_s=depthwise_ops_per_s) for n in base.nodes))
+    plan_dir = str(tmp_path / "plan")
+    plan = compile_model(path, Config(nodes=2, planner="greedy"), plan_dir, profile=profile, force_nodes=True)
+    record = plan.compiled.recompute
+    assert record is not None and record.kept is kept
+    assert kept == (not record.without_ms <= (1 - PLANNER_MARGIN) * record.with_ms)
+    assert ("recompute-halos" in plan.compiled.passes) is kept
+    assert record.with_ms != record.without_ms  # the pass did recompute halos
+    # the halos recomputed (kept) or received (left out): nobody computes beyond what it owns
+    assert any(n.redundant_flops > 0 for n in plan.stats.per_node) is kept
+    assert read_manifest(plan_dir).compiled.recompute == record
+    assert_exact(plan_dir)
+
+
+def test_without_a_profile_the_pass_decides_alone(tmp_path) -> None:
+    """Without a measured profile nothing judges the pass (the default profile misjudged resnet18)."""
+    path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
+    plan = compile_model(path, Config(nodes=2), str(tmp_path / "plan"))
+    assert plan.compiled.recompute is None and plan.compiled.passes[-1] == "recompute-halos"
