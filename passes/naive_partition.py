@@ -3,10 +3,9 @@
 Even split (eq. 3.1, the remainder dealt to the two end nodes first: `spare_order`),
 or proportional to the node speeds; per-layer custom partitions from the config
 override both. Each node's needed input regions come from the op's region rule
-(eq. 3.2–3.6). A layer
-that cannot be cut in the requested direction is cut along channels if its rule
-allows, else computed whole on node 0; a layer narrower than the node count is
-split over fewer nodes.
+(eq. 3.2–3.6). A layer that cannot be cut in the requested direction is cut along
+channels if its rule allows, else computed whole on node 0; a layer narrower than
+the node count is split over fewer nodes.
 """
 
 from __future__ import annotations
