@@ -277,7 +277,8 @@ def compile_model(
             middle nodes of a cut (two halos each) past the others; the simulator prices the plan."""
             if not grows or not judge or profile is None:
                 return kept
-            plain = finish(before, PassManager(done))
+            # where the pass recomputed nothing its graph is `before` itself: that plan is lowered already
+            plain = kept if kept.graph is before else finish(before, PassManager(done))
             t_with, t_without = latency(kept), latency(plain)
             keep = not t_without <= (1 - PLANNER_MARGIN) * t_with
             log(f"recompute-halos: predicted {t_with * 1e3:.3f} ms, receiving every halo {t_without * 1e3:.3f} ms; "

@@ -209,3 +209,14 @@ def test_without_a_profile_the_pass_decides_alone(tmp_path) -> None:
     path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
     plan = compile_model(path, Config(nodes=2), str(tmp_path / "plan"))
     assert plan.compiled.recompute is None and plan.compiled.passes[-1] == "recompute-halos"
+
+
+
+def test_a_pass_that_recomputed_nothing_is_kept(tmp_path) -> None:
+    """dp puts so small a model whole on one node: no halo is left, so the plan with the pass is
+    the plan without it (compile does not lower it twice) and is kept."""
+    path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
+    plan = compile_model(path, Config(nodes=2), str(tmp_path / "plan"), profile=with_speeds(DEFAULT_PROFILE, (1.0, 1.0)), force_nodes=True)
+    record = plan.compiled.recompute
+    assert record is not None and record.kept and record.with_ms == record.without_ms
+    assert all(n.redundant_flops == 0 for n in plan.stats.per_node)
