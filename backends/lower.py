@@ -266,10 +266,10 @@ class _Builder:
                     if windowed and t == layer.inputs[0]:
                         need = _window_slack(graph, layer, part.attrs[n], g.region, need)
                     inputs.append(self.crop(t, g.region, need))
-            computes = part.computes[n]
+            computes, emitted = part.computes[n], part.emitted(n)
             outputs = []
             for k, t in enumerate(layer.outputs):
-                region = computes if k == 0 else ShapeMap.full(graph.tensors[t].shape) if t else None
+                region = emitted if k == 0 else ShapeMap.full(graph.tensors[t].shape) if t else None
                 if region is None or t not in live or (k > 0 and part.axis is not None):
                     outputs.append("")
                 else:
@@ -287,6 +287,8 @@ class _Builder:
                 node = helper.make_node(layer.op_type, inputs, outputs, name=layer.name, domain=layer.domain or None, **attrs)
                 self.current.nodes.append(node)
                 self.available.update(o for o in outputs if o)
+                if outputs[0] and emitted != computes:  # drop the rows the local op clamped (rules/base.py Local.emits)
+                    self.crop(layer.outputs[0], emitted, computes)
         sends = [m for t in layer.outputs if t for m in self.outgoing.get(t, [])]
         if sends:
             for m in sends:

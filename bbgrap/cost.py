@@ -48,7 +48,7 @@ def plan_flops(graph: Graph, owned: bool = False, registry: RuleRegistry | None 
     for layer in graph.layers:
         part = graph.partitions[layer.name]
         for n in part.active_nodes():
-            flops[n] += layer_ops(layer, graph, part.out[n] if owned else part.computes[n], registry)
+            flops[n] += layer_ops(layer, graph, part.out[n] if owned else part.emitted(n), registry)
     return flops
 
 

@@ -1,7 +1,8 @@
 """The IR's invariants (DESIGN.md), checked by the pass manager after every pass.
 
 * the layer graph is acyclic;
-* the output regions of all nodes of a layer are disjoint and cover the output;
+* the output regions of all nodes of a layer are disjoint and cover the output, and each
+  node's local op computes (and emits) at least the region it owns;
 * every region a node reads is present there: inside a gather of that node, whose
   parts tile it and come from what their source node computed;
 * no transfer sends data that its receiver never reads.
@@ -34,6 +35,10 @@ def check_invariants(graph: Graph) -> list[str]:
             for b in regions[i + 1 :]:
                 if a.overlaps(b):
                     problems.append(f"layer '{layer.name}': node outputs {a} and {b} overlap")
+        for n in part.active_nodes():
+            if not (part.computes[n].contains(part.out[n]) and part.emitted(n).contains(part.computes[n])):
+                problems.append(f"layer '{layer.name}': node {n} owns {part.out[n]}, computes {part.computes[n]} "
+                                f"and emits {part.emitted(n)}: each must contain the one before")
     if graph.gathers:
         problems += _check_gathers(graph)
     return problems

@@ -394,7 +394,9 @@ class LayerPartition:
     owned regions `out` tile the output and are what other nodes receive from; and
     `attrs[n]` the attribute overrides of its local op (pads, ceil_mode, group);
     `inputs[n]` the constant inputs its local op takes instead of the layer's, by input
-    index (Slice's starts and ends; empty: none on any node).
+    index (Slice's starts and ends; empty: none on any node); `emits[n]` what its local op
+    outputs where that is more than `computes[n]` (rules/base.py `Local.emits`; None, or empty
+    on every node: just `computes`), which lowering crops to `computes[n]`.
     """
 
     axis: int | None
@@ -403,6 +405,12 @@ class LayerPartition:
     computes: tuple[ShapeMap, ...]
     attrs: tuple[Mapping[str, Any], ...]
     inputs: tuple[Mapping[int, np.ndarray], ...] = ()
+    emits: tuple[ShapeMap | None, ...] = ()
+
+    def emitted(self, node: int) -> ShapeMap:
+        """What node `node`'s local op outputs (⊇ `computes[node]`), whose operations it performs."""
+        region = self.emits[node] if self.emits else None
+        return self.computes[node] if region is None else region
 
     def active_nodes(self) -> list[int]:
         return [n for n, r in enumerate(self.out) if not r.empty]

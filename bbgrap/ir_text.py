@@ -16,6 +16,7 @@ def format_graph(graph: Graph) -> str:
         for n in part.active_nodes():
             needs = ", ".join(str(r) if r is not None else "-" for r in part.needs[n])
             extra = f" computes {part.computes[n]}" if part.computes[n] != part.out[n] else ""
+            extra += f" emits {part.emitted(n)}" if part.emitted(n) != part.computes[n] else ""
             attrs = f" attrs {dict(part.attrs[n])}" if part.attrs[n] else ""
             inputs = part.local_inputs(n)
             values = f" inputs {({k: v.tolist() for k, v in inputs.items()})}" if inputs else ""

@@ -61,10 +61,10 @@ def layer_table(graph: Graph, direction: Direction, registry: RuleRegistry | Non
             if part.axis is not None and not out.empty:
                 iv, cv = out.interval(part.axis), computes.bounding_box().interval(part.axis)
                 extent, computed = (iv.start, iv.stop), (cv.start, cv.stop)
-            flops = layer_ops(layer, graph, computes, registry)  # an empty region has no volume: 0
+            flops = layer_ops(layer, graph, part.emitted(n), registry)  # an empty region has no volume: 0
             nodes.append(LayerNodeRow(
                 range=extent,  # the part it owns (what other nodes receive from)
-                computes=computed,  # owned, plus recomputed halo rows or whole groups
+                computes=computed,  # owned, plus recomputed halo rows or whole groups (not rows emitted and cropped)
                 flops=flops,
                 redundant_flops=flops - layer_ops(layer, graph, out, registry),
             ))

@@ -135,7 +135,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
             part = graph.partitions[layer.name]
-            here = layer_ops(layer, graph, part.computes[node], registry)
+            here = layer_ops(layer, graph, part.emitted(node), registry)
             ops[kind] += here
             measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node])))
             if kind in ("conv", "depthwise"):

@@ -67,7 +67,7 @@ def node_memory(graph: Graph, partitions: dict[str, LayerPartition]) -> list[Nod
             doubled[n] += held if layer.op_type in DOUBLED_OPS else 0
             live = sum(need.volume * _itemsize(graph, t) for t, need in zip(layer.inputs, part.needs[n])
                        if need is not None and graph.is_activation(t))
-            live += part.computes[n].volume * _itemsize(graph, layer.outputs[0])
+            live += part.emitted(n).volume * _itemsize(graph, layer.outputs[0])
             activations[n] = max(activations[n], live)
     return [NodeMemory(w, d, a) for w, d, a in zip(weights, doubled, activations)]
 

@@ -79,6 +79,7 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
     computes: list[ShapeMap] = []
     attrs: list[Mapping[str, Any]] = []
     inputs: list[Mapping[int, np.ndarray]] = []
+    emits: list[ShapeMap | None] = []
     for out in outs:
         if out.empty:
             needs.append((None,) * n_inputs)
@@ -100,8 +101,9 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             computes.append(local.computes)
             attrs.append(dict(local.attrs))
             inputs.append(dict(local.inputs))
+            emits.append(local.emits)
     return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs),
-                          tuple(inputs))
+                          tuple(inputs), tuple(emits) if any(e is not None for e in emits) else ())
 
 
 def channel_cut(graph: Graph, layer: Layer, speeds: Sequence[float], registry: RuleRegistry) -> LayerPartition | None:

@@ -165,7 +165,7 @@ class _Walk:
             return None
         local = self.options.registry.get(layer).local(layer, self.graph, grown)  # type: ignore[union-attr]
         registry = self.options.registry
-        extra = layer_ops(layer, self.graph, local.computes, registry) - layer_ops(layer, self.graph, held, registry)
+        extra = layer_ops(layer, self.graph, local.emitted, registry) - layer_ops(layer, self.graph, part.emitted(node), registry)
         cost = extra * self.slowness(node) - self.receive_cost(layer.outputs[0], held, need)
         for t, after in zip(layer.inputs, local.needs):
             if t and after is not None and self.graph.is_activation(t):
@@ -207,5 +207,8 @@ def _with_node(part: LayerPartition, node: int, local: Local) -> LayerPartition:
         return values[:node] + (value,) + values[node + 1:]
 
     inputs = part.inputs or ({},) * len(part.out)
+    emits = part.emits or (None,) * len(part.out)
+    emits = put(emits, local.emits)
     return LayerPartition(part.axis, part.out, put(part.needs, local.needs), put(part.computes, local.computes),
-                          put(part.attrs, dict(local.attrs)), put(inputs, dict(local.inputs)))
+                          put(part.attrs, dict(local.attrs)), put(inputs, dict(local.inputs)),
+                          emits if any(e is not None for e in emits) else ())

@@ -142,7 +142,7 @@ class LayerCutCost:
             if need is not None and t in self.held:
                 have = self.held[t][node]
                 data += need.volume - (need.intersect(have).volume if not have.empty else 0)
-        ops = layer_ops(self.layer, self.graph, local.computes, self.registry)
+        ops = layer_ops(self.layer, self.graph, local.emitted, self.registry)
         over = ops - layer_ops(self.layer, self.graph, out, self.registry)
         return NodeCost(ops / self.speeds[node], data, over)
 

@@ -42,12 +42,22 @@ class Local:
     input i in the local op (for what newer opsets pass as inputs rather than
     attributes: Slice's starts and ends, Pad's pads, Gather's indices shifted to the
     local input's origin, Reshape's shape). Where `inputs` gives input i, `needs[i]` is None.
+    `emits` (None: `computes`) is what the local op outputs where that is more than it computes
+    exactly: a bilinear Resize's or LRN's rows at the edges of its input crop, which the local op
+    clamps where the whole op reads on. Lowering crops the output to `computes` before the node
+    holds it, so nothing reads those rows; the cost model counts them.
     """
 
     needs: tuple[ShapeMap | None, ...]
     computes: ShapeMap
     attrs: Mapping[str, Any] = field(default_factory=dict)
     inputs: Mapping[int, np.ndarray] = field(default_factory=dict)
+    emits: ShapeMap | None = None
+
+    @property
+    def emitted(self) -> ShapeMap:
+        """What the local op outputs: `emits`, or `computes` where that is all of it."""
+        return self.computes if self.emits is None else self.emits
 
 
 class Layout(enum.Enum):

@@ -1,5 +1,6 @@
 """Indexing ops: Slice (and Split, imported as one Slice per output), Gather, Pad (constant,
-reflect, edge and wrap modes), and nearest Resize by integer factors.
+reflect, edge and wrap modes), and Resize by integer factors (nearest; linear and cubic, whose
+pieces read a halo).
 
 Each output element is one input element (or a pad value) at a position known at compile
 time (for Gather: along its other axes), so every output axis can be cut: an output interval
@@ -301,8 +302,8 @@ NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 class ResizeRule(RegionRule):
-    """Resize: nearest by integer factors along every axis, any mode along the axes it leaves as
-    they are.
+    """Resize: nearest, linear and cubic upsampling by integer factors along every axis, any mode
+    along the axes it leaves as they are.
 
     Nearest by an integer factor s per axis (upsampling, as FPN and U-Net heads export
     `interpolate(scale_factor=2)`), where the coordinate transform and rounding make
@@ -310,36 +311,40 @@ class ResizeRule(RegionRule):
     output interval [o0, o1) reads X[o0 // s, ⌈o1 / s⌉) and computes whole blocks of s, which the
     local op (same scales; sizes, where given, those of its block) reproduces.
 
-    Any other Resize (linear, cubic, nearest by other factors; every coordinate transform but
-    tf_crop_and_resize, whose roi places the grid) is cut along its unit axes: those it keeps
-    with a scale of exactly 1 (a scale input of 1.0, or sizes equal to the input's with the
-    stretch policy): batch and channels of an NCHW upsampling, and H or W where only the other
-    is scaled. Along such an axis every transform maps output row y to input coordinate x = y,
-    exactly in floating point ((y + 0.5)/1 − 0.5, y·(n − 1)/(n − 1), y/1; 0 for one row), so
-    the element blends the taps of row y with weight 1 and the others with weight 0 (linear's
-    clamped last row weighs its one tap 0.5 + 0.5; the cubic kernel is 1, 0, 0, 0 at 0, ±1, 2):
-    a piece reads its own rows, and its local op (same attributes; sizes, where given, those of
-    the piece) computes exactly them.
+    Linear and cubic upsampling by an integer factor s per axis, in the half_pixel,
+    pytorch_half_pixel and asymmetric transforms, is cut along every axis with a halo. Output row
+    y blends the input rows around its coordinate x(y) = (y + 0.5)/s − 0.5 (y/s asymmetric):
+    ⌊x⌋ and ⌊x⌋ + 1 (linear), ⌊x⌋ − 1 to ⌊x⌋ + 2 (cubic), clamped to the input. So output rows
+    [o0, o1) read input rows [⌊x(o0)⌋ − b, ⌊x(o1 − 1)⌋ + a + 1) (b, a = 0, 1 linear; 1, 2 cubic),
+    clipped to the input. The same Resize of those m rows gives s·m rows whose coordinates are
+    the whole op's shifted by the crop's start (the offset is a multiple of s), so the piece's
+    own rows blend the same taps with the same weights (to a rounding of the coordinate). Its
+    first and last rows do not: the local op clamps at the crop's edges where the whole op reads
+    on. It emits them (`Local.emits`) and lowering crops them away before the node holds the
+    output, so nothing reads them.
 
-    Linear and cubic upsampling are not cut along a scaled axis: no one local Resize computes
-    a piece of it exactly, everything it computes included (a node holds and reads all of it,
-    bbgrap/movement.py). The piece's rows blend the input rows around their coordinates x(y), so
-    a local op must give them the same coordinates, slope 1/s included. In the half_pixel
-    transforms that fixes the local scale to s, so m input rows give s·m output rows, whose last
-    (and first) the local op clamps to its last (first) input row where the whole op blends it
-    with the next one; asymmetric clamps its last s − 1 rows; align_corners ties the slope to the
-    lengths, (n − 1)/(s·n − 1), which no shorter crop has. A tf_crop_and_resize roi places any
-    grid, but extrapolates a constant where the whole op clamps (half_pixel's first and last rows,
-    asymmetric's last) and at a last row that rounding puts past the input's (align_corners).
-    The piece's own rows would be exact: the same Resize of input rows [⌊x(o0)⌋, ⌊x(o1 − 1)⌋ + 2)
-    computes them; a local op whose extra rows are dropped before the node holds them would make
-    these cuts exact (tests/rules/test_indexing.py checks both facts).
+    Any other Resize (linear and cubic by other factors or in align_corners, nearest by factors
+    its rounding does not map to whole blocks; every transform but tf_crop_and_resize, whose roi
+    places the grid) is cut along its unit axes: those it keeps with a scale of exactly 1 (a
+    scale input of 1.0, or sizes equal to the input's with the stretch policy): batch and
+    channels of an NCHW upsampling, and H or W where only the other is scaled. Along such an
+    axis every transform maps output row y to input coordinate x = y, exactly in floating point
+    ((y + 0.5)/1 − 0.5, y·(n − 1)/(n − 1), y/1; 0 for one row), so the element blends the taps
+    of row y with weight 1 and the others with weight 0 (linear's clamped last row weighs its
+    one tap 0.5 + 0.5; the cubic kernel is 1, 0, 0, 0 at 0, ±1, 2): a piece reads its own rows,
+    and its local op (same attributes; sizes, where given, those of the piece) computes exactly
+    them. align_corners ties the slope to the lengths, (n − 1)/(s·n − 1), which no shorter crop
+    has; a non-integer factor gives a crop a grid that the whole op's does not contain.
+    tests/rules/test_indexing.py checks both facts of the halo rule: a crop's edge rows differ,
+    and the piece's own rows are exact.
     """
 
-    def _factors(self, layer: Layer, graph: Graph) -> tuple[int, ...] | None:
-        """The integer factor of every axis of a nearest Resize, None where that rule does not apply."""
+    def _upsampling(self, layer: Layer, graph: Graph) -> tuple[tuple[int, ...], str] | None:
+        """(the integer factor of every axis, the coordinate transform) of a Resize that upsamples
+        each axis by a constant integer factor (1 included) in a transform that maps output row y
+        to input coordinate (y + 0.5)/s − 0.5 or y/s; None for any other Resize."""
         attrs = layer.attrs
-        if attrs.get("mode", "nearest") != "nearest" or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        if attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
             return None
         in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
         if any(o % i for i, o in zip(in_dims, out_dims)):
@@ -352,10 +357,30 @@ class ResizeRule(RegionRule):
                 return None  # e.g. a scale of 1.999 whose output size rounds to an integer factor
         elif _constant(graph, layer, 3) is None:
             return None  # scales or sizes computed from the data
-        modern = graph.opsets.get("", 13) >= 11  # Resize-10 maps x to x / scale and floors it when upsampling
+        modern = graph.opsets.get("", 13) >= 11  # Resize-10 maps x to x / scale
         transform = attrs.get("coordinate_transformation_mode", "half_pixel" if modern else "asymmetric")
+        if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric"):
+            return None
+        return factors, transform
+
+    def _blend(self, layer: Layer, graph: Graph) -> tuple[tuple[int, ...], str] | None:
+        """(factors, transform) of a linear or cubic upsampling that the halo rule cuts (class
+        docstring), None where it does not apply."""
+        if layer.attrs.get("mode", "nearest") not in ("linear", "cubic"):
+            return None
+        return self._upsampling(layer, graph)
+
+    def _factors(self, layer: Layer, graph: Graph) -> tuple[int, ...] | None:
+        """The integer factor of every axis of a nearest Resize, None where that rule does not apply."""
+        attrs = layer.attrs
+        found = self._upsampling(layer, graph) if attrs.get("mode", "nearest") == "nearest" else None
+        if found is None:
+            return None
+        factors, transform = found
+        out_dims = shape(graph, layer.outputs[0])
+        modern = graph.opsets.get("", 13) >= 11  # Resize-10 floors x / scale when upsampling
         rounding = NEAREST_MODES.get(attrs.get("nearest_mode", "round_prefer_floor" if modern else "floor"))
-        if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric") or rounding is None:
+        if rounding is None:
             return None
         for s, o in zip(factors, out_dims):
             x = np.arange(o, dtype=np.float64)
@@ -385,14 +410,41 @@ class ResizeRule(RegionRule):
         return frozenset(unit)
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        if self._factors(layer, graph) is not None:
+        if self._factors(layer, graph) is not None or self._blend(layer, graph) is not None:
             return all_axes(layer, graph)
         return self._unit_axes(layer, graph)
 
+    def _blend_local(self, layer: Layer, graph: Graph, out: ShapeMap, blend: tuple[tuple[int, ...], str]) -> tuple[ShapeMap, ShapeMap]:
+        """(input rows read, output rows emitted) of a piece of a linear or cubic upsampling
+        (class docstring): along an axis of factor s, output rows [o0, o1) read input rows
+        [⌊x(o0)⌋ − b, ⌊x(o1 − 1)⌋ + a + 1) (b, a = 0, 1 linear; 1, 2 cubic), clipped to the
+        input, and the local op emits s times those rows."""
+        before, after = (0, 1) if layer.attrs.get("mode") == "linear" else (1, 2)
+        factors, transform = blend
+        asymmetric = transform == "asymmetric"
+        in_dims = shape(graph, layer.inputs[0])
+        need, emits = full(graph, layer.inputs[0]), out
+        for a, s in enumerate(factors):
+            iv = out.interval(a)
+            if s == 1:  # x(y) = y exactly: the piece reads its own rows (class docstring)
+                need = need.with_axis(a, iv)
+                continue
+
+            def floor_x(y: int, s: int = s) -> int:  # ⌊x(y)⌋ in integers: y/s or (2y + 1 − s)/(2s)
+                return y // s if asymmetric else (2 * y + 1 - s) // (2 * s)
+
+            rows = Interval(max(0, floor_x(iv.start) - before), min(in_dims[a], floor_x(iv.stop - 1) + after + 1))
+            need = need.with_axis(a, rows)
+            emits = emits.with_axis(a, Interval(rows.start * s, rows.stop * s))
+        return need, emits
+
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        factors = self._factors(layer, graph)
+        factors, blend = self._factors(layer, graph), self._blend(layer, graph)
         need, computes = full(graph, layer.inputs[0]), out
-        if factors is not None:
+        emitted: ShapeMap | None = None
+        if blend is not None:
+            need, emitted = self._blend_local(layer, graph, out, blend)
+        elif factors is not None:
             for a, s in enumerate(factors):
                 iv = out.interval(a)
                 block = Interval(iv.start // s, -(-iv.stop // s))
@@ -405,6 +457,7 @@ class ResizeRule(RegionRule):
                     need = need.with_axis(a, out.interval(a))
                 else:
                     assert out.interval(a) == Interval(0, out_dims[a]), f"Resize '{layer.name}' cut along its scaled axis {a}"
+        emitted = computes if emitted is None else emitted
         needs: list[ShapeMap | None] = [need, *(full(graph, t) if t else None for t in layer.inputs[1:])]
         inputs: dict[int, np.ndarray] = {}
         for k in range(1, len(layer.inputs)):
@@ -414,8 +467,8 @@ class ResizeRule(RegionRule):
         sizes = _constant(graph, layer, 3)
         if sizes is not None and sizes.size and graph.opsets.get("", 13) >= 11:
             axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
-            needs[3], inputs[3] = None, np.array([computes.shape[a] for a in axes], sizes.dtype)
-        return Local(tuple(needs), computes, inputs=inputs)
+            needs[3], inputs[3] = None, np.array([emitted.shape[a] for a in axes], sizes.dtype)
+        return Local(tuple(needs), computes, inputs=inputs, emits=None if emitted == computes else emitted)
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
         """Nearest copies one element (1). Linear and cubic blend 2 or 4 taps along each axis whose

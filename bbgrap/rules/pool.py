@@ -1,17 +1,15 @@
 """Pools: windowed (MaxPool, AveragePool, LpPool), global pools, and LRN.
 
 Windowed pools cut any axis (channels and batch pass through, spatial axes use the
-windowed rule); global pools cannot cut a spatial axis; LRN sums over a window of channels, so it is
-cut along every axis but channels: a piece of a channel cut would compute its channel
-halo wrong (the neighbours' neighbours are missing), and a node holds and reuses all
-its local op computes (bbgrap/movement.py).
+windowed rule); global pools cannot cut a spatial axis; LRN sums over a window of channels, so a
+piece of a channel cut reads a channel halo (`LRNRule`).
 """
 
 from __future__ import annotations
 
 import math
 
-from bbgrap.ir import Graph, Layer, ShapeMap
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
@@ -53,6 +51,13 @@ class GlobalPoolRule(RegionRule):
 
 
 class LRNRule(RegionRule):
+    """LRN: Y[c] = X[c] / (bias + alpha/size · Σ X[i]², i ∈ [c − ⌊(size − 1)/2⌋, c + ⌈(size − 1)/2⌉]
+    clipped to the channels). Along every other axis a piece reads exactly its own box. Along
+    channels, output channels [c0, c1) read input channels [c0 − ⌊(size − 1)/2⌋, c1 + ⌈(size − 1)/2⌉)
+    clipped; the local op on them clips its windows at that crop's edges, so its edge channels
+    differ from the whole op's where the crop is not the tensor's edge: it emits all the crop's
+    channels and lowering keeps [c0, c1) (`Local.emits`)."""
+
     group = "pools"
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
@@ -60,11 +65,14 @@ class LRNRule(RegionRule):
         return float(layer.attrs.get("size", 1))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        """Every axis but channels (module docstring): then a piece reads exactly its own box."""
-        return all_axes(layer, graph) - {1}
+        return all_axes(layer, graph)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        return Local((out,), out)
+        size = int(layer.attrs.get("size", 1))
+        channels, iv = shape(graph, layer.inputs[0])[1], out.interval(1)
+        rows = Interval(max(0, iv.start - (size - 1) // 2), min(channels, iv.stop + size // 2))
+        need = out.with_axis(1, rows)
+        return Local((need,), out, emits=None if need == out else need)
 
 
 def register(registry: RuleRegistry) -> None:

@@ -100,7 +100,7 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
             out.append(partition_layer(graph, layer, axes[0], sizes, registry))
     unique: list[LayerPartition] = []
     for k, part in enumerate(out):
-        if all(part.out != seen.out or part.computes != seen.computes for seen in unique):
+        if all(part.out != seen.out or part.computes != seen.computes or part.emits != seen.emits for seen in unique):
             unique.append(part)
         elif k < cuts:
             cuts -= 1
@@ -238,7 +238,7 @@ class NetworkCost:
             whole = whole_ops(layer, self.graph, self.registry)
             times = [0.0] * self.nodes
             for n in part.active_nodes():
-                ops = layer_ops(layer, self.graph, part.computes[n], self.registry)
+                ops = layer_ops(layer, self.graph, part.emitted(n), self.registry)
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]))
             got = self._compute[key] = tuple(times)
         return got

@@ -249,7 +249,8 @@ def assemble(
     relative to the element and to the output's largest magnitude).
 
     All the local op computes must equal the whole op there too, not only the box: a node holds what its local op computed and gathers its own reads from it
-    (bbgrap/movement.py), so rows computed beyond the box are data the plan uses."""
+    (bbgrap/movement.py), so rows computed beyond the box are data the plan uses. Rows it emits
+    beyond `computes` (`Local.emits`) are cropped away before that and may differ."""
     run = run or run_local
     out_shape = graph.tensors[layer.outputs[0]].shape
     assert ref.shape == tuple(out_shape), (ref.shape, out_shape)
@@ -263,7 +264,9 @@ def assemble(
         if layer.op_type in WINDOWED:
             check_window_pads(layer, graph, local, box)
         y = run(layer, graph, local, values)
-        assert y.shape == local.computes.shape, f"local op gave {y.shape}, rule says computes {local.computes} for box {box}"
+        assert y.shape == local.emitted.shape, f"local op gave {y.shape}, rule says it emits {local.emitted} for box {box}"
+        assert local.emitted.contains(local.computes), (local.emitted, local.computes)
+        y = y[local.computes.relative_to(local.emitted).slices()]  # what lowering keeps of it
         result[box.slices()] = y[box.relative_to(local.computes).slices()]
         np.testing.assert_allclose(
             y, ref[local.computes.slices()], rtol=tolerance, atol=tolerance * scale,

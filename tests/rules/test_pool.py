@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bbgrap.ir import Interval
 from bbgrap.rules.registry import default_registry
 from tests.rules.helpers import assemble, check_partition, draw_boxes, manual_graph, rng_of, rules_settings, single_op
 
@@ -106,20 +107,24 @@ def _lrn_case(data: st.DataObject, sizes: st.SearchStrategy[int]) -> tuple[int, 
     return size, channels, shape, attrs
 
 
-def _check_no_halo(boxes, locals_) -> None:
-    """Channels are never cut (LRNRule's docstring): a piece reads and computes exactly its box."""
+def _check_halo(boxes, locals_, size: int, channels: int) -> None:
+    """A piece keeps exactly its box. It reads its box, and along channels the window's halo:
+    ⌊(size − 1)/2⌋ channels before, ⌈(size − 1)/2⌉ after, clipped; it emits all it reads
+    (LRNRule's docstring)."""
     for box, local in zip(boxes, locals_):
-        assert local.needs[0] == local.computes == box
+        c = box.interval(1)
+        halo = box.with_axis(1, Interval(max(0, c.start - (size - 1) // 2), min(channels, c.stop + size // 2)))
+        assert local.computes == box and local.needs[0] == local.emitted == halo, (box, local)
 
 
 @SETTINGS
-@given(st.data(), st.sampled_from(["h", "w", "n", "hw"]))
+@given(st.data(), st.sampled_from(["h", "w", "n", "c", "hw", "cw"]))
 def test_lrn(data: st.DataObject, axes: str) -> None:
     """Odd sizes, in onnxruntime (which accepts only odd sizes)."""
     size, channels, shape, attrs = _lrn_case(data, st.sampled_from([1, 3, 5]))
     model = single_op("LRN", ["x"], {"x": shape}, {}, data.draw(st.integers(13, 17)), **attrs)
-    checked = check_partition(data, model, expect_axes={0, 2, 3}, cut_axes=[AXIS[a] for a in axes])
-    _check_no_halo(checked.boxes, checked.locals)
+    checked = check_partition(data, model, expect_axes={0, 1, 2, 3}, cut_axes=[AXIS[a] for a in axes])
+    _check_halo(checked.boxes, checked.locals, size, channels)
     # the spec model used for even sizes agrees with onnxruntime on odd ones
     x = checked.front.sample_inputs["x"]
     np.testing.assert_allclose(lrn_spec(x, size, attrs["alpha"], attrs["beta"], attrs["bias"]),
@@ -127,7 +132,7 @@ def test_lrn(data: st.DataObject, axes: str) -> None:
 
 
 @SETTINGS
-@given(st.data(), st.sampled_from(["h", "w", "hw"]))
+@given(st.data(), st.sampled_from(["h", "w", "c", "hw", "ch"]))
 def test_lrn_even_size(data: st.DataObject, axes: str) -> None:
     """Even sizes (asymmetric channel halo: floor((size-1)/2) before, ceil after),
     against the spec's formula since onnxruntime refuses even sizes."""
@@ -135,8 +140,8 @@ def test_lrn_even_size(data: st.DataObject, axes: str) -> None:
     x = rng_of(data).standard_normal(shape).astype(np.float32)
     graph, layer = manual_graph("LRN", attrs, {"x": x}, {}, shape)
     rule = default_registry().get(layer)
-    assert rule.axes(layer, graph) == frozenset({0, 2, 3})
+    assert rule.axes(layer, graph) == frozenset({0, 1, 2, 3})
     _, boxes = draw_boxes(data, shape, rule.axes(layer, graph), cut_axes=[AXIS[a] for a in axes])
     ref = lrn_spec(x, size, attrs["alpha"], attrs["beta"], attrs["bias"])
     locals_ = assemble(layer, graph, rule, boxes, {"x": x}, ref, run=_run_lrn_spec)
-    _check_no_halo(boxes, locals_)
+    _check_halo(boxes, locals_, size, channels)
