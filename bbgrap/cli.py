@@ -289,8 +289,9 @@ def summary(plan: Plan, where: str) -> str:
         )
     r = plan.compiled.recompute
     if r is not None:
-        lines.append(f"recompute-halos: predicted {r.with_ms:.3f} ms against {r.without_ms:.3f} ms receiving every halo "
-                     f"({r.profile}): {'kept' if r.kept else 'left out, every halo received'}")
+        lines.append(f"recompute-halos: predicted {r.by_kind_ms:.3f} ms with operations priced by kind, {r.alike_ms:.3f} ms "
+                     f"alike, {r.without_ms:.3f} ms receiving every halo ({r.profile}): "
+                     f"{'kept, priced ' + r.pricing if r.kept else 'left out, every halo received'}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, with_speeds
 from bbgrap.config import Config, Direction
-from bbgrap.cost import CPU_MEMORY, CPU_MEMORY_UNPACKED, CPU_RECEIVE, receive_cost
+from bbgrap.cost import CPU_MEMORY, CPU_MEMORY_UNPACKED, CPU_RECEIVE, kind_weights, receive_cost
 from bbgrap.forked import Forked
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
@@ -76,9 +76,12 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
 
-            # with a measured profile a receive costs what it measured; else the CPU provider's constants
+            # with a measured profile a receive and each op kind's operation cost what it measured;
+            # else the CPU provider's constants, every kind alike
             receive = receive_cost(profile) if profile is not None else CPU_RECEIVE
-            passes.append(RecomputeHalos(receive=receive, speeds=cfg.node_speeds(), progress=progress, registry=registry))
+            weights = kind_weights(profile) if profile is not None else ()
+            passes.append(RecomputeHalos(receive=receive, speeds=cfg.node_speeds(), kind_weights=weights, progress=progress,
+                                         registry=registry))
     return passes
 
 
@@ -271,20 +274,35 @@ def compile_model(
             return finish(run(passes[-1:], before, dump), PassManager([*done, passes[-1]]))
 
         def recompute_judged(kept: Partitioned, before: Graph, done: Sequence[Pass]) -> Partitioned:
-            """`kept` (recompute-halos' plan of `before`), or `before` lowered as it is, receiving
-            every halo, where the simulator predicts that at least PLANNER_MARGIN faster: the pass
-            weighs each halo by operations summed over the nodes that read it, which can load the
-            middle nodes of a cut (two halos each) past the others; the simulator prices the plan."""
+            """`kept` (recompute-halos' plan of `before`, each operation priced by its kind and a
+            receive by its whole segment boundary), the pass's plan with every operation priced
+            alike and a receive by its latency and segment alone (the pricing before kinds), or
+            `before` lowered as it is, receiving every halo. The pass weighs one halo at a time by its operations and a receive's cost,
+            which can load the middle nodes of a cut (two halos each) past the others and does not
+            see the waits; neither pricing predicts better on every model (docs/benchmarks.md,
+            session 10). The simulator prices the plans: the faster pricing's plan is kept, unless
+            receiving every halo is predicted at least PLANNER_MARGIN faster still."""
             if not grows or not judge or profile is None:
                 return kept
-            # where the pass recomputed nothing its graph is `before` itself: that plan is lowered already
+            from bbgrap.passes.recompute_halos import RecomputeHalos
+
+            # where a pass recomputed nothing its graph is `before` itself: that plan is lowered once
             plain = kept if kept.graph is before else finish(before, PassManager(done))
-            t_with, t_without = latency(kept), latency(plain)
+            by_kind = passes[-1]
+            assert isinstance(by_kind, RecomputeHalos)
+            assert profile is not None
+            alike_pass = replace(by_kind, kind_weights=(), receive=receive_cost(profile, boundary=False))
+            alike_graph = run([alike_pass], before, ())
+            alike = plain if alike_graph is before else finish(alike_graph, PassManager([*done, alike_pass]))
+            t_kind, t_alike, t_without = latency(kept), latency(alike), latency(plain)
+            pricing = "by kind" if t_kind <= t_alike else "alike"
+            grown_plan, t_with = (kept, t_kind) if pricing == "by kind" else (alike, t_alike)
             keep = not t_without <= (1 - PLANNER_MARGIN) * t_with
-            log(f"recompute-halos: predicted {t_with * 1e3:.3f} ms, receiving every halo {t_without * 1e3:.3f} ms; "
-                f"{'kept' if keep else 'left out'}")
-            record = RecomputeRecord(keep, costs.source, round(t_with * 1e3, 4), round(t_without * 1e3, 4))
-            return replace(kept if keep else plain, recompute=record)
+            log(f"recompute-halos: predicted {t_kind * 1e3:.3f} ms (operations priced by kind), {t_alike * 1e3:.3f} ms "
+                f"(alike), receiving every halo {t_without * 1e3:.3f} ms; {'kept, priced ' + pricing if keep else 'left out'}")
+            record = RecomputeRecord(keep, costs.source, pricing, round(t_kind * 1e3, 4), round(t_alike * 1e3, 4),
+                                     round(t_without * 1e3, 4))
+            return replace(grown_plan if keep else plain, recompute=record)
 
         if "plan-network" not in names:
             before = run(core, front.graph, dump)

@@ -531,21 +531,38 @@ class PlannerRecord:
 @dataclass(frozen=True)
 class RecomputeRecord:
     """Whether recompute-halos' plan was kept (`kept`) or the same plan receiving every halo, as the
-    simulator judged them on `profile`: both predicted latencies, in ms."""
+    simulator judged them on `profile`, and which pricing of the pass's halos made the plan judged
+    (`pricing`, one of RECOMPUTE_PRICINGS): the predicted latencies, in ms, of the pass's plan
+    with each operation priced by its kind's measured cost (and a receive by its whole segment
+    boundary), with every operation alike (and a receive by its latency and segment alone), and
+    of the plan receiving every halo."""
 
     kept: bool
     profile: str
-    with_ms: float
+    pricing: str
+    by_kind_ms: float
+    alike_ms: float
     without_ms: float
 
+    @property
+    def with_ms(self) -> float:
+        """The predicted latency of the pass's plan as judged: its chosen pricing's."""
+        return self.by_kind_ms if self.pricing == "by kind" else self.alike_ms
+
     def to_json(self) -> Json:
-        return {"kept": self.kept, "profile": self.profile, "with_ms": self.with_ms, "without_ms": self.without_ms}
+        return {"kept": self.kept, "profile": self.profile, "pricing": self.pricing, "by_kind_ms": self.by_kind_ms,
+                "alike_ms": self.alike_ms, "without_ms": self.without_ms}
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> RecomputeRecord:
         rec = _object(value, where)
         kept = _take(rec, where, "kept", lambda v: isinstance(v, bool), "true or false")
-        return cls(kept, _str(rec, where, "profile"), _number(rec, where, "with_ms"), _number(rec, where, "without_ms"))
+        pricing = _take(rec, where, "pricing", lambda v: v in RECOMPUTE_PRICINGS, " or ".join(map(repr, RECOMPUTE_PRICINGS)))
+        return cls(kept, _str(rec, where, "profile"), pricing, _number(rec, where, "by_kind_ms"), _number(rec, where, "alike_ms"),
+                   _number(rec, where, "without_ms"))
+
+
+RECOMPUTE_PRICINGS = ("by kind", "alike")  # how recompute-halos priced a halo's extra operations (RecomputeRecord)
 
 
 def _numbers(rec: Mapping[str, Any], where: str, key: str) -> tuple[float, ...]:

@@ -16,7 +16,10 @@ receives keeps its segment boundary: it sends there), when, summed over them,
 
     extra operations + change in their inputs' receive costs  <  receive costs of the halos
 
-with operations weighted by the node's slowness, and where a receive costs what the cost
+with operations weighted by the node's slowness and by their kind's cost (a depthwise
+convolution's operation costs more than a dense one's: `kind_weights`, from a measured profile;
+an op fused into the convolution before it costs nothing, as the simulator prices it; without a
+profile all kinds weigh alike), and where a receive costs what the cost
 model's `ReceiveCost` says: a fixed cost per receive point (a segment boundary, waiting)
 plus a cost per byte of the gathered region (the concat copies all of it) and of the
 other activations alive across that point. A layer looks `depth` layers up for
@@ -37,6 +40,7 @@ from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of, pieces
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.base import Local
 from bbgrap.rules.registry import RuleRegistry, default_registry
+from bbgrap.simulate import op_kind
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class RecomputeHalos(Pass):
     receive: ReceiveCost = CPU_RECEIVE
     depth: int = 12  # layers looked up from a halo for a cheaper place to receive it
     speeds: tuple[float, ...] = ()  # relative node speeds: a slow node's extra operations cost it more time
+    kind_weights: tuple[tuple[str, float], ...] = ()  # (op kind, cost of its operation in dense convolution ones); absent: 1
     progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)  # (pass, done, total)
     registry: RuleRegistry = field(default_factory=default_registry, compare=False)
 
@@ -91,6 +96,8 @@ class _Walk:
     def __init__(self, options: RecomputeHalos, graph: Graph) -> None:
         self.options = options
         self.graph = graph
+        self.kind_weight = dict(options.kind_weights)
+        self._fused: dict[str, bool] = {}
         self.partitions = dict(graph.partitions)
         self.consumers = graph.consumers()
         position = {layer.name: i for i, layer in enumerate(graph.layers)}
@@ -103,6 +110,24 @@ class _Walk:
         # bytes of the other activations alive where the tensor is first read
         self._held: dict[str, dict[int, ShapeMap]] = {}
         self._receive_terms: dict[str, tuple[int, float]] = {}
+
+    def fused(self, layer: Layer) -> bool:
+        """onnxruntime folds the layer into the convolution that produces its input, directly or
+        through other such layers (BatchNormalization, an activation): it costs no time of its own,
+        as the simulator prices it."""
+        if layer.name not in self._fused:
+            producer = self.graph.producers().get(layer.inputs[0]) if layer.inputs else None
+            self._fused[layer.name] = (
+                self.options.registry.traits(layer.op_type, layer.domain).fuses_into_conv and producer is not None
+                and (op_kind(producer, self.graph) in ("conv", "depthwise") or self.fused(producer)))
+        return self._fused[layer.name]
+
+    def op_weight(self, layer: Layer) -> float:
+        """What one of the layer's operations costs in dense convolution ones: its kind's weight
+        (none given: 1), 0 where it is fused into a convolution."""
+        if not self.kind_weight:
+            return 1.0
+        return 0.0 if self.fused(layer) else self.kind_weight.get(op_kind(layer, self.graph), 1.0)
 
     def update(self, layer: Layer, part: LayerPartition) -> None:
         self.partitions[layer.name] = part
@@ -166,6 +191,7 @@ class _Walk:
         local = self.options.registry.get(layer).local(layer, self.graph, grown)  # type: ignore[union-attr]
         registry = self.options.registry
         extra = layer_ops(layer, self.graph, local.emitted, registry) - layer_ops(layer, self.graph, part.emitted(node), registry)
+        extra *= self.op_weight(layer)
         cost = extra * self.slowness(node) - self.receive_cost(layer.outputs[0], held, need)
         for t, after in zip(layer.inputs, local.needs):
             if t and after is not None and self.graph.is_activation(t):

@@ -34,6 +34,7 @@ from bbgrap.pass_manager import PassManager
 from bbgrap.plan import read_manifest, write_plan
 from bbgrap.plan_schema import CompileRecord
 from bbgrap.report import layer_table
+from bbgrap.simulate import op_kind
 
 NEVER, ALWAYS = RecomputeHalos(receive=ReceiveCost(0.0, 0.0)), RecomputeHalos(receive=replace(CPU_RECEIVE, sync_ops=1e12))
 
@@ -180,28 +181,59 @@ def test_recomputed_plans_of_random_window_chains_are_exact(tmp_path_factory, ch
     assert_exact(plan)
 
 
-@pytest.mark.parametrize(("depthwise_ops_per_s", "kept"), [(5e9, True), (1e7, False)], ids=["default", "slow-depthwise"])
-def test_the_compiler_keeps_recomputed_halos_only_where_not_predicted_slower(tmp_path, depthwise_ops_per_s: float, kept: bool) -> None:
-    """recompute-halos weighs a halo by its operations, all alike; the simulator prices them by
-    kind. On a profile whose depthwise convolutions are 500 times slower than the default's, the
-    halos the pass recomputes through MobileNet's depthwise layers cost more than receiving them;
-    on the default profile recomputing them is worth it. Compile lowers the plan without the pass
-    too, keeps the faster predicted, says which, and either plan is exact. (The per-layer plan:
-    dp puts so small a model whole on one node, where no halo is left to recompute.)"""
-    path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
+def _slow_depthwise(depthwise_ops_per_s: float):  # the default profile on two nodes, depthwise convolutions at that speed
     base = with_speeds(DEFAULT_PROFILE, (1.0, 1.0))
-    profile = replace(base, nodes=tuple(replace(n, depthwise_ops_per_s=depthwise_ops_per_s) for n in base.nodes))
+    return replace(base, nodes=tuple(replace(n, depthwise_ops_per_s=depthwise_ops_per_s) for n in base.nodes))
+
+
+@pytest.mark.parametrize(("depthwise_ops_per_s", "recomputed"), [(5e9, True), (1e7, False)], ids=["default", "slow-depthwise"])
+def test_a_kind_measured_slow_is_received_not_recomputed(tmp_path, depthwise_ops_per_s: float, recomputed: bool) -> None:
+    """With a profile, recompute-halos weighs a halo's extra operations by their kind's measured
+    cost. On the default profile MobileNet's depthwise layers recompute their neighbours' rows; on
+    one whose depthwise convolutions are 500 times slower they receive them, while the dense
+    convolutions still recompute theirs. Either plan is exact. (Compile also runs the pass with
+    every operation priced alike and keeps the faster predicted; here the kinds' plan.) (The per-layer plan: dp puts so
+    small a model whole on one node, where no halo is left to recompute.)"""
+    path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
     plan_dir = str(tmp_path / "plan")
-    plan = compile_model(path, Config(nodes=2, planner="greedy"), plan_dir, profile=profile, force_nodes=True)
+    plan = compile_model(path, Config(nodes=2, planner="greedy"), plan_dir, profile=_slow_depthwise(depthwise_ops_per_s), force_nodes=True)
     record = plan.compiled.recompute
-    assert record is not None and record.kept is kept
-    assert kept == (not record.without_ms <= (1 - PLANNER_MARGIN) * record.with_ms)
-    assert ("recompute-halos" in plan.compiled.passes) is kept
-    assert record.with_ms != record.without_ms  # the pass did recompute halos
-    # the halos recomputed (kept) or received (left out): nobody computes beyond what it owns
-    assert any(n.redundant_flops > 0 for n in plan.stats.per_node) is kept
+    assert record is not None and record.kept
+    # the faster predicted of the two pricings was kept, and its figures recorded
+    assert record.with_ms == min(record.by_kind_ms, record.alike_ms)
+    assert (record.pricing == "by kind") is (record.by_kind_ms <= record.alike_ms)
     assert read_manifest(plan_dir).compiled.recompute == record
+    graph = import_proto(onnx.load(path)).graph
+    depthwise = {layer.name for layer in graph.layers if op_kind(layer, graph) == "depthwise"}
+    grown = {r.name for r in plan.compiled.layer_table if any(n.redundant_flops > 0 for n in r.per_node)}
+    assert bool(grown & depthwise) is recomputed, sorted(grown & depthwise)
+    assert grown - depthwise, grown  # dense convolutions recompute halos on either profile
     assert_exact(plan_dir)
+
+
+def test_the_compiler_leaves_the_pass_out_where_predicted_slower(tmp_path, monkeypatch) -> None:
+    """Compile lowers the plan without recompute-halos too and keeps it where the simulator
+    predicts it at least PLANNER_MARGIN faster. Where the pass misjudges halos, here given no
+    kind weights (every operation alike) on a profile whose depthwise convolutions are 500 times
+    slower, the judgement leaves it out, says so, and the plan is exact; on the default profile
+    the pass is kept."""
+    import bbgrap.compiler
+
+    monkeypatch.setattr(bbgrap.compiler, "kind_weights", lambda profile: ())
+    path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
+    for depthwise_ops_per_s, kept in ((5e9, True), (1e7, False)):
+        plan_dir = str(tmp_path / f"plan-{kept}")
+        plan = compile_model(path, Config(nodes=2, planner="greedy"), plan_dir, profile=_slow_depthwise(depthwise_ops_per_s),
+                             force_nodes=True)
+        record = plan.compiled.recompute
+        assert record is not None and record.kept is kept
+        assert kept == (not record.without_ms <= (1 - PLANNER_MARGIN) * record.with_ms)
+        assert ("recompute-halos" in plan.compiled.passes) is kept
+        assert record.with_ms != record.without_ms  # the pass did recompute halos
+        # the halos recomputed (kept) or received (left out): nobody computes beyond what it owns
+        assert any(n.redundant_flops > 0 for n in plan.stats.per_node) is kept
+        assert read_manifest(plan_dir).compiled.recompute == record
+        assert_exact(plan_dir)
 
 
 def test_without_a_profile_the_pass_decides_alone(tmp_path) -> None:
