@@ -277,11 +277,12 @@ def compile_model(
             """`kept` (recompute-halos' plan of `before`, each operation priced by its kind and a
             receive by its whole segment boundary), the pass's plan with every operation priced
             alike and a receive by its latency and segment alone (the pricing before kinds), or
-            `before` lowered as it is, receiving every halo. The pass weighs one halo at a time by its operations and a receive's cost,
-            which can load the middle nodes of a cut (two halos each) past the others and does not
-            see the waits; neither pricing predicts better on every model (docs/benchmarks.md,
-            session 10). The simulator prices the plans: the faster pricing's plan is kept, unless
-            receiving every halo is predicted at least PLANNER_MARGIN faster still."""
+            `before` lowered as it is, receiving every halo. The pass weighs one halo at a time by
+            its operations and a receive's cost, which can load the middle nodes of a cut (two
+            halos each) past the others and does not see the waits; neither pricing predicts
+            better on every model (docs/benchmarks.md, session 10). The simulator prices the
+            plans: the faster pricing's plan is kept, unless receiving every halo is predicted at
+            least PLANNER_MARGIN faster still."""
             if not grows or not judge or profile is None:
                 return kept
             from bbgrap.passes.recompute_halos import RecomputeHalos
@@ -290,7 +291,7 @@ def compile_model(
             plain = kept if kept.graph is before else finish(before, PassManager(done))
             by_kind = passes[-1]
             assert isinstance(by_kind, RecomputeHalos)
-            assert profile is not None
+            assert profile is not None  # (checked above; mypy does not narrow a closure's variable)
             alike_pass = replace(by_kind, kind_weights=(), receive=receive_cost(profile, boundary=False))
             alike_graph = run([alike_pass], before, ())
             alike = plain if alike_graph is before else finish(alike_graph, PassManager([*done, alike_pass]))
