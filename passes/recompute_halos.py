@@ -19,12 +19,12 @@ receives keeps its segment boundary: it sends there), when, summed over them,
 with operations weighted by the node's slowness and by their kind's cost (a depthwise
 convolution's operation costs more than a dense one's: `kind_weights`, from a measured profile;
 an op fused into the convolution before it costs nothing, as the simulator prices it; without a
-profile all kinds weigh alike), and where a receive costs what the cost
-model's `ReceiveCost` says: a fixed cost per receive point (a segment boundary, waiting)
-plus a cost per byte of the gathered region (the concat copies all of it) and of the
-other activations alive across that point. A layer looks `depth` layers up for
-the cheapest place to receive. Owned regions stay disjoint and tile every tensor;
-only what nodes compute grows, so every result is still exact.
+profile all kinds weigh alike), and where a receive costs what the cost model's `ReceiveCost`
+says: a fixed cost per receive point (a segment boundary, waiting) plus a cost per byte of
+the gathered region (the concat copies all of it) and of the other activations alive across
+that point. A layer looks `depth` layers up for the cheapest place to receive. Owned regions
+stay disjoint and tile every tensor; only what nodes compute grows, so every result is still
+exact.
 """
 
 from __future__ import annotations
