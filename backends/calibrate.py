@@ -63,7 +63,7 @@ from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodePro
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import op_kind
+from bbgrap.simulate import fusion_anchor
 
 REPEAT = 15
 LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
@@ -185,26 +185,6 @@ def kernel_layer(kernel: str, layers: Mapping[str, Layer]) -> str | None:
     None for a kernel of its own (a layout reorder)."""
     name = re.sub(r"(_bn)?(_nchwc)?(_token_\d+)?$", "", kernel.removeprefix("fused "))
     return name if name in layers else None
-
-
-def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
-    """The layer whose kernel a layer's work runs in: for an op onnxruntime folds into the
-    convolution or Gemm before it (`OpTraits.fuses_into_conv`: a BatchNormalization, an activation,
-    a residual Add), that convolution, found within `depth` such ops back (the input whose chain
-    reaches one soonest); else the layer itself. onnxruntime names a fused kernel after the last
-    op it holds, and the simulator prices the group at its convolution. Returns the name."""
-    producers = graph.producers()
-
-    def steps(at: Layer, left: int) -> tuple[int, str] | None:
-        if op_kind(at, graph) != "other":
-            return 0, at.name
-        if left == 0 or not registry.traits(at.op_type, at.domain).fuses_into_conv:
-            return None
-        found = [s for t in at.inputs if t in producers and (s := steps(producers[t], left - 1)) is not None]
-        return (min(found)[0] + 1, min(found)[1]) if found else None
-
-    got = steps(layer, depth)
-    return got[1] if got is not None else layer.name
 
 
 def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,

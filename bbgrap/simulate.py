@@ -99,6 +99,27 @@ def op_kind(layer: Layer, graph: Graph) -> str:
     return "other"
 
 
+def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
+    """The layer whose kernel a layer's work runs in: for an op onnxruntime folds into the
+    convolution or Gemm before it (`OpTraits.fuses_into_conv`: a BatchNormalization, an activation,
+    a residual Add), that convolution, found within `depth` such ops back (the input whose chain
+    reaches one soonest); else the layer itself. onnxruntime names a fused kernel after the last
+    op it holds, and the simulator prices the group at its convolution (`segment_work`): calibrate
+    times a layer by it, recompute-halos prices a fused layer's operations as free. Returns the name."""
+    producers = graph.producers()
+
+    def steps(at: Layer, left: int) -> tuple[int, str] | None:
+        if op_kind(at, graph) != "other":
+            return 0, at.name
+        if left == 0 or not registry.traits(at.op_type, at.domain).fuses_into_conv:
+            return None
+        found = [s for t in at.inputs if t in producers and (s := steps(producers[t], left - 1)) is not None]
+        return (min(found)[0] + 1, min(found)[1]) if found else None
+
+    got = steps(layer, depth)
+    return got[1] if got is not None else layer.name
+
+
 def value_elements(graph: Graph, value: str) -> int:
     """Elements of a local value named `tensor@region` (lower.value_name), or of a whole tensor
     bound under its own name; 0 for a name that is neither."""

@@ -40,7 +40,7 @@ from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of, pieces
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.base import Local
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import op_kind
+from bbgrap.simulate import fusion_anchor, op_kind
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ class _Walk:
         self.graph = graph
         self.kind_weight = dict(options.kind_weights)
         self._fused: dict[str, bool] = {}
+        self.layers = {layer.name: layer for layer in graph.layers}
         self.partitions = dict(graph.partitions)
         self.consumers = graph.consumers()
         position = {layer.name: i for i, layer in enumerate(graph.layers)}
@@ -112,14 +113,12 @@ class _Walk:
         self._receive_terms: dict[str, tuple[int, float]] = {}
 
     def fused(self, layer: Layer) -> bool:
-        """onnxruntime folds the layer into the convolution that produces its input, directly or
-        through other such layers (BatchNormalization, an activation): it costs no time of its own,
-        as the simulator prices it."""
+        """onnxruntime folds the layer into a convolution that produces one of its inputs, directly
+        or through other such layers (`fusion_anchor`: BatchNormalization, an activation, a residual
+        Add): it costs no time of its own, as the simulator prices it."""
         if layer.name not in self._fused:
-            producer = self.graph.producers().get(layer.inputs[0]) if layer.inputs else None
-            self._fused[layer.name] = (
-                self.options.registry.traits(layer.op_type, layer.domain).fuses_into_conv and producer is not None
-                and (op_kind(producer, self.graph) in ("conv", "depthwise") or self.fused(producer)))
+            anchor = fusion_anchor(layer, self.graph, self.options.registry)
+            self._fused[layer.name] = anchor != layer.name and op_kind(self.layers[anchor], self.graph) in ("conv", "depthwise")
         return self._fused[layer.name]
 
     def op_weight(self, layer: Layer) -> float:
