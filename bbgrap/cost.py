@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bbgrap.cluster import OP_KINDS, ClusterProfile
+from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
@@ -71,6 +71,11 @@ class ReceiveCost:
 CPU_RECEIVE = ReceiveCost(sync_ops=5e6, byte_ops=10.0)
 
 
+def pricing_node(profile: ClusterProfile) -> NodeProfile:
+    """The node whose convolution's operation is recompute-halos' unit of cost: the slowest one."""
+    return min(profile.nodes, key=lambda p: p.conv_ops_per_s)
+
+
 def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = True) -> ReceiveCost:
     """A receive's cost from a measured cluster profile, in operations of the slowest node's
     convolution (what recomputing a halo mostly is): per receive point one message's latency, a
@@ -78,7 +83,7 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = Tr
     crossing the segment boundary (the rows the segment before it gives, the halo the one after
     it takes; the simulator prices each, bbgrap/simulate.py); per byte the link's time for it and
     the concat's and the session hand-over's (an "other" operation per element each)."""
-    slowest = min(profile.nodes, key=lambda p: p.conv_ops_per_s)
+    slowest = pricing_node(profile)
     ops_per_s = slowest.conv_ops_per_s
     per_byte = 1.0 / profile.link.bandwidth_Bps + 2.0 / itemsize / slowest.other_ops_per_s
     sync_s = profile.link.latency_s + slowest.segment_s
@@ -89,10 +94,10 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = Tr
 
 def kind_weights(profile: ClusterProfile) -> tuple[tuple[str, float], ...]:
     """Per op kind (cluster.OP_KINDS), what one of its operations costs in operations of a
-    convolution, on the node `receive_cost` prices with (the slowest convolution): a depthwise
+    convolution, on the node `receive_cost` prices with (`pricing_node`): a depthwise
     convolution's operation costs the ratio of the two throughputs. recompute-halos weighs the
     extra operations of a recomputed halo by it."""
-    slowest = min(profile.nodes, key=lambda p: p.conv_ops_per_s)
+    slowest = pricing_node(profile)
     return tuple((kind, slowest.conv_ops_per_s / slowest.ops_per_s(kind)) for kind in OP_KINDS)
 
 

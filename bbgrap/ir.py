@@ -407,6 +407,12 @@ class LayerPartition:
     inputs: tuple[Mapping[int, np.ndarray], ...] = ()
     emits: tuple[ShapeMap | None, ...] = ()
 
+    @staticmethod
+    def compact_emits(emits: Sequence[ShapeMap | None]) -> tuple[ShapeMap | None, ...]:
+        """`emits` from each node's local op (None: it emits what it computes): empty where no
+        node emits more, so partitions that emit nothing extra compare equal however made."""
+        return tuple(emits) if any(e is not None for e in emits) else ()
+
     def emitted(self, node: int) -> ShapeMap:
         """What node `node`'s local op outputs (⊇ `computes[node]`), whose operations it performs."""
         region = self.emits[node] if self.emits else None

@@ -103,7 +103,7 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             inputs.append(dict(local.inputs))
             emits.append(local.emits)
     return LayerPartition(axis if sizes is not None else None, tuple(outs), tuple(needs), tuple(computes), tuple(attrs),
-                          tuple(inputs), tuple(emits) if any(e is not None for e in emits) else ())
+                          tuple(inputs), LayerPartition.compact_emits(emits))
 
 
 def channel_cut(graph: Graph, layer: Layer, speeds: Sequence[float], registry: RuleRegistry) -> LayerPartition | None:

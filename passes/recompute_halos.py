@@ -232,8 +232,6 @@ def _with_node(part: LayerPartition, node: int, local: Local) -> LayerPartition:
         return values[:node] + (value,) + values[node + 1:]
 
     inputs = part.inputs or ({},) * len(part.out)
-    emits = part.emits or (None,) * len(part.out)
-    emits = put(emits, local.emits)
+    emits = put(part.emits or (None,) * len(part.out), local.emits)
     return LayerPartition(part.axis, part.out, put(part.needs, local.needs), put(part.computes, local.computes),
-                          put(part.attrs, dict(local.attrs)), put(inputs, dict(local.inputs)),
-                          emits if any(e is not None for e in emits) else ())
+                          put(part.attrs, dict(local.attrs)), put(inputs, dict(local.inputs)), LayerPartition.compact_emits(emits))
