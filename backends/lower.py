@@ -266,6 +266,11 @@ class _Builder:
                     if windowed and t == layer.inputs[0]:
                         need = _window_slack(graph, layer, part.attrs[n], g.region, need)
                     inputs.append(self.crop(t, g.region, need))
+            for k in sorted(i for i in replaced if i >= len(layer.inputs)):  # optional inputs the layer omits
+                inputs.extend([""] * (k - len(inputs)))
+                name = self._fresh(f"{layer.name}/input{k}")
+                self.current.initializers[name] = np.asarray(replaced[k])
+                inputs.append(name)
             computes, emitted = part.computes[n], part.emitted(n)
             outputs = []
             for k, t in enumerate(layer.outputs):

@@ -41,7 +41,8 @@ class Local:
     layer's attributes for the local op; `inputs[i]` replaces the value of constant
     input i in the local op (for what newer opsets pass as inputs rather than
     attributes: Slice's starts and ends, Pad's pads, Gather's indices shifted to the
-    local input's origin, Reshape's shape). Where `inputs` gives input i, `needs[i]` is None.
+    local input's origin, Reshape's shape), or gives an optional input the layer omits (i past its
+    last input: a Resize's sizes). Where `inputs` gives input i, `needs[i]` is None.
     `emits` (None: `computes`) is what the local op outputs where that is more than it computes
     exactly: a bilinear Resize's or LRN's rows at the edges of its input crop, which the local op
     clamps where the whole op reads on. Lowering crops the output to `computes` before the node

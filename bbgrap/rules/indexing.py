@@ -301,6 +301,22 @@ NEAREST_MODES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """Where a Resize's output rows along one axis read its `rows` input rows: coordinate
+    x(y) = origin + slope·y (ResizeRule's affine case)."""
+
+    origin: float
+    slope: float
+    rows: int
+
+    def at(self, y: int) -> float:
+        return self.origin + self.slope * y
+
+
+LAST_ROW_SHORT = 2.0 ** -22  # of a row: how far short of the crop's last row a coordinate on it is aimed
+
+
 class ResizeRule(RegionRule):
     """Resize: nearest, linear and cubic upsampling by integer factors along every axis, any mode
     along the axes it leaves as they are.
@@ -323,9 +339,26 @@ class ResizeRule(RegionRule):
     on. It emits them (`Local.emits`) and lowering crops them away before the node holds the
     output, so nothing reads them.
 
-    Any other Resize (linear and cubic by other factors or in align_corners, nearest by factors
-    its rounding does not map to whole blocks; every transform but tf_crop_and_resize, whose roi
-    places the grid) is cut along its unit axes: those it keeps with a scale of exactly 1 (a
+    Linear and cubic Resize whose every output row maps inside the input, 0 ≤ x(y) ≤ n − 1 on each
+    axis (align_corners by any factor; downsampling, and any factor whose first and last rows do,
+    in half_pixel, pytorch_half_pixel and asymmetric), is cut along every axis through an affine
+    grid (`_Grid`): x(y) = x0 + d·y, and no output row's coordinate is clamped. Output rows
+    [o0, o1) read input rows [⌊x(o0)⌋ − b − 1, ⌊x(o1 − 1)⌋ + a + 2), clipped: the taps and one row
+    more on each side, so that a local coordinate a rounding away from the whole op's never leaves
+    the crop nor reads a clamped tap the whole op does not (at the input's own edges both clamp
+    alike; cubic's exclude_outside too). The local op is the same Resize in tf_crop_and_resize,
+    whose roi places any affine grid on its crop [i0, i1) of L rows: with M output rows,
+    x' = roi0·(L − 1) + y'·(roi1 − roi0)(L − 1)/(M − 1), so roi0 = (x(o0) − i0)/(L − 1) and
+    roi1 = roi0 + d(M − 1)/(L − 1) give x' = x(o0 + y') − i0: the whole op's taps and weights (to a
+    rounding of the coordinate). onnxruntime copies its input where every axis keeps its length,
+    roi or not, so a resized axis whose crop has as many rows as the piece reads one row more, or,
+    at the input's extent, emits one output row more (`Local.emits`). A coordinate exactly on the
+    input's last row is aimed 2⁻²² of a row short of it (a rounding above would extrapolate).
+
+    Any other Resize (linear and cubic upsampling by a non-integer factor in the half-pixel
+    transforms, whose first rows clamp; antialiased downsampling; nearest by factors its rounding
+    does not map to whole blocks; half_pixel_symmetric and tf_crop_and_resize) is cut along its
+    unit axes: those it keeps with a scale of exactly 1 (a
     scale input of 1.0, or sizes equal to the input's with the stretch policy): batch and
     channels of an NCHW upsampling, and H or W where only the other is scaled. Along such an
     axis every transform maps output row y to input coordinate x = y, exactly in floating point
@@ -333,8 +366,9 @@ class ResizeRule(RegionRule):
     of row y with weight 1 and the others with weight 0 (linear's clamped last row weighs its
     one tap 0.5 + 0.5; the cubic kernel is 1, 0, 0, 0 at 0, ±1, 2): a piece reads its own rows,
     and its local op (same attributes; sizes, where given, those of the piece) computes exactly
-    them. align_corners ties the slope to the lengths, (n − 1)/(s·n − 1), which no shorter crop
-    has; a non-integer factor gives a crop a grid that the whole op's does not contain.
+    them. (No crop reproduces the grid of a resized axis in the whole op's own transform:
+    align_corners ties the slope to the lengths, (n − 1)/(s·n − 1); a non-integer factor gives a
+    crop a grid that the whole op's does not contain. Hence tf_crop_and_resize above.)
     tests/rules/test_indexing.py checks both facts of the halo rule: a crop's edge rows differ,
     and the piece's own rows are exact.
     """
@@ -391,6 +425,86 @@ class ResizeRule(RegionRule):
                 return None
         return factors
 
+    def _grids(self, layer: Layer, graph: Graph) -> tuple[_Grid, ...] | None:
+        """Each axis' grid of a linear or cubic Resize whose every output row maps inside the input
+        (class docstring), an axis it keeps whole with a scale of 1 the identity, and only such an
+        axis of unchanged length; None where that case does not apply."""
+        attrs = layer.attrs
+        if attrs.get("mode", "nearest") not in ("linear", "cubic") or graph.opsets.get("", 13) < 11:
+            return None
+        if int(attrs.get("antialias", 0)) or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return None
+        transform = attrs.get("coordinate_transformation_mode", "half_pixel")
+        if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"):
+            return None
+        in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
+        rank = len(in_dims)
+        scales = _constant(graph, layer, 2)
+        if scales is not None and scales.size:  # the scale onnxruntime maps coordinates with
+            factors = [1.0] * rank
+            for j, a in enumerate(attrs.get("axes", range(rank))):
+                factors[_normalised(int(a), rank)] = float(scales.reshape(-1)[j])
+        elif _constant(graph, layer, 3) is not None:
+            factors = [o / i if i else 1.0 for i, o in zip(in_dims, out_dims)]
+        else:
+            return None  # scales or sizes computed from the data
+        grids = []
+        for n, m, s in zip(in_dims, out_dims, factors):
+            if n == m and s == 1.0:
+                grids.append(_Grid(0.0, 1.0, n))
+                continue
+            if n == m or m == 0 or s <= 0:
+                return None  # a resized axis of unchanged length: its crops could not differ from their pieces
+            if transform == "align_corners":
+                grid = _Grid(0.0, (n - 1) / (m - 1) if m > 1 else 0.0, n)
+            elif transform == "asymmetric":
+                grid = _Grid(0.0, 1.0 / s, n)
+            elif transform == "pytorch_half_pixel" and m == 1:
+                grid = _Grid(0.0, 0.0, n)
+            else:
+                grid = _Grid(0.5 / s - 0.5, 1.0 / s, n)
+            if grid.at(0) < 0 or grid.at(m - 1) > n - 1:
+                return None  # the whole op clamps those rows' coordinates, which no roi does
+            grids.append(grid)
+        return tuple(grids)
+
+    def _grid_local(self, layer: Layer, graph: Graph, out: ShapeMap, grids: tuple[_Grid, ...]) -> tuple[ShapeMap, ShapeMap, list[float]]:
+        """(input rows read, output rows emitted, roi of the local tf_crop_and_resize, per axis
+        its start then its end) of a piece of an affine-grid Resize (class docstring)."""
+        before, after = (0, 1) if layer.attrs.get("mode") == "linear" else (1, 2)
+        out_dims = shape(graph, layer.outputs[0])
+        need, emits = full(graph, layer.inputs[0]), out
+        roi: list[tuple[float, float]] = []
+        for a, grid in enumerate(grids):
+            kept = out.interval(a)
+            n, m = grid.rows, out_dims[a]
+            if n == m:  # kept whole at a scale of 1 (`_grids`), x(y) = y: the piece reads its own rows
+                rows, emitted = kept, kept
+            else:
+                rows = Interval(max(0, int(np.floor(grid.at(kept.start))) - before - 1),
+                                min(n, int(np.floor(grid.at(kept.stop - 1))) + after + 2))
+                emitted = kept
+                if len(rows) == len(kept):  # onnxruntime would copy the crop: read or emit a row more
+                    if rows.start > 0 or rows.stop < n:
+                        rows = Interval(rows.start - 1, rows.stop) if rows.start > 0 else Interval(rows.start, rows.stop + 1)
+                    else:  # all n rows, and n ≠ m: there is an output row beside the piece
+                        emitted = Interval(kept.start - 1, kept.stop) if kept.start > 0 else Interval(kept.start, kept.stop + 1)
+            need, emits = need.with_axis(a, rows), emits.with_axis(a, emitted)
+            length, count = len(rows), len(emitted)
+            first, last = grid.at(emitted.start) - rows.start, grid.at(emitted.stop - 1) - rows.start
+            if length == 1:
+                roi.append((0.0, 0.0))
+                continue
+            if last >= length - 1:  # exactly on the last row (class docstring)
+                last = (length - 1) * (1.0 - LAST_ROW_SHORT)
+                first = min(first, last)
+            if count == 1:
+                roi.append((first / (length - 1), first / (length - 1)))
+            else:
+                roi.append((first / (length - 1), last / (length - 1)))
+        listed = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+        return need, emits, [roi[a][0] for a in listed] + [roi[a][1] for a in listed]
+
     def _unit_axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         """The axes this Resize keeps with a scale of exactly 1 (see the class docstring)."""
         attrs = layer.attrs
@@ -410,7 +524,7 @@ class ResizeRule(RegionRule):
         return frozenset(unit)
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        if self._factors(layer, graph) is not None or self._blend(layer, graph) is not None:
+        if self._factors(layer, graph) is not None or self._blend(layer, graph) is not None or self._grids(layer, graph) is not None:
             return all_axes(layer, graph)
         return self._unit_axes(layer, graph)
 
@@ -440,8 +554,17 @@ class ResizeRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         factors, blend = self._factors(layer, graph), self._blend(layer, graph)
+        grids = None if factors is not None or blend is not None else self._grids(layer, graph)
         need, computes = full(graph, layer.inputs[0]), out
         emitted: ShapeMap | None = None
+        if grids is not None:
+            need, emitted, roi = self._grid_local(layer, graph, out, grids)
+            sizes_of = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+            local_inputs: dict[int, np.ndarray] = {1: np.array(roi, np.float32), 2: np.zeros(0, np.float32),
+                            3: np.array([emitted.shape[a] for a in sizes_of], np.int64)}
+            grid_needs = (need, *(None for _ in layer.inputs[1:]))
+            return Local(grid_needs, computes, {"coordinate_transformation_mode": "tf_crop_and_resize"}, local_inputs,
+                         None if emitted == computes else emitted)
         if blend is not None:
             need, emitted = self._blend_local(layer, graph, out, blend)
         elif factors is not None:

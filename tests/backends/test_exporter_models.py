@@ -292,21 +292,34 @@ def bilinear_head(transform: str, scales: list[float], mode: str = "linear", ops
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_bilinear_upsample_is_split_and_exact(tmp_path, transform: str, nodes: int, search: bool) -> None:
     """Bilinear ×2 (and ×3 on W): along h the Resize is cut along h, its pieces reading a halo of
-    input rows and emitting rows that lowering crops away (ResizeRule); align_corners is not cut
-    along a scaled axis and takes the channels. Bicubic with H kept: along h. Bicubic ×3 on H
-    along w: along w without the search (which may price the channels cheaper: cubic reads three
-    rows of halo, and then the piece is cut by channels)."""
+    input rows and emitting rows that lowering crops away (ResizeRule); align_corners' pieces are
+    a tf_crop_and_resize of theirs. Bicubic with H kept: along h. Bicubic ×3 on H along w: along w
+    without the search (which may price the channels cheaper: cubic reads three rows of halo, and
+    then the piece is cut by channels)."""
     cuts = exact_cuts(tmp_path, bilinear_head(transform, [1, 1, 2, 3]), nodes=nodes, direction="h", search=search)
-    assert cuts["upsample"] == ("c" if transform == "align_corners" else "h"), cuts
+    assert cuts["upsample"] == "h", cuts
     cuts = exact_cuts(tmp_path, bilinear_head(transform, [1, 1, 1, 2], "cubic"), nodes=nodes, direction="h", search=search)
     assert cuts["upsample"] == "h", cuts
     cuts = exact_cuts(tmp_path, bilinear_head(transform, [1, 1, 3, 2], "cubic"), nodes=nodes, direction="w", search=search)
-    expected = {"c"} if transform == "align_corners" else {"w", "c"} if search else {"w"}
-    assert cuts["upsample"] in expected, cuts
+    assert cuts["upsample"] in ({"w", "c"} if search else {"w"}), cuts
+
+
+@pytest.mark.parametrize(("transform", "scales", "mode"), [
+    ("align_corners", [1, 1, 1.5, 2.5], "linear"), ("half_pixel", [1, 1, 0.5, 0.5], "linear"),
+    ("pytorch_half_pixel", [1, 1, 0.6, 1], "cubic"), ("asymmetric", [1, 1, 1.5, 1], "linear")])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_resize_by_any_factor_mapping_inside_is_split_and_exact(tmp_path, transform: str, scales: list[float], mode: str,
+                                                                nodes: int) -> None:
+    """align_corners by a non-integer factor, downsampling, and asymmetric ×1.5 of 7 rows (whose last
+    row maps onto the input's last): every output row maps inside the input, so along h the Resize
+    is cut along h, each piece a tf_crop_and_resize of its input rows (ResizeRule), and the plan is
+    exact."""
+    cuts = exact_cuts(tmp_path, bilinear_head(transform, scales, mode), nodes=nodes, direction="h")
+    assert cuts["upsample"] == "h", cuts
 
 
 @pytest.mark.parametrize(("mode", "transform", "cut"), [("nearest", "asymmetric", "h"), ("linear", "pytorch_half_pixel", "h"),
-                                                       ("linear", "align_corners", "c")])
+                                                       ("linear", "align_corners", "h")])
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_opset11_resize_with_an_empty_roi_is_split_and_exact(tmp_path, mode: str, transform: str, cut: str, nodes: int) -> None:
     """Opsets 11 and 12 require a roi input, which exporters give empty: the local op gets it as

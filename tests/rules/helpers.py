@@ -113,13 +113,13 @@ def run_local(layer: Layer, graph: Graph, local: Local, values: Mapping[str, np.
     inits: dict[str, np.ndarray] = {}
     assert len(local.needs) == len(layer.inputs), (local.needs, layer.inputs)
     for k, (tensor, need) in enumerate(zip(layer.inputs, local.needs)):
-        if not tensor:
-            names.append("")
-            continue
         name = f"in{k}"
         if k in local.inputs:  # the local op's own value of a constant input (Slice's starts)
             names.append(name)
             inits[name] = np.asarray(local.inputs[k])
+            continue
+        if not tensor:
+            names.append("")
             continue
         if need is None:
             continue  # dropped from the local op (Concat)
@@ -129,6 +129,10 @@ def run_local(layer: Layer, graph: Graph, local: Local, values: Mapping[str, np.
             inits[name] = piece
         else:
             feeds[name] = piece
+    for k in sorted(i for i in local.inputs if i >= len(layer.inputs)):  # optional inputs the layer omits
+        names.extend([""] * (k - len(names)))
+        names.append(f"in{k}")
+        inits[f"in{k}"] = np.asarray(local.inputs[k])
     while names and names[-1] == "":
         names.pop()
     attrs = dict(layer.attrs)

@@ -1,9 +1,12 @@
 """Indexing rules: Slice, Split (imported as Slices), Gather with constant indices, Pad (constant, reflect,
-edge, wrap), Resize (nearest, linear and cubic by integer factors; any mode along the axes it keeps):
+edge, wrap), Resize (nearest, linear and cubic by integer factors; linear and cubic on any grid that
+maps inside the input, through tf_crop_and_resize; any mode along the axes it keeps):
 every piece of every partition, run in onnxruntime on its cropped inputs with the rule's local
 starts, indices or pads, equals the same part of the whole op's output (tests/rules/helpers.py)."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 import pytest
@@ -316,11 +319,102 @@ def test_linear_cubic_resize(data: st.DataObject, opset: int, mode: str, transfo
     integral = all(sizes[a] % dims[a] == 0 and (by_sizes or factors[a] == sizes[a] // dims[a]) for a in range(4))
     if integral and (opset < 11 or transform in ("half_pixel", "pytorch_half_pixel", "asymmetric")):
         unit = {0, 1, 2, 3}
+    if opset >= 11 and _affine(dims, sizes, [sizes[a] / dims[a] if by_sizes else factors[a] for a in range(4)], transform):
+        unit = {0, 1, 2, 3}
     checked = check_partition(data, model, expect_axes=unit, max_cut_axes=min(3, len(unit)), tolerance=1e-5)
     for local in checked.locals:
         assert local.emits is None or local.emits.contains(local.computes) and local.emits != local.computes
     axis = data.draw(st.sampled_from(sorted(unit)), label="every row of")
     check_partition(data, model, expect_axes=unit, cut_axes=[axis], finest=True, tolerance=1e-5)
+
+
+def _affine(dims: Sequence[int], sizes: Sequence[int], scales: Sequence[float], transform: str) -> bool:
+    """Whether every output row of a linear or cubic Resize maps inside its input by ONNX's
+    coordinate transforms, an axis kept whole at a scale of 1 aside (so ResizeRule cuts it along
+    every axis through tf_crop_and_resize)."""
+    if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"):
+        return False
+    for n, m, s in zip(dims, sizes, scales):
+        if n == m and s == 1.0:
+            continue
+        if n == m or m == 0:
+            return False
+        y = np.arange(m, dtype=np.float64)
+        if transform == "align_corners":
+            x = y * (n - 1) / (m - 1) if m > 1 else 0 * y
+        elif transform == "asymmetric":
+            x = y / s
+        elif transform == "pytorch_half_pixel" and m == 1:
+            x = 0 * y
+        else:
+            x = (y + 0.5) / s - 0.5
+        if x.min() < 0 or x.max() > n - 1:
+            return False
+    return True
+
+
+@rules_settings(80)
+@given(st.data(), st.sampled_from([11, 13, 18]), st.sampled_from(["linear", "cubic"]),
+       st.sampled_from(["align_corners", "half_pixel", "pytorch_half_pixel", "asymmetric"]), st.booleans())
+def test_resize_on_an_affine_grid(data: st.DataObject, opset: int, mode: str, transform: str, by_sizes: bool) -> None:
+    """Linear and cubic Resize by any factor (align_corners, non-integer, downsampling) whose every
+    output row maps inside the input is cut along every axis, each piece a tf_crop_and_resize of a
+    crop of the input rows, within 1e-5 of the whole op; where some row maps outside (the first rows
+    of a half-pixel upsampling by a non-integer factor, which the whole op clamps), along the axes it
+    keeps with a scale of 1. One cut gives every output row its own piece: pieces as long as their
+    crop, which onnxruntime would copy, read or emit a row more."""
+    dims = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 9)), data.draw(st.integers(1, 9))]
+    factors = [1.0, 1.0]
+    for a in (2, 3):
+        f = data.draw(st.sampled_from([1.0, 0.5, 0.6, 1.5, 2.0, 2.5, 3.0, 4.0]), label=f"factor {a}")
+        factors.append(f if int(dims[a] * f) > 0 else 1.0)
+    sizes = [int(d * f) for d, f in zip(dims, factors)]
+    attrs: dict[str, object] = {"mode": mode, "coordinate_transformation_mode": transform}
+    if mode == "cubic":
+        attrs |= {"cubic_coeff_a": data.draw(st.sampled_from([-0.75, -0.5])), "exclude_outside": data.draw(st.integers(0, 1))}
+    listed = [2, 3] if opset >= 18 and data.draw(st.booleans(), label="axes 2, 3") else [0, 1, 2, 3]
+    if listed == [2, 3]:
+        attrs["axes"] = listed
+    empty = np.zeros(0, np.float32)
+    if by_sizes:
+        model = single_op("Resize", ["x", "roi", "scales", "sizes"], {"x": dims},
+                          {"roi": empty, "scales": empty, "sizes": np.array([sizes[a] for a in listed], np.int64)}, opset, **attrs)
+        scales = [m / n for n, m in zip(dims, sizes)]
+    else:
+        roi = {"roi": empty} if opset < 13 else {}  # required there
+        model = single_op("Resize", ["x", *(roi or [""]), "scales"], {"x": dims},
+                          {**roi, "scales": np.array([factors[a] for a in listed], np.float32)}, opset, **attrs)
+        scales = [float(np.float32(f)) for f in factors]
+    expected = {0, 1, 2, 3} if _affine(dims, sizes, scales, transform) else \
+        {a for a in range(4) if sizes[a] == dims[a] and scales[a] == 1.0}
+    integral = all(m % n == 0 and s == m // n for n, m, s in zip(dims, sizes, scales))
+    if integral and transform != "align_corners":
+        expected = {0, 1, 2, 3}  # the halo rule (test_linear_cubic_resize)
+    check_partition(data, model, expect_axes=expected, max_cut_axes=min(3, len(expected)), tolerance=1e-5)
+    if expected:
+        axis = data.draw(st.sampled_from(sorted(expected)), label="every row of")
+        check_partition(data, model, expect_axes=expected, cut_axes=[axis], finest=True, tolerance=1e-5)
+
+
+def test_resize_on_an_affine_grid_reads_a_row_more_than_a_copy() -> None:
+    """align_corners 4 → 7 rows: the piece of output rows [1, 5) maps to x in [0.5, 2.5], reads
+    input rows [0, 4) (taps and a row more each side, clipped) and so as many rows as it keeps:
+    onnxruntime would copy such a crop, so the piece emits output row 0 too and crops it away; the
+    last row, at x = 3 exactly, is aimed a little short of the crop's last row."""
+    model = single_op("Resize", ["x", "", "", "sizes"], {"x": [1, 1, 4, 2]}, {"sizes": np.array([1, 1, 7, 2], np.int64)}, 13,
+                      mode="linear", coordinate_transformation_mode="align_corners")
+    front = import_proto(model)
+    layer = front.graph.layers[0]
+    rule = default_registry().get(layer)
+    assert rule is not None and rule.axes(layer, front.graph) == frozenset({0, 1, 2, 3})
+    out = ShapeMap.full((1, 1, 7, 2)).with_axis(2, Interval(1, 5))
+    local = rule.local(layer, front.graph, out)
+    assert local.needs[0] == ShapeMap.full((1, 1, 4, 2)) and local.computes == out
+    assert local.emitted == out.with_axis(2, Interval(0, 5))
+    assert local.attrs["coordinate_transformation_mode"] == "tf_crop_and_resize"
+    last = ShapeMap.full((1, 1, 7, 2)).with_axis(2, Interval(5, 7))
+    roi = rule.local(layer, front.graph, last).inputs[1]
+    assert 0 < roi[6] < 1 and roi[6] > 1 - 1e-6  # H's end: short of the crop's last row, by a rounding
 
 
 def _upsample(x: np.ndarray, factor: int, transform: str) -> np.ndarray:
@@ -336,9 +430,10 @@ def test_linear_resize_emits_rows_it_does_not_keep(transform: str, factor: int) 
     """Why a piece of a bilinear upsampling along H emits rows that lowering crops away (ResizeRule's
     docstring): the same Resize on any crop of the input rows other than all of them (asymmetric:
     other than one ending at the last row, which only a piece that ends there could use) computes
-    some row unlike the whole op's; yet (but for align_corners, which is not cut along H) the rows
-    of a piece [o0, o1) it computes from the input rows [⌊x(o0)⌋, ⌊x(o1 − 1)⌋ + 2) (clipped to the
-    input) are the whole op's, and those are the rows the rule reads, emits and keeps."""
+    some row unlike the whole op's; yet (but for align_corners, whose pieces are a tf_crop_and_resize
+    instead: test_resize_on_an_affine_grid) the rows of a piece [o0, o1) it computes from the input
+    rows [⌊x(o0)⌋, ⌊x(o1 − 1)⌋ + 2) (clipped to the input) are the whole op's, and those are the
+    rows the rule reads, emits and keeps."""
     h = 5
     model = single_op("Resize", ["x", "", "scales"], {"x": [1, 2, h, 3]}, {"scales": np.array([1, 1, factor, factor], np.float32)},
                       13, mode="linear", coordinate_transformation_mode=transform)
@@ -347,7 +442,7 @@ def test_linear_resize_emits_rows_it_does_not_keep(transform: str, factor: int) 
     rule = default_registry().get(layer)
     assert rule is not None
     axes = rule.axes(layer, front.graph)
-    assert axes == (frozenset({0, 1}) if transform == "align_corners" else frozenset({0, 1, 2, 3}))
+    assert axes == frozenset({0, 1, 2, 3})
     x = front.sample_inputs["x"]
     whole = _upsample(x, factor, transform)
     for lo in range(h):
