@@ -222,9 +222,20 @@ class PadRule(RegionRule):
     (the rows of [c0, c1) past the data are those of [a, b)); edge gives X[n − 1]; wrap X[j mod n].
     The local pads are legal: reflect's q0 ≤ σ(a) ≤ m − 1 and q1 ≤ n − 1 − σ(b − 1) ≤ m − 1.
     An edge piece wholly inside one padding computes just itself: the border row, padded by
-    b − a − 1 on the padding's side (every row of it is that row). Negative pads in these modes
-    (onnxruntime crops before it mirrors) are computed whole.
+    b − a − 1 on the padding's side (every row of it is that row). A negative pad in these modes
+    crops before the others pad (onnxruntime's order: reflect mirrors about the cropped border):
+    such an axis is the same rule on X' = X[c0, n − c1), c0 = max(−p0, 0), c1 = max(−p1, 0),
+    padded (max(p0, 0), max(p1, 0)), its rows read shifted by c0; reflect's pads at most
+    n − c0 − c1 − 1.
     """
+
+    @staticmethod
+    def _cropped(pads: tuple[int, int], size: int) -> tuple[int, int, int]:
+        """(rows a negative pad crops before the data, non-negative begin pad, rows left) of an
+        axis of `size` rows padded `pads` in reflect, edge or wrap mode (class docstring)."""
+        p0, p1 = pads
+        crop = max(-p0, 0)
+        return crop, max(p0, 0), size - crop - max(-p1, 0)
 
     def _pads(self, layer: Layer, graph: Graph) -> list[tuple[int, int]] | None:
         """(begin, end) pads of every data axis; None where the rule does not apply."""
@@ -243,7 +254,9 @@ class PadRule(RegionRule):
             out[a] = (flat[j], flat[j + len(listed)])
         if mode != "constant":
             for (p0, p1), size in zip(out, dims):
-                if min(p0, p1) < 0 or (size == 0 and p0 + p1 > 0) or (mode == "reflect" and max(p0, p1) > size - 1):
+                kept = self._cropped((p0, p1), size)[2]
+                padding = max(p0, 0) + max(p1, 0)
+                if kept < 0 or (kept == 0 and padding > 0) or (mode == "reflect" and max(p0, p1) > kept - 1):
                     return None
         return out
 
@@ -257,8 +270,9 @@ class PadRule(RegionRule):
         dims = shape(graph, layer.inputs[0])
         need, computes = full(graph, layer.inputs[0]), out
         begins, ends = [], []
-        for a, ((p0, _), size) in enumerate(zip(pads, dims)):
+        for a, (axis_pads, size) in enumerate(zip(pads, dims)):
             iv = out.interval(a)
+            p0 = axis_pads[0]
             if mode == "constant":
                 want = Interval(iv.start - p0, iv.stop - p0)  # in data coordinates, may overhang
                 lo = min(max(want.start, 0), size - 1)
@@ -267,9 +281,10 @@ class PadRule(RegionRule):
                 begins.append(lo - want.start)
                 ends.append(want.stop - hi)
                 continue
+            crop, p0, size = self._cropped(axis_pads, size)  # the rule on X[crop, crop + size)
             before, after = iv.start < p0, iv.stop > p0 + size
             if mode == "edge" and (iv.stop <= p0 or iv.start >= p0 + size):  # copies of one border row
-                row = 0 if iv.stop <= p0 else size - 1
+                row = crop + (0 if iv.stop <= p0 else size - 1)
                 need = need.with_axis(a, Interval(row, row + 1))
                 begins.append(len(iv) - 1 if iv.stop <= p0 else 0)
                 ends.append(0 if iv.stop <= p0 else len(iv) - 1)
@@ -279,7 +294,7 @@ class PadRule(RegionRule):
             if mode == "wrap" and (before or after):
                 lo, hi = 0, size
             lo, hi = (0 if before else lo), (size if after else hi)
-            need = need.with_axis(a, Interval(lo, hi))
+            need = need.with_axis(a, Interval(crop + lo, crop + hi))
             computes = computes.with_axis(a, Interval(iv.start if before else p0 + lo, iv.stop if after else p0 + hi))
             begins.append(max(p0 - iv.start, 0))
             ends.append(max(iv.stop - p0 - size, 0))

@@ -165,15 +165,21 @@ def test_pad(data: st.DataObject, rank: int, opset: int, value: bool) -> None:
 
 
 def _pad_model(data: st.DataObject, rank: int, mode: str, opset: int, max_dim: int = 7):
-    """A Pad of `mode` with pads that mode allows (reflect: at most size − 1; edge and wrap:
-    beyond the axis too), on all axes or, from opset 18, on some; and the pads per data axis."""
+    """A Pad of `mode` with pads that mode allows (reflect: at most the size left after the
+    negative pads' crop − 1; edge and wrap: beyond the axis too; a negative pad on either side,
+    leaving a row at least), on all axes or, from opset 18, on some; and the pads per data axis."""
     dims = [data.draw(st.integers(1, max_dim), label=f"dim {i}") for i in range(rank)]
     axes = list(range(rank))
     if opset >= 18 and data.draw(st.booleans(), label="axes given"):
         axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True), label="axes")
-    top = {a: dims[a] - 1 if mode == "reflect" else dims[a] + 2 for a in axes}
-    begins = [data.draw(st.integers(0, top[a]), label=f"begin {a}") for a in axes]
-    ends = [data.draw(st.integers(0, top[a]), label=f"end {a}") for a in axes]
+    begins, ends = [], []
+    for a in axes:
+        crop0 = data.draw(st.integers(0, dims[a] - 1), label=f"crop begin {a}") if data.draw(st.booleans(), label=f"neg begin {a}") else 0
+        crop1 = data.draw(st.integers(0, dims[a] - 1 - crop0), label=f"crop end {a}") if data.draw(st.booleans(), label=f"neg end {a}") else 0
+        kept = dims[a] - crop0 - crop1
+        top = kept - 1 if mode == "reflect" else kept + 2
+        begins.append(-crop0 if crop0 else data.draw(st.integers(0, top), label=f"begin {a}"))
+        ends.append(-crop1 if crop1 else data.draw(st.integers(0, top), label=f"end {a}"))
     consts: dict[str, np.ndarray] = {"pads": np.array(begins + ends, np.int64)}
     inputs = ["x", "pads"]
     if axes != list(range(rank)):
@@ -190,7 +196,8 @@ def _pad_model(data: st.DataObject, rank: int, mode: str, opset: int, max_dim: i
 def test_pad_reflect_edge_wrap(data: st.DataObject, rank: int, mode: str, opset: int) -> None:
     """Reflect and edge (and opset 19's wrap): every axis is cut, anywhere (inside the padding
     too); each piece is the same Pad of the input rows its rows copy, padded only where it
-    touches a border of the output, and all it computes is exact."""
+    touches a border of the output, and all it computes is exact; an axis with a negative pad too
+    (cropped before the other side is padded)."""
     opset = 19 if mode == "wrap" else opset
     model, dims, pads = _pad_model(data, rank, mode, opset)
     checked = check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
@@ -213,24 +220,19 @@ def _check_pad_pieces(checked, mode: str, dims: list[int], pads: list[tuple[int,
     computes just the piece; reflect at most the mirror's rows beside it (2p + 1, p the pad), wrap
     at most the pads and the axis beside it."""
     for box, local in zip(checked.boxes, checked.locals):
-        for a, ((p0, p1), size) in enumerate(zip(pads, dims)):
+        for a, ((begin, end), whole) in enumerate(zip(pads, dims)):
+            p0, p1, size = max(begin, 0), max(end, 0), whole - max(-begin, 0) - max(-end, 0)  # after a negative pad's crop
             iv, need, computes = box.interval(a), local.needs[0].interval(a), local.computes.interval(a)
             if p0 <= iv.start and iv.stop <= p0 + size:
-                assert need == Interval(iv.start - p0, iv.stop - p0) and computes == iv, (a, box, local)
+                assert need == Interval(iv.start - begin, iv.stop - begin) and computes == iv, (a, box, local)
             extra = {"edge": 0, "reflect": 2 * max(p0, p1) + 1, "wrap": p0 + p1 + size}[mode]
             assert iv.start - extra <= computes.start and computes.stop <= iv.stop + extra, (a, box, local.computes)
 
 
-@pytest.mark.parametrize(("mode", "pads", "opset"), [("reflect", [0, 0, -1, 0, 0, 1], 13),  # a negative pad: crops first
-                                                      ("edge", [0, 0, 1, 0, 0, -2], 13),
-                                                      ("reflect", [0, 0, 1, 0, 0, 1], 10)])  # pads an attribute
-def test_pad_modes_left_whole(mode: str, pads: list[int], opset: int) -> None:
-    """Negative pads outside constant mode (onnxruntime crops, then mirrors what is left), and
-    opset 10 and before (pads an attribute): whole."""
-    if opset < 11:
-        model = single_op("Pad", ["x"], {"x": [1, 3, 3]}, {}, opset, mode=mode, pads=pads)
-    else:
-        model = single_op("Pad", ["x", "pads"], {"x": [1, 3, 3]}, {"pads": np.array(pads, np.int64)}, opset, mode=mode)
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_pad_modes_left_whole(mode: str) -> None:
+    """Opset 10 and before (pads an attribute): whole."""
+    model = single_op("Pad", ["x"], {"x": [1, 3, 3]}, {}, 10, mode=mode, pads=[0, 0, 1, 0, 0, 1])
     graph = import_proto(model).graph
     assert default_registry().get(graph.layers[0]).axes(graph.layers[0], graph) == frozenset()  # type: ignore[union-attr]
 
