@@ -249,12 +249,12 @@ def compile_model(
         """The plan for `c`. With a whole-network planner the passes before it run once, and the
         rest twice, with and without it (without it in a forked child where there is a second
         core: bbgrap/forked.py; only its prediction comes back, and the plan is made again here
-        where it is kept): the planner's plan is kept where the simulator predicts it at least
-        PLANNER_MARGIN faster than the per-layer search's, else the search's (or without `judge`
-        the planner's); both predictions are recorded. Then, with a measured `profile`, where the
-        pipeline ends with recompute-halos (and `judge`), the kept plan without that pass is lowered
-        too and kept where the simulator predicts it at least PLANNER_MARGIN faster
-        (recompute_judged). Without a profile the pass's own weighing stands: on the default
+        where it is kept). With a measured `profile`, where the pipeline ends with recompute-halos
+        (and `judge`), each of the two plans is first judged on its own (recompute_judged): the
+        pass's plan under either pricing, or the plan without that pass where the simulator predicts
+        it at least PLANNER_MARGIN faster. Then the planner's plan is kept where it is predicted at
+        least PLANNER_MARGIN faster than the per-layer search's, else the search's (or without
+        `judge` the planner's); both predictions are recorded. Without a profile the pass's own weighing stands: on the default
         profile the simulator judged resnet18's 2-node plan faster without the pass, which measured
         slower (docs/benchmarks.md, session 9)."""
         passes = pipeline(c, optimize, search, progress, recompute, registry, profile)
@@ -299,26 +299,36 @@ def compile_model(
             pricing = "by kind" if t_kind <= t_alike else "alike"
             grown_plan, t_with = (kept, t_kind) if pricing == "by kind" else (alike, t_alike)
             keep = not t_without <= (1 - PLANNER_MARGIN) * t_with
-            log(f"recompute-halos: predicted {t_kind * 1e3:.3f} ms (operations priced by kind), {t_alike * 1e3:.3f} ms "
-                f"(alike), receiving every halo {t_without * 1e3:.3f} ms; {'kept, priced ' + pricing if keep else 'left out'}")
             record = RecomputeRecord(keep, costs.source, pricing, round(t_kind * 1e3, 4), round(t_alike * 1e3, 4),
                                      round(t_without * 1e3, 4))
             return replace(grown_plan if keep else plain, recompute=record)
 
+        def logged(p: Partitioned) -> Partitioned:
+            r = p.recompute
+            if r is not None:
+                log(f"recompute-halos: predicted {r.by_kind_ms:.3f} ms (operations priced by kind), {r.alike_ms:.3f} ms "
+                    f"(alike), receiving every halo {r.without_ms:.3f} ms; {'kept, priced ' + r.pricing if r.kept else 'left out'}")
+            return p
+
         if "plan-network" not in names:
             before = run(core, front.graph, dump)
-            return recompute_judged(grown(before, core, dump), before, core)
+            return logged(recompute_judged(grown(before, core, dump), before, core))
         k = names.index("plan-network")
         head = run(passes[:k], front.graph, dump)
         rest = core[:k] + core[k + 1:]  # without plan-network
 
-        def greedy_before() -> Graph:
-            return run(rest[k:], head, ())
+        def greedy_judged() -> Partitioned:
+            """The per-layer search's plan, recompute-halos judged on it as on the planner's."""
+            before = run(rest[k:], head, ())
+            return recompute_judged(grown(before, rest, ()), before, rest)
 
-        with Forked(lambda: latency(grown(greedy_before(), rest, ()))) as greedy_latency:  # on a second core, beside the planner's
+        # The planner's plan and the search's are each judged with and without recompute-halos, under
+        # both pricings, before they are compared: which cut pays depends on whether its halos are
+        # received or recomputed (issue 16's receive-vs-recompute chosen with the cuts, among these plans).
+        with Forked(lambda: latency(greedy_judged())) as greedy_latency:  # on a second core, beside the planner's
             started = time.perf_counter()
             planned_before = run(core[k:], head, dump)
-            planned = grown(planned_before, core, dump)
+            planned = recompute_judged(grown(planned_before, core, dump), planned_before, core)
             times = {c.planner: latency(planned)}
             # the child does less than this branch did: one stuck far longer is stopped, its work done here
             times["greedy"] = greedy_latency.result(timeout=CHILD_WAIT_S + 4 * (time.perf_counter() - started))
@@ -328,12 +338,7 @@ def compile_model(
         record = PlannerRecord(c.planner, kept, costs.source, round(times[c.planner] * 1e3, 4), round(times["greedy"] * 1e3, 4), stats)
         log(f"planner {c.planner}: predicted {times[c.planner] * 1e3:.3f} ms, per-layer search alone {times['greedy'] * 1e3:.3f} ms; "
             f"kept {kept}")
-        if kept == c.planner:
-            result = recompute_judged(planned, planned_before, core)
-        else:
-            before = greedy_before()
-            result = recompute_judged(grown(before, rest, ()), before, rest)
-        return replace(result, planner=record)
+        return replace(logged(planned if kept == c.planner else greedy_judged()), planner=record)
 
     plans = {cfg.nodes: partitioned(cfg, dump_after)}
     chosen = cfg.nodes

@@ -252,3 +252,30 @@ def test_a_pass_that_recomputed_nothing_is_kept(tmp_path) -> None:
     record = plan.compiled.recompute
     assert record is not None and record.kept and record.with_ms == record.without_ms
     assert all(n.redundant_flops == 0 for n in plan.stats.per_node)
+
+
+@pytest.mark.parametrize(("name", "resolution", "width", "slow"), [("resnet18", 96, 0.5, False), ("mobilenet_v2", 48, 0.125, False),
+                                                             ("mobilenet_v2", 48, 0.125, True)])
+def test_the_planner_and_the_search_are_compared_as_judged(tmp_path, monkeypatch, name: str, resolution: int, width: float,
+                                                           slow: bool) -> None:
+    """With a profile and a planner, compile judges recompute-halos on the planner's plan and on the
+    per-layer search's before it compares them: the prediction the comparison kept is the kept
+    plan's after that judgement (the pass's plan under the faster pricing, or the plan receiving
+    every halo), and the plan compiled is predicted that fast. `slow`: depthwise convolutions 500
+    times slower and no kind weights, where the pass misjudges and is left out of both plans (compared
+    before the judgement, dp's plan with the pass, 24.3 ms, was kept over the search's, 26.0, and
+    then compiled without it, 16.0). The plan is exact."""
+    import bbgrap.compiler
+
+    if slow:
+        monkeypatch.setattr(bbgrap.compiler, "kind_weights", lambda profile: ())
+    path = save(zoo.build(name, resolution=resolution, width=width), str(tmp_path))
+    plan_dir = str(tmp_path / "plan")
+    profile = _slow_depthwise(1e7) if slow else with_speeds(DEFAULT_PROFILE, (1.0, 1.0))
+    plan = compile_model(path, Config(nodes=2, planner="dp"), plan_dir, profile=profile, force_nodes=True)
+    planner, recompute, prediction = plan.compiled.planner, plan.compiled.recompute, plan.compiled.prediction
+    assert planner is not None and recompute is not None and prediction is not None
+    assert recompute.kept is not slow
+    compared = planner.planner_ms if planner.kept == "dp" else planner.greedy_ms
+    assert compared == (recompute.with_ms if recompute.kept else recompute.without_ms) == prediction.latency_ms
+    assert_exact(plan_dir)
