@@ -216,6 +216,12 @@ class _Builder:
         self.current.weights.add(name)
         return name
 
+    def _local_constant(self, layer: Layer, k: int, value: np.ndarray) -> str:
+        """An initializer holding this node's own value of the layer's input k (`Local.inputs`)."""
+        name = self._fresh(f"{layer.name}/input{k}")
+        self.current.initializers[name] = np.asarray(value)
+        return name
+
     def bind_captured(self, tensor: str, need: ShapeMap | None) -> None:
         """Make `tensor`, which a subgraph of the next node reads from the outer scope, a
         value of the current segment under its original name (an initializer, or an
@@ -251,9 +257,7 @@ class _Builder:
                 if k >= n_explicit:
                     self.bind_captured(t, need)
                 elif k in replaced:  # a constant input with the node's own value (Slice's starts)
-                    name = self._fresh(f"{layer.name}/input{k}")
-                    self.current.initializers[name] = np.asarray(replaced[k])
-                    inputs.append(name)
+                    inputs.append(self._local_constant(layer, k, replaced[k]))
                 elif not t:
                     inputs.append("")
                 elif need is None:
@@ -268,9 +272,7 @@ class _Builder:
                     inputs.append(self.crop(t, g.region, need))
             for k in sorted(i for i in replaced if i >= len(layer.inputs)):  # optional inputs the layer omits
                 inputs.extend([""] * (k - len(inputs)))
-                name = self._fresh(f"{layer.name}/input{k}")
-                self.current.initializers[name] = np.asarray(replaced[k])
-                inputs.append(name)
+                inputs.append(self._local_constant(layer, k, replaced[k]))
             computes, emitted = part.computes[n], part.emitted(n)
             outputs = []
             for k, t in enumerate(layer.outputs):

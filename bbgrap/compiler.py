@@ -251,12 +251,12 @@ def compile_model(
         core: bbgrap/forked.py; only its prediction comes back, and the plan is made again here
         where it is kept). With a measured `profile`, where the pipeline ends with recompute-halos
         (and `judge`), each of the two plans is first judged on its own (recompute_judged): the
-        pass's plan under either pricing, or the plan without that pass where the simulator predicts
-        it at least PLANNER_MARGIN faster. Then the planner's plan is kept where it is predicted at
-        least PLANNER_MARGIN faster than the per-layer search's, else the search's (or without
-        `judge` the planner's); both predictions are recorded. Without a profile the pass's own weighing stands: on the default
-        profile the simulator judged resnet18's 2-node plan faster without the pass, which measured
-        slower (docs/benchmarks.md, session 9)."""
+        pass's plan under either pricing, or the plan without that pass where the simulator
+        predicts it at least PLANNER_MARGIN faster. Then the planner's plan is kept where it is
+        predicted at least PLANNER_MARGIN faster than the per-layer search's, else the search's (or
+        without `judge` the planner's); both predictions are recorded. Without a profile the pass's
+        own weighing stands: on the default profile the simulator judged resnet18's 2-node plan
+        faster without the pass, which measured slower (docs/benchmarks.md, session 9)."""
         passes = pipeline(c, optimize, search, progress, recompute, registry, profile)
         PassManager(passes, dump_after=dump, dump=dump_ir(dump_dir))  # checks the names in `dump`
         names = [p.name for p in passes]
@@ -324,7 +324,7 @@ def compile_model(
 
         # The planner's plan and the search's are each judged with and without recompute-halos, under
         # both pricings, before they are compared: which cut pays depends on whether its halos are
-        # received or recomputed (issue 16's receive-vs-recompute chosen with the cuts, among these plans).
+        # received or recomputed.
         with Forked(lambda: latency(greedy_judged())) as greedy_latency:  # on a second core, beside the planner's
             started = time.perf_counter()
             planned_before = run(core[k:], head, dump)

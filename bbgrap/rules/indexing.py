@@ -33,6 +33,12 @@ def _normalised(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+def _resized_axes(layer: Layer, rank: int) -> list[int]:
+    """The axes a Resize's roi, scales and sizes list, in their order: its `axes` attribute
+    (opset 18), else all of them."""
+    return [_normalised(int(a), rank) for a in layer.attrs.get("axes", range(rank))]
+
+
 @dataclass(frozen=True)
 class SliceSpec:
     """A Slice's parameters: `axes[j]` is sliced from `starts[j]` to `ends[j]` by `steps[j]`
@@ -401,7 +407,7 @@ class ResizeRule(RegionRule):
         factors = tuple(o // i for i, o in zip(in_dims, out_dims))
         scales = _constant(graph, layer, 2 if graph.opsets.get("", 13) >= 11 else 1)
         if scales is not None and scales.size:
-            axes = [_normalised(int(a), len(in_dims)) for a in attrs.get("axes", range(len(in_dims)))]
+            axes = _resized_axes(layer, len(in_dims))
             if any(float(scales.reshape(-1)[j]) != factors[a] for j, a in enumerate(axes)):
                 return None  # e.g. a scale of 1.999 whose output size rounds to an integer factor
         elif _constant(graph, layer, 3) is None:
@@ -457,8 +463,8 @@ class ResizeRule(RegionRule):
         scales = _constant(graph, layer, 2)
         if scales is not None and scales.size:  # the scale onnxruntime maps coordinates with
             factors = [1.0] * rank
-            for j, a in enumerate(attrs.get("axes", range(rank))):
-                factors[_normalised(int(a), rank)] = float(scales.reshape(-1)[j])
+            for j, a in enumerate(_resized_axes(layer, rank)):
+                factors[a] = float(scales.reshape(-1)[j])
         elif _constant(graph, layer, 3) is not None:
             factors = [o / i if i else 1.0 for i, o in zip(in_dims, out_dims)]
         else:
@@ -483,9 +489,10 @@ class ResizeRule(RegionRule):
             grids.append(grid)
         return tuple(grids)
 
-    def _grid_local(self, layer: Layer, graph: Graph, out: ShapeMap, grids: tuple[_Grid, ...]) -> tuple[ShapeMap, ShapeMap, list[float]]:
-        """(input rows read, output rows emitted, roi of the local tf_crop_and_resize, per axis
-        its start then its end) of a piece of an affine-grid Resize (class docstring)."""
+    def _grid_local(self, layer: Layer, graph: Graph, out: ShapeMap, grids: tuple[_Grid, ...]) -> Local:
+        """A piece of an affine-grid Resize (class docstring): the input rows it reads, and a
+        tf_crop_and_resize with the roi (per listed axis its start, then its end) and sizes of the
+        output rows it emits."""
         before, after = (0, 1) if layer.attrs.get("mode") == "linear" else (1, 2)
         out_dims = shape(graph, layer.outputs[0])
         need, emits = full(graph, layer.inputs[0]), out
@@ -493,17 +500,18 @@ class ResizeRule(RegionRule):
         for a, grid in enumerate(grids):
             kept = out.interval(a)
             n, m = grid.rows, out_dims[a]
-            if n == m:  # kept whole at a scale of 1 (`_grids`), x(y) = y: the piece reads its own rows
-                rows, emitted = kept, kept
-            else:
-                rows = Interval(max(0, int(np.floor(grid.at(kept.start))) - before - 1),
-                                min(n, int(np.floor(grid.at(kept.stop - 1))) + after + 2))
-                emitted = kept
-                if len(rows) == len(kept):  # onnxruntime would copy the crop: read or emit a row more
-                    if rows.start > 0 or rows.stop < n:
-                        rows = Interval(rows.start - 1, rows.stop) if rows.start > 0 else Interval(rows.start, rows.stop + 1)
-                    else:  # all n rows, and n ≠ m: there is an output row beside the piece
-                        emitted = Interval(kept.start - 1, kept.stop) if kept.start > 0 else Interval(kept.start, kept.stop + 1)
+            if n == m:  # kept whole at a scale of 1 (`_grids`), x(y) = y: the piece reads its own rows,
+                need = need.with_axis(a, kept)  # and roi (0, 1) maps them onto themselves exactly
+                roi.append((0.0, 1.0 if len(kept) > 1 else 0.0))
+                continue
+            rows = Interval(max(0, int(np.floor(grid.at(kept.start))) - before - 1),
+                            min(n, int(np.floor(grid.at(kept.stop - 1))) + after + 2))
+            emitted = kept
+            if len(rows) == len(kept):  # onnxruntime would copy the crop: read or emit a row more
+                if rows.start > 0 or rows.stop < n:
+                    rows = Interval(rows.start - 1, rows.stop) if rows.start > 0 else Interval(rows.start, rows.stop + 1)
+                else:  # all n rows, and n ≠ m: there is an output row beside the piece
+                    emitted = Interval(kept.start - 1, kept.stop) if kept.start > 0 else Interval(kept.start, kept.stop + 1)
             need, emits = need.with_axis(a, rows), emits.with_axis(a, emitted)
             length, count = len(rows), len(emitted)
             first, last = grid.at(emitted.start) - rows.start, grid.at(emitted.stop - 1) - rows.start
@@ -517,8 +525,11 @@ class ResizeRule(RegionRule):
                 roi.append((first / (length - 1), first / (length - 1)))
             else:
                 roi.append((first / (length - 1), last / (length - 1)))
-        listed = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
-        return need, emits, [roi[a][0] for a in listed] + [roi[a][1] for a in listed]
+        listed = _resized_axes(layer, out.rank)
+        inputs: dict[int, np.ndarray] = {1: np.array([roi[a][0] for a in listed] + [roi[a][1] for a in listed], np.float32),
+                                         2: np.zeros(0, np.float32), 3: np.array([emits.shape[a] for a in listed], np.int64)}
+        return Local((need, *(None for _ in layer.inputs[1:])), out, {"coordinate_transformation_mode": "tf_crop_and_resize"},
+                     inputs, None if emits == out else emits)
 
     def _unit_axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         """The axes this Resize keeps with a scale of exactly 1 (see the class docstring)."""
@@ -530,7 +541,7 @@ class ResizeRule(RegionRule):
         unit = {a for a, (i, o) in enumerate(zip(in_dims, out_dims)) if i == o}
         scales = _constant(graph, layer, 2 if modern else 1)
         if scales is not None and scales.size:
-            listed = [_normalised(int(a), len(in_dims)) for a in attrs.get("axes", range(len(in_dims)))]
+            listed = _resized_axes(layer, len(in_dims))
             unit -= {a for j, a in enumerate(listed) if float(scales.reshape(-1)[j]) != 1.0}
         elif not modern or _constant(graph, layer, 3) is None:
             return frozenset()  # scales or sizes computed from the data
@@ -573,13 +584,7 @@ class ResizeRule(RegionRule):
         need, computes = full(graph, layer.inputs[0]), out
         emitted: ShapeMap | None = None
         if grids is not None:
-            need, emitted, roi = self._grid_local(layer, graph, out, grids)
-            sizes_of = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
-            local_inputs: dict[int, np.ndarray] = {1: np.array(roi, np.float32), 2: np.zeros(0, np.float32),
-                            3: np.array([emitted.shape[a] for a in sizes_of], np.int64)}
-            grid_needs = (need, *(None for _ in layer.inputs[1:]))
-            return Local(grid_needs, computes, {"coordinate_transformation_mode": "tf_crop_and_resize"}, local_inputs,
-                         None if emitted == computes else emitted)
+            return self._grid_local(layer, graph, out, grids)
         if blend is not None:
             need, emitted = self._blend_local(layer, graph, out, blend)
         elif factors is not None:
@@ -604,7 +609,7 @@ class ResizeRule(RegionRule):
                 needs[k], inputs[k] = None, value  # (a need cannot be empty)
         sizes = _constant(graph, layer, 3)
         if sizes is not None and sizes.size and graph.opsets.get("", 13) >= 11:
-            axes = [_normalised(int(a), out.rank) for a in layer.attrs.get("axes", range(out.rank))]
+            axes = _resized_axes(layer, out.rank)
             needs[3], inputs[3] = None, np.array([emitted.shape[a] for a in axes], sizes.dtype)
         return Local(tuple(needs), computes, inputs=inputs, emits=None if emitted == computes else emitted)
 
