@@ -287,11 +287,8 @@ def summary(plan: Plan, where: str) -> str:
             f"{p.stats.seconds:.2f}s); predicted {p.planner_ms:.3f} ms against {p.greedy_ms:.3f} ms for the per-layer search "
             f"alone ({p.profile}): kept {'the ' + p.planner + ' plan' if p.kept == p.planner else 'the per-layer search'}"
         )
-    r = plan.compiled.recompute
-    if r is not None:
-        lines.append(f"recompute-halos: predicted {r.by_kind_ms:.3f} ms with operations priced by kind, {r.alike_ms:.3f} ms "
-                     f"alike, {r.without_ms:.3f} ms receiving every halo ({r.profile}): "
-                     f"{'kept, priced ' + r.pricing if r.kept else 'left out, every halo received'}")
+    if plan.compiled.recompute is not None:
+        lines.append(plan.compiled.recompute.summary())
     return "\n".join(lines)
 
 

@@ -304,10 +304,8 @@ def compile_model(
             return replace(grown_plan if keep else plain, recompute=record)
 
         def logged(p: Partitioned) -> Partitioned:
-            r = p.recompute
-            if r is not None:
-                log(f"recompute-halos: predicted {r.by_kind_ms:.3f} ms (operations priced by kind), {r.alike_ms:.3f} ms "
-                    f"(alike), receiving every halo {r.without_ms:.3f} ms; {'kept, priced ' + r.pricing if r.kept else 'left out'}")
+            if p.recompute is not None:
+                log(p.recompute.summary())
             return p
 
         if "plan-network" not in names:

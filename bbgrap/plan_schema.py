@@ -126,6 +126,13 @@ def _record(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, 
     return parse(_take(rec, where, key, lambda v: True, ""), _path(where, key))
 
 
+def _optional_record(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, str], T]) -> T | None:
+    """A record that plans written before it existed lack: None where `key` is absent or null."""
+    if key not in rec or _take(rec, where, key, lambda v: v is None or isinstance(v, dict), "an object or null") is None:
+        return None
+    return _record(rec, where, key, parse)
+
+
 def _movement(rec: Mapping[str, Any], where: str) -> Movement:
     names = [m.value for m in Movement]
     return Movement(_take(rec, where, "movement", lambda v: v in names, f"one of {', '.join(names)}"))
@@ -549,6 +556,12 @@ class RecomputeRecord:
         """The predicted latency of the pass's plan as judged: its chosen pricing's."""
         return self.by_kind_ms if self.pricing == "by kind" else self.alike_ms
 
+    def summary(self) -> str:
+        """One line: the three predictions and what was kept (compile's log, `inspect`)."""
+        return (f"recompute-halos: predicted {self.by_kind_ms:.3f} ms with operations priced by kind, {self.alike_ms:.3f} ms "
+                f"alike, {self.without_ms:.3f} ms receiving every halo ({self.profile}): "
+                f"{'kept, priced ' + self.pricing if self.kept else 'left out, every halo received'}")
+
     def to_json(self) -> Json:
         return {"kept": self.kept, "profile": self.profile, "pricing": self.pricing, "by_kind_ms": self.by_kind_ms,
                 "alike_ms": self.alike_ms, "without_ms": self.without_ms}
@@ -649,15 +662,9 @@ class CompileRecord:
         prediction = None
         if _take(rec, where, "prediction", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
             prediction = _record(rec, where, "prediction", PredictionRecord.from_json)
-        planner = None
-        if "planner" in rec and _take(rec, where, "planner", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
-            planner = _record(rec, where, "planner", PlannerRecord.from_json)
-        memory = None
-        if "memory" in rec and _take(rec, where, "memory", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
-            memory = _record(rec, where, "memory", MemoryRecord.from_json)
-        recompute = None
-        if "recompute" in rec and _take(rec, where, "recompute", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
-            recompute = _record(rec, where, "recompute", RecomputeRecord.from_json)
+        planner = _optional_record(rec, where, "planner", PlannerRecord.from_json)
+        memory = _optional_record(rec, where, "memory", MemoryRecord.from_json)
+        recompute = _optional_record(rec, where, "recompute", RecomputeRecord.from_json)
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
