@@ -91,11 +91,11 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
             sent = message(node, ring.dst, i, outs[0])
             messages[sent.id] = sent
             steps.append(SendStep(sent.id, outs[0]))
-    for i in range(length) if ring is not None else ():
-        assert ring is not None
-        got = message(ring.src, node, i, f"got{i}")
-        messages[got.id] = got
-        steps.append(WaitStep(got.id))
+    if ring is not None:
+        for i in range(length):
+            got = message(ring.src, node, i, f"got{i}")
+            messages[got.id] = got
+            steps.append(WaitStep(got.id))
     return NodeRunner(node, steps, sessions, seg_inputs, seg_outputs, {"y": value(length, 0)},
                       {f"x{j}": value(0, j) for j in range(width)}, messages, HostValues())
 

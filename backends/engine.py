@@ -270,8 +270,9 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
                 layout: nchwc.NodeLayout | None = None, profile_prefix: str | None = None) -> NodeRunner:
     """Node `node`'s sessions; `iobinding` auto binds device values where the provider is CUDA;
     `layout` (from node_layouts, CPU only) keeps the activations it agreed on in onnxruntime's
-    NCHWc layout across segment boundaries; `profile_prefix`: every session records onnxruntime's
-    per-op profile into files of that prefix (`end_profiling` gives each one's path)."""
+    NCHWc layout across segment boundaries, and is closed once the sessions hold what they read of
+    its files; `profile_prefix`: every session records onnxruntime's per-op profile into files of
+    that prefix (`end_profiling` gives each one's path)."""
     import onnxruntime as ort
 
     prog = plan.programs[node]
@@ -279,7 +280,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
         raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
     providers = providers_for(provider, device_id)
     on_cpu = providers == ["CPUExecutionProvider"]
-    layout = layout if on_cpu else None
+    given, layout = layout, layout if on_cpu else None
     opts = session_options(threads, spin, shared_arena=on_cpu, prepack=plan.compiled.prepack)
     plain = session_options(threads, spin, prepack=plan.compiled.prepack)
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
@@ -290,9 +291,8 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
             o.enable_profiling = True
             o.profile_file_prefix = f"{profile_prefix}-seg{k:03d}"  # a file per session (onnxruntime names them by the ms)
         try:
-            blocked = layout.path(k) if layout is not None else None
             with quiet_stdout():
-                if layout is not None and blocked is not None:
+                if layout is not None and (blocked := layout.path(k)) is not None:
                     sess = ort.InferenceSession(blocked, plain, providers=providers)
                     layout.release(k)  # the session holds what it read
                 else:
@@ -304,6 +304,8 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
         if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":
             providers = ["CPUExecutionProvider"]  # no usable GPU: stop trying CUDA for the other segments
         sessions.append(sess)
+    if given is not None:
+        given.close()
     messages = {m.id: m for m in plan.messages if node in (m.src, m.dst)}
     on_gpu = bool(sessions) and sessions[0].get_providers()[0] == "CUDAExecutionProvider"
     values: HostValues | DeviceValues = HostValues()

@@ -369,8 +369,6 @@ def embedded_runners(plan_dir: str, plan: Plan, threads: int, provider: str, spi
         step("load sessions", n, len(nodes))
         runners.append(load_runner(plan_dir, plan, n, threads, provider, spin=spin, iobinding=iobinding, layout=layouts[n],
                                    profile_prefix=os.path.join(profile_dir, f"node{n}") if profile_dir else None))
-        if (done := layouts[n]) is not None:
-            done.close()  # the sessions hold what they read of its files
     step("load sessions", len(nodes), len(nodes))
     return runners
 
@@ -509,8 +507,6 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
             runner = load_runner(args.plan, plan, rank, threads, args.provider, device_id=device,
                                  iobinding=args.iobinding, layout=layouts[rank],
                                  profile_prefix=os.path.join(ops_dir, f"node{rank}") if ops_dir else None)
-            if (done := layouts[rank]) is not None:
-                done.close()  # the session holds what it read of its files
             step(f"rank {rank}: load", 1, 1)
     except BBGrapError as exc:
         error = error or str(exc)
