@@ -39,6 +39,16 @@ def _resized_axes(layer: Layer, rank: int) -> list[int]:
     return [_normalised(int(a), rank) for a in layer.attrs.get("axes", range(rank))]
 
 
+def _given_scales(layer: Layer, graph: Graph) -> dict[int, float] | None:
+    """A Resize's scale input, per axis it lists (the scale onnxruntime maps coordinates with);
+    None where it has none (sizes instead, or an empty one) or computes it from the data."""
+    scales = _constant(graph, layer, 2 if graph.opsets.get("", 13) >= 11 else 1)
+    if scales is None or not scales.size:
+        return None
+    rank = len(shape(graph, layer.inputs[0]))
+    return {a: float(scales.reshape(-1)[j]) for j, a in enumerate(_resized_axes(layer, rank))}
+
+
 @dataclass(frozen=True)
 class SliceSpec:
     """A Slice's parameters: `axes[j]` is sliced from `starts[j]` to `ends[j]` by `steps[j]`
@@ -379,15 +389,14 @@ class ResizeRule(RegionRule):
     Any other Resize (linear and cubic upsampling by a non-integer factor in the half-pixel
     transforms, whose first rows clamp; antialiased downsampling; nearest by factors its rounding
     does not map to whole blocks; half_pixel_symmetric and tf_crop_and_resize) is cut along its
-    unit axes: those it keeps with a scale of exactly 1 (a
-    scale input of 1.0, or sizes equal to the input's with the stretch policy): batch and
-    channels of an NCHW upsampling, and H or W where only the other is scaled. Along such an
-    axis every transform maps output row y to input coordinate x = y, exactly in floating point
-    ((y + 0.5)/1 − 0.5, y·(n − 1)/(n − 1), y/1; 0 for one row), so the element blends the taps
-    of row y with weight 1 and the others with weight 0 (linear's clamped last row weighs its
-    one tap 0.5 + 0.5; the cubic kernel is 1, 0, 0, 0 at 0, ±1, 2): a piece reads its own rows,
-    and its local op (same attributes; sizes, where given, those of the piece) computes exactly
-    them. (No crop reproduces the grid of a resized axis in the whole op's own transform:
+    unit axes: those it keeps with a scale of exactly 1 (a scale input of 1.0, or sizes equal to
+    the input's with the stretch policy): batch and channels of an NCHW upsampling, and H or W
+    where only the other is scaled. Along such an axis every transform maps output row y to
+    input coordinate x = y, exactly in floating point ((y + 0.5)/1 − 0.5, y·(n − 1)/(n − 1), y/1;
+    0 for one row), so the element blends the taps of row y with weight 1 and the others with
+    weight 0 (linear's clamped last row weighs its one tap 0.5 + 0.5; the cubic kernel is 1, 0,
+    0, 0 at 0, ±1, 2): a piece reads its own rows, and its local op (same attributes; sizes,
+    where given, those of the piece) computes exactly them. (No crop reproduces the grid of a resized axis in the whole op's own transform:
     align_corners ties the slope to the lengths, (n − 1)/(s·n − 1); a non-integer factor gives a
     crop a grid that the whole op's does not contain. Hence tf_crop_and_resize above.)
     tests/rules/test_indexing.py checks both facts of the halo rule: a crop's edge rows differ,
@@ -405,10 +414,9 @@ class ResizeRule(RegionRule):
         if any(o % i for i, o in zip(in_dims, out_dims)):
             return None
         factors = tuple(o // i for i, o in zip(in_dims, out_dims))
-        scales = _constant(graph, layer, 2 if graph.opsets.get("", 13) >= 11 else 1)
-        if scales is not None and scales.size:
-            axes = _resized_axes(layer, len(in_dims))
-            if any(float(scales.reshape(-1)[j]) != factors[a] for j, a in enumerate(axes)):
+        given = _given_scales(layer, graph)
+        if given is not None:
+            if any(s != factors[a] for a, s in given.items()):
                 return None  # e.g. a scale of 1.999 whose output size rounds to an integer factor
         elif _constant(graph, layer, 3) is None:
             return None  # scales or sizes computed from the data
@@ -459,12 +467,9 @@ class ResizeRule(RegionRule):
         if transform not in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"):
             return None
         in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
-        rank = len(in_dims)
-        scales = _constant(graph, layer, 2)
-        if scales is not None and scales.size:  # the scale onnxruntime maps coordinates with
-            factors = [1.0] * rank
-            for j, a in enumerate(_resized_axes(layer, rank)):
-                factors[a] = float(scales.reshape(-1)[j])
+        given = _given_scales(layer, graph)
+        if given is not None:
+            factors = [given.get(a, 1.0) for a in range(len(in_dims))]
         elif _constant(graph, layer, 3) is not None:
             factors = [o / i if i else 1.0 for i, o in zip(in_dims, out_dims)]
         else:
@@ -539,10 +544,9 @@ class ResizeRule(RegionRule):
             return frozenset()
         in_dims, out_dims = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
         unit = {a for a, (i, o) in enumerate(zip(in_dims, out_dims)) if i == o}
-        scales = _constant(graph, layer, 2 if modern else 1)
-        if scales is not None and scales.size:
-            listed = _resized_axes(layer, len(in_dims))
-            unit -= {a for j, a in enumerate(listed) if float(scales.reshape(-1)[j]) != 1.0}
+        given = _given_scales(layer, graph)
+        if given is not None:
+            unit -= {a for a, s in given.items() if s != 1.0}
         elif not modern or _constant(graph, layer, 3) is None:
             return frozenset()  # scales or sizes computed from the data
         elif attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
