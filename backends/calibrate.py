@@ -14,6 +14,9 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   gives 1 / throughput as its slope, and the op's fixed cost is what a tiny one of its kind
   (a 4x4 map of 8 channels; for "other" a crop, as lowering adds them) takes beyond a
   segment's cost and its operations at that throughput;
+* **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
+  operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
+  convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);
 * **the given model's layers** (with `--model FILE`): the model run whole, as onnxruntime runs
   it (its fusions, its blocked layout), under onnxruntime's profiler; each kernel's time goes to
   the layer it is named after, or for an op fused into a convolution (a BatchNormalization, an
@@ -67,6 +70,7 @@ from bbgrap.simulate import fusion_anchor
 
 REPEAT = 15
 LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
+WEIGHT_PROBE_BYTES = 32 * 2**20  # weights_model's: beyond a core's cache, as a model's weights are from one inference to the next
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
@@ -85,6 +89,15 @@ def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
     w = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
     node = helper.make_node("MatMul", ["x", "w"], ["y"])
     return float_model([node], {"x": (rows, size)}, {"y": (rows, size)}, {"w": w}), 2.0 * rows * size * size
+
+
+def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
+    """A MatMul of one row by `nbytes` of weights (a classifier's Gemm on one image: all weights,
+    two operations per weight), and the bytes it streams."""
+    rows = 2048
+    w = np.random.default_rng(0).standard_normal((rows, nbytes // 4 // rows)).astype(np.float32)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    return float_model([node], {"x": (1, rows)}, {"y": (1, w.shape[1])}, {"w": w}), float(w.nbytes)
 
 
 def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
@@ -268,6 +281,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     speeds = {kind: op_speed(b, TINY[kind], threads, segment) for kind, b in builds.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
+    streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
+    fields["weight_Bps"] = nbytes / max(time_model(streamed, threads) - segment, 1e-9)
     layers, scaling = {}, {}
     if model is not None:
         layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment)
@@ -314,7 +329,7 @@ def describe(profile: ClusterProfile) -> str:
     lines = []
     for n, p in enumerate(profile.nodes):
         lines.append(f"node {n}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
-                     f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s; "
+                     f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
                      f"per message sent {p.send_s * 1e6:.1f} us")

@@ -12,6 +12,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     depthwise_ops_per_s = 5e9  # ... of a depthwise (one channel per group) convolution
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
+    weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at
     conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
     depthwise_op_s = 1e-05
     matmul_op_s = 1e-05
@@ -97,6 +98,11 @@ class NodeProfile:
     depthwise_ops_per_s: float = 5e9
     matmul_ops_per_s: float = 2.5e10
     other_ops_per_s: float = 2.5e9
+    # bytes of weights per second a convolution or matmul reads (from beyond the core's cache: the
+    # weights of a model do not stay in it from one inference to the next); the default keeps the
+    # default node's 6 operations per byte, about what a CPU core's matmul throughput and its
+    # share of memory bandwidth give (docs/design.md, "Roofline")
+    weight_Bps: float = 4e9
     conv_op_s: float = 1e-5
     depthwise_op_s: float = 1e-5
     matmul_op_s: float = 1e-5
@@ -121,15 +127,20 @@ class NodeProfile:
         """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
         return ops / self.ops_per_s(kind) + self.op_s(kind)
 
-    def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0) -> float:
+    def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
+                   weight_bytes: float = 0.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
-        output), reading `weight_share` of its weights. Where the layer was measured: its kind's
-        fixed cost (at most the measured time: a piece is one more op in a segment) plus the rest
-        of the measured time scaled by its `Scaling` where measured too, else in proportion to the
-        operations; else `kind_time`."""
+        output), reading `weight_share` of its `weight_bytes` of weights. Where the layer was
+        measured: its kind's fixed cost (at most the measured time: a piece is one more op in a
+        segment) plus the rest of the measured time scaled by its `Scaling` where measured too, else
+        in proportion to the operations. Else a roofline: a convolution or matmul takes its
+        operations at its kind's throughput or its weights at `weight_Bps`, whichever is longer (a
+        classifier's Gemm on one image is all weights: cutting its output channels halves them,
+        cutting rows does not), plus its kind's fixed cost."""
         measured = self.layer_s.get(name)
         if measured is None:
-            return self.kind_time(kind, ops)
+            streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
+            return max(ops / self.ops_per_s(kind), streamed) + self.op_s(kind)
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
         fixed = min(self.op_s(kind), measured)
@@ -174,6 +185,7 @@ def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterPr
 
     def faster(s: float) -> NodeProfile:
         changes: dict[str, Any] = {f"{kind}_ops_per_s": base.ops_per_s(kind) * s for kind in OP_KINDS}
+        changes["weight_Bps"] = base.weight_Bps * s
         return replace(base, **changes, layer_s={k: v / s for k, v in base.layer_s.items()})
 
     scaled = tuple(faster(s) for s in speeds)

@@ -41,6 +41,12 @@ def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -
     return read / whole if whole else 1.0
 
 
+def weight_bytes(layer: Layer, graph: Graph) -> int:
+    """Bytes of the layer's constant inputs (its weights, a bias): what a node computing all of its
+    output channels streams from memory once per inference (`NodeProfile.layer_time`)."""
+    return sum(graph.tensors[t].nbytes for t in layer.inputs if t in graph.constants)
+
+
 def plan_flops(graph: Graph, owned: bool = False, registry: RuleRegistry | None = None) -> list[float]:
     """Operations each node performs per inference (with `owned`: only for the outputs it owns,
     leaving out what it computes beyond them, such as recomputed halos)."""

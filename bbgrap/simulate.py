@@ -4,7 +4,8 @@ A rank walks its program (backends/lower.py: run a segment, send a message, wait
 on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
-  that kind, plus a fixed cost per ONNX op of that kind, `segment_s` for the segment (an
+  that kind (a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
+  takes longer), plus a fixed cost per ONNX op of that kind, `segment_s` for the segment (an
   onnxruntime run through the executor) and `value_s` for each value it takes or gives (a
   feed or a fetch);
 * **send**: costs the sender `send_s` (bbgrap-run posts sends without blocking; posting one,
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile
-from bbgrap.cost import layer_ops, weight_share
+from bbgrap.cost import layer_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -41,13 +42,14 @@ if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
 @dataclass(frozen=True)
 class LayerWork:
     """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole
-    output, and the share of its weights it reads here."""
+    output, the share of its weights it reads here and their bytes (all of them)."""
 
     name: str
     kind: str
     ops: float
     whole_ops: float
     weight_share: float = 1.0
+    weight_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             part = graph.partitions[layer.name]
             here = layer_ops(layer, graph, part.emitted(node), registry)
             ops[kind] += here
-            measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node])))
+            measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node]),
+                                      weight_bytes(layer, graph)))
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -203,13 +206,14 @@ def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
     """The segment's time on `node`: its fixed costs (the segment's, its values'), every kind's
-    operations at that kind's throughput and fixed cost per op, and for each layer the node measured
-    (`NodeProfile.layer_s`) its measured share instead of its kind's estimate."""
+    operations at that kind's throughput and fixed cost per op, and for each layer its own time
+    instead of its kind's estimate (`NodeProfile.layer_time`: its measured share where the node
+    measured it, else the longer of its operations and its weights streamed)."""
     p = profile.node(node)
-    measured = [w for w in work.layers if w.name in p.layer_s] if p.layer_s else []
     return p.segment_s + work.values * p.value_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
-                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share) - p.kind_time(w.kind, w.ops) for w in measured)])
+                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes) - p.kind_time(w.kind, w.ops)
+                                      for w in work.layers)])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

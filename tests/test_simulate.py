@@ -9,7 +9,17 @@ import pytest
 from helpers import save
 
 from bbgrap import zoo
-from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, Scaling, profile_toml, read_profile, write_profile
+from bbgrap.cluster import (
+    DEFAULT_PROFILE,
+    ClusterProfile,
+    LinkProfile,
+    NodeProfile,
+    Scaling,
+    profile_toml,
+    read_profile,
+    with_speeds,
+    write_profile,
+)
 from bbgrap.compiler import choose_nodes, compile_model
 from bbgrap.config import Config
 from bbgrap.ir import BBGrapError, Graph
@@ -290,3 +300,33 @@ def test_compile_prints_each_rank_and_the_fallback(small_model: str, tmp_path, c
     assert "rank 0: compute" in out
     assert "predicted: 2 nodes are not faster than 1" in out and "compiled for 1 node(s) instead" in out
     assert "mpirun -n 1 bbgrap-run" in out
+
+
+def test_an_unmeasured_convolution_or_matmul_takes_its_operations_or_its_weights_whichever_is_longer() -> None:
+    """The roofline: 1e5 operations at 1e9/s take 1e-4 s, 1e6 bytes of weights at 1e8 B/s 1e-2 s;
+    a piece reading half the weights (its output channels) streams half; a row cut reads them all;
+    an "other" op's constants are not streamed weights; a large map is its operations."""
+    node = replace(NODE, weight_Bps=1e8)
+    assert math.isclose(node.layer_time("fc", "matmul", 1e5, 1e5, 1.0, 1e6), 1e-2 + 1e-4)
+    assert math.isclose(node.layer_time("fc", "matmul", 5e4, 1e5, 0.5, 1e6), 5e-3 + 1e-4)
+    assert math.isclose(node.layer_time("conv", "conv", 5e4, 1e5, 1.0, 1e6), 1e-2 + 1e-4)
+    assert math.isclose(node.layer_time("add", "other", 1e5, 1e5, 1.0, 1e6), 1e5 / 1e8 + 1e-5)
+    assert math.isclose(node.layer_time("conv", "conv", 1e8, 1e8, 1.0, 1e6), 1e8 / 1e9 + 1e-4)
+    measured = replace(node, layer_s={"fc": 3e-3})  # a measurement already holds the streaming
+    assert math.isclose(measured.layer_time("fc", "matmul", 1e5, 1e5, 1.0, 1e6), 3e-3)
+
+
+def test_a_segment_prices_a_matmul_by_its_weights_where_they_take_longer() -> None:
+    work = SegmentWork({"matmul": 1e5}, {"matmul": 1}, (LayerWork("fc", "matmul", 1e5, 1e5, 1.0, 1e6),))
+    got = simulate([[SimStep("run", work=work)]], ClusterProfile((replace(NODE, weight_Bps=1e8),), PROFILE.link)).latency
+    assert math.isclose(got, 1e-3 + 1e-2 + 1e-4)
+    fast = simulate([[SimStep("run", work=work)]], ClusterProfile((replace(NODE, weight_Bps=1e12),), PROFILE.link)).latency
+    assert math.isclose(fast, 1e-3 + 1e5 / 1e9 + 1e-4)
+
+
+def test_weight_bandwidth_round_trips_and_scales_with_a_nodes_speed(tmp_path) -> None:
+    profile = ClusterProfile((replace(NODE, weight_Bps=3e9),), PROFILE.link)
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile)
+    assert read_profile(path).nodes[0].weight_Bps == 3e9
+    assert [n.weight_Bps for n in with_speeds(profile, (1.0, 2.0)).nodes] == [3e9, 6e9]

@@ -66,7 +66,7 @@ import numpy as np
 
 from bbgrap.cluster import ClusterProfile
 from bbgrap.config import PLANNERS
-from bbgrap.cost import layer_ops, weight_share
+from bbgrap.cost import layer_ops, weight_bytes, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import partition_layer, shared_axes, split_sizes
@@ -236,10 +236,12 @@ class NetworkCost:
         if got is None:
             layer, part, kind = self.graph.layers[i], self.candidates[i][c], self.kinds[i]
             whole = whole_ops(layer, self.graph, self.registry)
+            nbytes = weight_bytes(layer, self.graph)
             times = [0.0] * self.nodes
             for n in part.active_nodes():
                 ops = layer_ops(layer, self.graph, part.emitted(n), self.registry)
-                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]))
+                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]),
+                                                           nbytes)
             got = self._compute[key] = tuple(times)
         return got
 

@@ -22,6 +22,7 @@ from bbgrap.backends.calibrate import (
     matmul_model,
     measure_layers,
     model_to_time,
+    weights_model,
 )
 from bbgrap.frontends.onnx import import_model
 from helpers import save
@@ -59,6 +60,13 @@ def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     assert all(node.ops_per_s(kind) > 0 for kind in OP_KINDS)
     assert node.segment_s > 0 and node.value_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
     assert node.send_s == NodeProfile().send_s  # one node sends nothing: the default stays
+    assert node.weight_Bps > 0 and node.weight_Bps != NodeProfile().weight_Bps  # measured
+
+
+def test_the_weights_probe_streams_the_bytes_it_says() -> None:
+    model, nbytes = weights_model(2**20)
+    (w,) = model.graph.initializer
+    assert nbytes == 2**20 == math.prod(w.dims) * 4 and list(w.dims)[0] == model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
 
 
 def test_calibrate_writes_a_profile_compile_reads(tmp_path) -> None:

@@ -5,8 +5,11 @@ is left alone; a bad planner name is one line."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from helpers import assert_exact, compile_plan, save
+from onnx import helper
+from onnx_builder import build_model
 
 from bbgrap import forked, zoo
 from bbgrap.compiler import PLANNER_MARGIN
@@ -71,4 +74,22 @@ def test_a_custom_partition_is_kept(tmp_path, models: dict[str, str]) -> None:
     plan = compile_plan(models["resnet18"], str(tmp_path / "plan"), nodes=2, search=True, planner="dp", judge=False, custom=custom)
     row = next(r for r in plan.compiled.layer_table if r.name == "conv1")
     assert [n.range for n in row.per_node] == [(0, 20), (20, 24)]
+    assert_exact(str(tmp_path / "plan"))
+
+
+def test_a_classifier_whose_weights_outweigh_its_operations_is_cut_by_output_channels(tmp_path) -> None:
+    """A one-image Gemm of 4 MB of weights does 2 M operations (about 80 us on the default node)
+    but streams its weights for about 1 ms: the planner prices it by the longer (the roofline,
+    `NodeProfile.layer_time`) and cuts its output channels, so each node streams half, where
+    pricing its operations alone left it whole on node 0 with all 4 MB."""
+    rng = np.random.default_rng(0)
+    consts = {"w1": rng.standard_normal((256, 3, 3, 3)).astype(np.float32) * 0.1,
+              "fc": rng.standard_normal((4096, 256)).astype(np.float32) * 0.05, "fb": rng.standard_normal(4096).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    model = save(build_model(nodes, {"x": [1, 3, 16, 16]}, consts, ["y"], 17), str(tmp_path), "classifier")
+    plan = compile_plan(model, str(tmp_path / "plan"), nodes=2, search=True, planner="dp", judge=False)
+    assert plan.compiled.planner is not None and plan.compiled.memory is not None
+    assert max(plan.compiled.memory.weights_mb) < 3.0, plan.compiled.memory.weights_mb  # 4.1 MB in all
     assert_exact(str(tmp_path / "plan"))
