@@ -55,8 +55,8 @@ class LayerWork:
 @dataclass(frozen=True)
 class SegmentWork:
     """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind
-    (the layers' and lowering's); the layers among them, which a profile may have measured one by one;
-    and how many values it takes and gives."""
+    (the layers' and lowering's); the layers among them, each priced on its own by
+    `NodeProfile.layer_time` (measured, or by its roofline); and how many values it takes and gives."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
@@ -147,7 +147,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = dict.fromkeys(OP_KINDS, 0)
-    measured: list[LayerWork] = []
+    works: list[LayerWork] = []
     convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
@@ -160,8 +160,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             part = graph.partitions[layer.name]
             here = layer_ops(layer, graph, part.emitted(node), registry)
             ops[kind] += here
-            measured.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node]),
-                                      weight_bytes(layer, graph)))
+            works.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node]),
+                                   weight_bytes(layer, graph)))
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -169,7 +169,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             ops[kind] += float(sum(value_elements(graph, o) for o in outputs))
         count[kind] += 1
     ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
-    return SegmentWork(ops, count, tuple(measured), len(seg.inputs) + len(seg.outputs))
+    return SegmentWork(ops, count, tuple(works), len(seg.inputs) + len(seg.outputs))
 
 
 @dataclass(frozen=True)
