@@ -396,11 +396,11 @@ class ResizeRule(RegionRule):
     0 for one row), so the element blends the taps of row y with weight 1 and the others with
     weight 0 (linear's clamped last row weighs its one tap 0.5 + 0.5; the cubic kernel is 1, 0,
     0, 0 at 0, ±1, 2): a piece reads its own rows, and its local op (same attributes; sizes,
-    where given, those of the piece) computes exactly them. (No crop reproduces the grid of a resized axis in the whole op's own transform:
-    align_corners ties the slope to the lengths, (n − 1)/(s·n − 1); a non-integer factor gives a
-    crop a grid that the whole op's does not contain. Hence tf_crop_and_resize above.)
-    tests/rules/test_indexing.py checks both facts of the halo rule: a crop's edge rows differ,
-    and the piece's own rows are exact.
+    where given, those of the piece) computes exactly them. (No crop reproduces the grid of a
+    resized axis in the whole op's own transform: align_corners ties the slope to the lengths,
+    (n − 1)/(s·n − 1); a non-integer factor gives a crop a grid that the whole op's does not
+    contain. Hence tf_crop_and_resize above.) tests/rules/test_indexing.py checks both facts of
+    the halo rule: a crop's edge rows differ, and the piece's own rows are exact.
     """
 
     def _upsampling(self, layer: Layer, graph: Graph) -> tuple[tuple[int, ...], str] | None:

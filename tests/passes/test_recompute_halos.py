@@ -192,8 +192,9 @@ def test_a_kind_measured_slow_is_received_not_recomputed(tmp_path, depthwise_ops
     cost. On the default profile MobileNet's depthwise layers recompute their neighbours' rows; on
     one whose depthwise convolutions are 500 times slower they receive them, while the dense
     convolutions still recompute theirs. Either plan is exact. (Compile also runs the pass with
-    every operation priced alike and keeps the faster predicted; here the kinds' plan.) (The per-layer plan: dp puts so
-    small a model whole on one node, where no halo is left to recompute.)"""
+    every operation priced alike and keeps the faster predicted; here the kinds' plan.) (The
+    per-layer plan: dp puts so small a model whole on one node, where no halo is left to
+    recompute.)"""
     path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
     plan_dir = str(tmp_path / "plan")
     plan = compile_model(path, Config(nodes=2, planner="greedy"), plan_dir, profile=_slow_depthwise(depthwise_ops_per_s), force_nodes=True)
@@ -241,7 +242,6 @@ def test_without_a_profile_the_pass_decides_alone(tmp_path) -> None:
     path = save(zoo.build("mobilenet_v2", resolution=32, width=0.25), str(tmp_path))
     plan = compile_model(path, Config(nodes=2), str(tmp_path / "plan"))
     assert plan.compiled.recompute is None and plan.compiled.passes[-1] == "recompute-halos"
-
 
 
 def test_a_pass_that_recomputed_nothing_is_kept(tmp_path) -> None:
