@@ -217,6 +217,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "per_node": [n.to_json() for n in stats.per_node],
         "opaque": [o.to_json() for o in plan.opaque],
         "whole": whole_layers(plan),
+        "on_every_node": [r.name for r in plan.compiled.layer_table if r.on_every_node()],
         "search": plan.compiled.search.to_json() if plan.compiled.search is not None else None,
         "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
         "memory": plan.compiled.memory.to_json() if plan.compiled.memory is not None else None,
@@ -240,7 +241,7 @@ def layers_text(plan: Plan) -> str:
     for r in rows:
         ranges = " ".join(f"{n}:{p.range[0]}-{p.range[1]}" for n, p in enumerate(r.per_node) if p.range)
         recomputed = sum(p.redundant_flops for p in r.per_node) / r.flops if r.flops else 0.0
-        note = f"whole on node {r.whole.node}: {r.whole.reason}" if r.whole is not None else ""
+        note = f"whole on node {r.whole.node}: {r.whole.reason}" if r.whole is not None else "whole on every node" if r.on_every_node() else ""
         lines.append(f"{r.name[:28]:<28} {r.op_type[:18]:<18} {r.cut:<6} {ranges[:28]:<28} {r.flops / 1e6:>9.2f} "
                      f"{100 * r.flops / total:>7.2f} {100 * recomputed:>8.1f} {r.bytes_sent / 1e3:>8.1f}  {note}".rstrip())
     return "\n".join(lines)
@@ -274,6 +275,9 @@ def summary(plan: Plan, where: str) -> str:
         top = "; ".join(f"{w['name']} ({w['op_type']}, {100 * w['share']:.1f} %: {w['reason']})" for w in whole[:3])
         lines.append(f"layers computed whole on one node: {len(whole)}, {100 * sum(w['share'] for w in whole):.1f} % of the "
                      f"operations; largest: {top} (bbgrap inspect --layers lists them all)")
+    if info["on_every_node"]:
+        lines.append(f"layers computed whole on every node: {len(info['on_every_node'])} (small layers between a gather and a "
+                     "broadcast, such as squeeze-excite blocks: one exchange instead of a round trip through one node)")
     s = info["search"]
     if s:
         lines.append(

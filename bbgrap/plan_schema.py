@@ -407,6 +407,12 @@ class LayerRow:
     per_node: tuple[LayerNodeRow, ...]
     whole: WholeLayer | None = None  # a layer computed whole on one node (cut "whole")
 
+    def on_every_node(self) -> bool:
+        """Every one of several nodes computes the whole layer (naive_partition.replicated, or
+        halos recomputed until they cover every row)."""
+        return (self.extent is not None and len(self.per_node) > 1
+                and all(n.computes == (0, self.extent) for n in self.per_node))
+
     def to_json(self) -> Json:
         row = {"name": self.name, "op_type": self.op_type, "cut": self.cut, "output_shape": list(self.output_shape),
                "extent": self.extent, "flops": self.flops, "bytes_sent": self.bytes_sent, "per_node": [n.to_json() for n in self.per_node]}

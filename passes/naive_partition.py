@@ -116,6 +116,26 @@ def channel_cut(graph: Graph, layer: Layer, speeds: Sequence[float], registry: R
     return partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], speeds), registry)
 
 
+def replicated(graph: Graph, layer: Layer, speeds: Sequence[float], registry: RuleRegistry) -> LayerPartition | None:
+    """The layer computed whole on every node: each node's local op is the whole layer, while the
+    regions the nodes own are still its speed-proportional cut along the first axis its rule cuts
+    for every node (so they tile the output, and every node holds all of it). Between a gather
+    and a broadcast — a squeeze-excite block's pool and its 1x1 convolutions, which every node's
+    rows are then scaled by — this is one exchange of the pool's input among the nodes instead of
+    one node gathering it and sending the result back: a round trip less on every node's path.
+    None where the rule cuts no axis long enough for every node."""
+    axes = shared_axes(graph, layer, registry)
+    rule = registry.get(layer)
+    if not axes or rule is None:
+        return None
+    shape = graph.tensors[layer.outputs[0]].shape
+    whole = rule.local(layer, graph, ShapeMap.full(shape))
+    n = graph.nodes
+    return LayerPartition(axes[0], tuple(regions_from_sizes(shape, axes[0], split_sizes(shape[axes[0]], speeds))),
+                          (whole.needs,) * n, (whole.computes,) * n, (dict(whole.attrs),) * n, (dict(whole.inputs),) * n,
+                          LayerPartition.compact_emits([whole.emits] * n))
+
+
 def shared_axes(graph: Graph, layer: Layer, registry: RuleRegistry) -> list[int]:
     """The output axes the layer's rule cuts that are long enough for every node, in order."""
     rule = registry.get(layer)

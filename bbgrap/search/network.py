@@ -5,9 +5,13 @@ The planners here choose one *candidate* per layer for the whole network at once
 
 **Candidates** of a layer (`layer_candidates`): the cut it already has (the per-layer
 search's, or the naive one), the speed-proportional cut along every axis its rule allows
-that is long enough for every node, and the layer whole on each node. A layer
-without a rule, with more than one output, or with a custom partition keeps the one it has; a
-layer too short to cut still has its placements.
+that is long enough for every node, the layer whole on each node, and for a layer whose
+output is a small vector per image (`pooled_vector`) the layer whole on every node
+(`naive_partition.replicated`: a squeeze-excite block's pool and 1x1 convolutions computed by
+every node from one exchange of the pool's input, instead of a round trip through one node;
+offered for these alone, so that the candidates stay few where the extra operations could not
+pay). A layer without a rule, with more than one output, or with a custom partition keeps the
+one it has; a layer too short to cut still has its placements.
 
 **Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
@@ -69,20 +73,28 @@ from bbgrap.config import PLANNERS
 from bbgrap.cost import layer_ops, weight_bytes, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
-from bbgrap.passes.naive_partition import partition_layer, shared_axes, split_sizes
+from bbgrap.passes.naive_partition import partition_layer, replicated, shared_axes, split_sizes
 from bbgrap.rules.registry import RuleRegistry
 from bbgrap.simulate import op_kind, whole_ops
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
+REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
+
+
+def pooled_vector(shape: Sequence[int]) -> bool:
+    """The output is a small vector per image — every axis after the channels of extent 1, at most
+    REPLICATE_MAX_ELEMENTS elements — as after a global pool: the layers offered whole on every node."""
+    return all(d == 1 for d in shape[2:]) and math.prod(shape) <= REPLICATE_MAX_ELEMENTS
 
 
 def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds: Sequence[float],
                      registry: RuleRegistry, fixed: bool, placements: bool = True) -> tuple[list[LayerPartition], int]:
-    """The cuts a planner may choose for `layer` (module docstring), the current one first and the
-    layer whole on node 0, then, with `placements`, the layer whole on each other node; and how
-    many come before those placements (the DP chooses among these only: a layer placed away from
-    node 0 pays off where branches run side by side, which its objective does not credit, so it
-    is not offered them: on 16 nodes making them was half the plan-network pass)."""
+    """The cuts a planner may choose for `layer` (module docstring), the current one first, the
+    layer whole on node 0 and, for a `pooled_vector`, whole on every node, then, with
+    `placements`, the layer whole on each other node; and how many come before those placements
+    (the DP chooses among these only: a layer placed away from node 0 pays off where branches run
+    side by side, which its objective does not credit, so it is not offered them: on 16 nodes
+    making them was half the plan-network pass)."""
     out = [current]
     rule = registry.get(layer)
     if fixed or rule is None or len(layer.outputs) > 1:
@@ -92,6 +104,10 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
     for axis in shared_axes(graph, layer, registry):
         out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
     out.append(partition_layer(graph, layer, None, None, registry))
+    # after the layer whole on node 0, which it ties with where no node but 0 reads the layer:
+    # the planners keep the first of equal choices, and this one does more work in all
+    if pooled_vector(shape) and (every := replicated(graph, layer, speeds, registry)) is not None:
+        out.append(every)
     cuts = len(out)
     if placements and axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
         for k in range(1, graph.nodes):

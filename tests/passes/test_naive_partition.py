@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 from bbgrap.frontends.onnx import import_proto
-from bbgrap.passes.naive_partition import NaivePartition, spare_order, split_sizes
+from bbgrap.passes.naive_partition import NaivePartition, replicated, spare_order, split_sizes
 from graphs import conv_chain
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bbgrap.config import CustomPartition, Direction
-from bbgrap.ir import BBGrapError
+from bbgrap.invariants import check_invariants
+from bbgrap.ir import BBGrapError, ShapeMap
+from bbgrap.rules.registry import default_registry
 
 
 def test_even_split_deals_the_remainder_to_the_end_nodes_first() -> None:
@@ -42,6 +44,23 @@ def test_narrow_layer_is_split_over_fewer_nodes() -> None:
     part = g.partitions["conv0"]
     assert [r.shape[2] if not r.empty else 0 for r in part.out] == [1, 1, 1, 0, 0]
     assert part.active_nodes() == [0, 1, 2]
+
+
+def test_replicated_layer_is_whole_on_every_node_while_its_owned_regions_tile() -> None:
+    graph = NaivePartition(3).call(import_proto(conv_chain([3, 3], channels=6, height=8)).graph).graph
+    layer = next(layer for layer in graph.layers if layer.name == "conv1")
+    part = replicated(graph, layer, (1.0, 2.0, 1.0), default_registry())
+    assert part is not None and part.axis == 1  # the first axis its rule cuts for every node: channels
+    assert [r.shape[1] for r in part.out] == split_sizes(6, (1.0, 2.0, 1.0))
+    full_out, full_in = ShapeMap.full(graph.tensors[layer.outputs[0]].shape), ShapeMap.full(graph.tensors[layer.inputs[0]].shape)
+    assert all(c == full_out for c in part.computes) and all(n[0] == full_in for n in part.needs)
+    assert check_invariants(graph.replace(partitions={**graph.partitions, layer.name: part})) == []
+
+
+def test_a_layer_too_short_for_every_node_is_not_replicated() -> None:
+    graph = import_proto(conv_chain([3], channels=2, height=2, width=2)).graph
+    graph = NaivePartition(3).call(graph).graph
+    assert replicated(graph, graph.layers[0], (1.0, 1.0, 1.0), default_registry()) is None
 
 
 def test_custom_partition_overrides() -> None:

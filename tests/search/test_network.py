@@ -19,6 +19,7 @@ from bbgrap.config import Config
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.rules.registry import default_registry
+from bbgrap.search import network
 from bbgrap.search.network import (
     BOUNDARY_BINS,
     WHOLE_BINS,
@@ -84,6 +85,11 @@ def network_cost(graph: Graph, profile: ClusterProfile) -> NetworkCost:
     registry = default_registry()
     offered = [layer_candidates(graph, layer, graph.partitions[layer.name], (1.0,) * graph.nodes, registry, False) for layer in graph.layers]
     return NetworkCost(graph, [c for c, _ in offered], [k for _, k in offered], profile, registry)
+
+
+def on_node_0(cost: NetworkCost) -> tuple[int, ...]:
+    """The choice of every layer whole on node 0."""
+    return tuple(next(c for c in range(k) if cost.candidates[i][c].axis is None) for i, k in enumerate(cost.cuts))
 
 
 PROFILES = {
@@ -184,6 +190,23 @@ def test_all_pairs_at_once_are_the_region_algebras_pair_by_pair(seed: int) -> No
     assert at_once == pair_by_pair
 
 
+def test_a_pooled_vector_is_offered_whole_on_every_node_and_a_map_is_not(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (c1, w1), (fc, w2) = conv("c1", "x", "a", 3, 4), conv("fc", "p", "y", 4, 4, kernel=1)
+    model = build_model([c1, helper.make_node("GlobalAveragePool", ["a"], ["p"], name="pool"), fc], {"x": [1, 3, 12, 10]},
+                        w1 | w2, ["y"], 13)
+    graph = partitioned(model, 2, tmp_path)
+
+    def on_every_node(name: str) -> int:
+        layer = next(layer for layer in graph.layers if layer.name == name)
+        whole = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
+        offered, cuts = layer_candidates(graph, layer, graph.partitions[name], (1.0, 1.0), default_registry(), False)
+        return sum(1 for p in offered[:cuts] if len(p.active_nodes()) == 2 and all(c == whole for c in p.computes))
+
+    assert [on_every_node(name) for name in ("c1", "pool", "fc")] == [0, 1, 1]
+    monkeypatch.setattr(network, "REPLICATE_MAX_ELEMENTS", 3)  # fc's 4 outputs are too many
+    assert on_every_node("fc") == 0
+
+
 def test_a_narrow_beam_says_it_is_not_exact(tmp_path) -> None:
     graph = partitioned(residual_model(), 3, tmp_path)
     cost = network_cost(graph, PROFILES["fast link"])
@@ -251,7 +274,7 @@ def test_map_elites_descriptor_bins_the_work_on_one_node_and_the_boundaries(tmp_
     graph = partitioned(residual_model(), 2, tmp_path)
     cost = network_cost(graph, PROFILES["fast link"])
     work = [float(sum(cost.compute(i, 0))) for i in range(len(cost.candidates))]
-    whole = tuple(k - 1 for k in cost.cuts)
+    whole = on_node_0(cost)
     assert descriptor(cost, whole, work) == (WHOLE_BINS - 1, 0)
     start = tuple(0 for _ in cost.candidates)
     share, boundaries = descriptor(cost, start, work)
@@ -273,7 +296,7 @@ def test_map_elites_keeps_an_unlike_plan_the_fastest_cannot_reach(tmp_path) -> N
 def test_timeline_of_a_plan_on_one_node_is_its_compute(tmp_path) -> None:
     graph = partitioned(residual_model(), 2, tmp_path)
     cost = network_cost(graph, PROFILES["fast link"])
-    whole = tuple(k - 1 for k in cost.cuts)  # the last cut candidate: whole on node 0
+    whole = on_node_0(cost)
     assert all(cost.candidates[i][c].active_nodes() == [0] for i, c in enumerate(whole))
     compute = math.fsum(cost.compute(i, c)[0] for i, c in enumerate(whole))
     assert cost.timeline(whole) == pytest.approx(compute, rel=1e-9)
