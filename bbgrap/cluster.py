@@ -9,7 +9,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
 
     [[node]]                   # one table per node (MPI rank), in rank order
     conv_ops_per_s = 2.5e10    # operations per second (bbgrap/cost.py's count) of a dense convolution
-    depthwise_ops_per_s = 5e9  # ... of a depthwise (one channel per group) convolution
+    depthwise_ops_per_s = 5e9  # ... of a depthwise convolution (one channel per group, or a few: simulate.FEW_PER_GROUP)
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
     weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at

@@ -89,13 +89,19 @@ class Prediction:
                 "ranks": [{k: round(getattr(r, k) * 1e3, 4) for k in ("compute", "wait", "total")} for r in self.ranks]}
 
 
+FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as a depthwise one
+
+
 def op_kind(layer: Layer, graph: Graph) -> str:
-    """Which of OP_KINDS the layer's op is, for its throughput."""
+    """Which of OP_KINDS the layer's op is, for its throughput. A grouped convolution with at
+    most FEW_PER_GROUP input channels per group is "depthwise": onnxruntime runs it at about a
+    depthwise convolution's speed per operation, several times below a dense one's
+    (docs/benchmarks.md, session 13; regnet_y's 8 channels per group)."""
     if layer.op_type in ("Conv", "ConvTranspose") and is_default_domain(layer.domain):
         group = int(layer.attrs.get("group", 1))
         weight = graph.tensors[layer.inputs[1]].shape
         per_group = weight[1] if layer.op_type == "Conv" else weight[0] // max(group, 1)
-        return "depthwise" if group > 1 and per_group == 1 else "conv"
+        return "depthwise" if group > 1 and per_group <= FEW_PER_GROUP else "conv"
     if layer.op_type in ("Gemm", "MatMul") and is_default_domain(layer.domain):
         return "matmul"
     return "other"

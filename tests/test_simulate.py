@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
+from bbgrap.frontends.onnx import import_proto
 from helpers import save
+from onnx import helper
+from onnx_builder import build_model
 
 from bbgrap import zoo
 from bbgrap.cluster import (
@@ -24,7 +28,7 @@ from bbgrap.compiler import choose_nodes, compile_model
 from bbgrap.config import Config
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.plan import read_manifest
-from bbgrap.simulate import LayerWork, SegmentWork, SimStep, program_steps, simulate, value_elements
+from bbgrap.simulate import LayerWork, SegmentWork, SimStep, op_kind, program_steps, simulate, value_elements
 
 # round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op, nothing per value or send;
 # 2 ms + 1 us per byte per message
@@ -330,3 +334,14 @@ def test_weight_bandwidth_round_trips_and_scales_with_a_nodes_speed(tmp_path) ->
     write_profile(path, profile)
     assert read_profile(path).nodes[0].weight_Bps == 3e9
     assert [n.weight_Bps for n in with_speeds(profile, (1.0, 2.0)).nodes] == [3e9, 6e9]
+
+
+@pytest.mark.parametrize(("channels", "group", "kind"), [(16, 16, "depthwise"), (16, 2, "depthwise"), (32, 2, "conv"), (16, 1, "conv")])
+def test_a_grouped_convolution_with_few_channels_per_group_is_priced_as_a_depthwise_one(channels: int, group: int, kind: str) -> None:
+    """onnxruntime runs a convolution of FEW_PER_GROUP (8) input channels per group at about a
+    depthwise one's speed per operation: 16 channels in 2 groups is one, 32 in 2 groups a dense one."""
+    w = np.zeros((channels, channels // group, 3, 3), np.float32)
+    model = build_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4, group=group)],
+                        {"x": [1, channels, 8, 8]}, {"w": w}, ["y"], 17)
+    graph = import_proto(model).graph
+    assert op_kind(graph.layers[0], graph) == kind
