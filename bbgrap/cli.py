@@ -241,7 +241,11 @@ def layers_text(plan: Plan) -> str:
     for r in rows:
         ranges = " ".join(f"{n}:{p.range[0]}-{p.range[1]}" for n, p in enumerate(r.per_node) if p.range)
         recomputed = sum(p.redundant_flops for p in r.per_node) / r.flops if r.flops else 0.0
-        note = f"whole on node {r.whole.node}: {r.whole.reason}" if r.whole is not None else "whole on every node" if r.on_every_node() else ""
+        note = ""
+        if r.whole is not None:
+            note = f"whole on node {r.whole.node}: {r.whole.reason}"
+        elif r.on_every_node():
+            note = "whole on every node"
         lines.append(f"{r.name[:28]:<28} {r.op_type[:18]:<18} {r.cut:<6} {ranges[:28]:<28} {r.flops / 1e6:>9.2f} "
                      f"{100 * r.flops / total:>7.2f} {100 * recomputed:>8.1f} {r.bytes_sent / 1e3:>8.1f}  {note}".rstrip())
     return "\n".join(lines)
@@ -276,8 +280,8 @@ def summary(plan: Plan, where: str) -> str:
         lines.append(f"layers computed whole on one node: {len(whole)}, {100 * sum(w['share'] for w in whole):.1f} % of the "
                      f"operations; largest: {top} (bbgrap inspect --layers lists them all)")
     if info["on_every_node"]:
-        lines.append(f"layers computed whole on every node: {len(info['on_every_node'])} (small layers between a gather and a "
-                     "broadcast, such as squeeze-excite blocks: one exchange instead of a round trip through one node)")
+        lines.append(f"layers computed whole on every node: {len(info['on_every_node'])} (a squeeze-excite block's pool and 1x1 "
+                     "convolutions from one exchange, or halos recomputed over every row; bbgrap inspect --layers notes them)")
     s = info["search"]
     if s:
         lines.append(

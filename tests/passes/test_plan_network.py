@@ -13,6 +13,7 @@ from onnx import helper
 from onnx_builder import build_model
 
 from bbgrap import forked, zoo
+from bbgrap.cli import layers_text, summary
 from bbgrap.compiler import PLANNER_MARGIN
 from bbgrap.config import CustomPartition, Direction
 from bbgrap.plan import Plan, read_manifest
@@ -137,6 +138,9 @@ def test_a_squeeze_excite_tail_is_computed_on_every_node_instead_of_a_round_trip
     rows = {r.name: r for r in every.compiled.layer_table}
     assert all(rows[name].on_every_node() for name in tail), [(r.name, r.cut, r.per_node) for r in rows.values()]
     assert not rows["conv1"].on_every_node()
+    count = sum(1 for r in rows.values() if r.on_every_node())
+    assert f"layers computed whole on every node: {count} " in summary(every, "every")
+    assert all(("whole on every node" in line) == rows[line.split()[0]].on_every_node() for line in layers_text(every).splitlines()[1:])
     monkeypatch.setattr(network, "REPLICATE_MAX_ELEMENTS", 0)
     once = planned("once")
     assert not any(r.on_every_node() for r in once.compiled.layer_table)
