@@ -2,7 +2,8 @@
 
 * the layer graph is acyclic;
 * the output regions of all nodes of a layer are disjoint and cover the output, and each
-  node's local op computes (and emits) at least the region it owns;
+  node's local op computes (and emits) at least the region it owns (emitted regions, where
+  given, one per node);
 * every region a node reads is present there: inside a gather of that node, whose
   parts tile it and come from what their source node computed;
 * no transfer sends data that its receiver never reads.
@@ -35,6 +36,9 @@ def check_invariants(graph: Graph) -> list[str]:
             for b in regions[i + 1 :]:
                 if a.overlaps(b):
                     problems.append(f"layer '{layer.name}': node outputs {a} and {b} overlap")
+        if part.emits and len(part.emits) != len(part.out):
+            problems.append(f"layer '{layer.name}': {len(part.emits)} emitted regions for {len(part.out)} nodes")
+            continue
         for n in part.active_nodes():
             if not (part.computes[n].contains(part.out[n]) and part.emitted(n).contains(part.computes[n])):
                 problems.append(f"layer '{layer.name}': node {n} owns {part.out[n]}, computes {part.computes[n]} "

@@ -86,11 +86,13 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             computes.append(out)
             attrs.append({})
             inputs.append({})
+            emits.append(None)
         elif rule is None or axis is None:
             needs.append(tuple(ShapeMap.full(graph.tensors[t].shape) if t else None for t in layer.inputs))
             computes.append(out)
             attrs.append({})
             inputs.append({})
+            emits.append(None)
         else:
             local = rule.local(layer, graph, out)
             if any(need is not None and need.empty for need in local.needs):

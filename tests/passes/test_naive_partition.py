@@ -104,3 +104,25 @@ def test_rows_wholly_inside_padding_are_computed_whole(tmp_path, pads: list[int]
     for nodes in (2, 3):
         compile_plan(path, str(tmp_path / f"plan{nodes}"), nodes=nodes)
         assert_exact(str(tmp_path / f"plan{nodes}"))
+
+
+def test_a_layer_emitting_more_than_it_computes_narrower_than_the_node_count_is_exact(tmp_path) -> None:
+    """A bilinear Resize (its pieces emit edge rows lowering crops, `Local.emits`) of 4 output rows
+    on 6 nodes: nodes 4 and 5 get none of its rows. Each node's emitted region stays at its own
+    index (the partition once listed the emits of the active nodes only, and compile failed with an
+    IndexError on node 4)."""
+    import numpy as np
+    from helpers import assert_exact, compile_plan, save
+    from onnx import helper
+    from rules.helpers import build_model
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+             helper.make_node("MaxPool", ["c"], ["p"], name="pool", kernel_shape=[4, 4], strides=[4, 4]),
+             helper.make_node("Resize", ["p", "", "scales"], ["y"], name="up", mode="linear")]
+    consts = {"w": np.random.default_rng(0).standard_normal((2, 2, 3, 3)).astype(np.float32),
+              "scales": np.array([1, 1, 2, 2], np.float32)}
+    path = save(build_model(nodes, {"x": [1, 2, 8, 8]}, consts, ["y"], 13), str(tmp_path))
+    plan = compile_plan(path, str(tmp_path / "plan"), nodes=6)
+    up = next(r for r in plan.compiled.layer_table if r.name == "up")
+    assert [p.range is not None for p in up.per_node] == [True] * 4 + [False] * 2
+    assert_exact(str(tmp_path / "plan"))
