@@ -192,12 +192,18 @@ def model_to_time(path: str, input_shapes: Mapping[str, tuple[int, ...]] | None 
     return ModelToTime(proto, front, path)
 
 
-def kernel_layer(kernel: str, layers: Mapping[str, Layer]) -> str | None:
+def kernel_layer(kernel: str, layers: Mapping[str, Layer], producers: Mapping[str, Layer] | None = None) -> str | None:
     """The layer an onnxruntime kernel is named after: its node's name, or that name with what the
-    optimiser adds to a node it makes of it ('fused ' before, '_bn', '_nchwc' and '_token_N' after);
-    None for a kernel of its own (a layout reorder)."""
+    optimiser adds to a node it makes of it ('fused ' before, '_bn', '_nchwc' and '_token_N' after).
+    The NCHWc transformer names the node it makes after the node's output value, so a name that is
+    a value of `producers` (value -> the layer that makes it) is given to that layer: the exporters
+    name a value after its node ('/conv/Conv' makes '/conv/Conv_output_0'). None for a kernel of its
+    own (a layout reorder)."""
     name = re.sub(r"(_bn)?(_nchwc)?(_token_\d+)?$", "", kernel.removeprefix("fused "))
-    return name if name in layers else None
+    if name in layers:
+        return name
+    made_by = (producers or {}).get(name)
+    return made_by.name if made_by is not None else None
 
 
 def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
@@ -215,6 +221,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
 
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
+    producers = graph.producers()
     with tempfile.TemporaryDirectory(prefix="bbgrap-calibrate-") as work:
         opts = session_options(threads)
         opts.enable_profiling = True
@@ -240,7 +247,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
-        name = kernel_layer(e["name"].removesuffix("_kernel_time"), layers)
+        name = kernel_layer(e["name"].removesuffix("_kernel_time"), layers, producers)
         run = next((k for k, (t0, t1) in enumerate(spans) if t0 <= e["ts"] <= t1), None)
         if name is None or run is None:
             continue

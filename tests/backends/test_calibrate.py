@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import replace
+from types import SimpleNamespace
 
+import numpy as np
 import onnx
 import pytest
 from bbgrap.backends.calibrate import (
@@ -26,6 +28,8 @@ from bbgrap.backends.calibrate import (
 )
 from bbgrap.frontends.onnx import import_model
 from helpers import save
+from onnx import helper
+from onnx_builder import build_model
 
 from bbgrap import zoo
 from bbgrap.cli import main
@@ -96,6 +100,30 @@ def test_every_layer_of_a_model_is_timed_in_the_model_as_onnxruntime_runs_it(sma
     assert times["lrn1"] > 0  # an op of its own
 
 
+def exporter_named_convs() -> onnx.ModelProto:
+    """Two convolutions with a ReLU each, their values named as the PyTorch exporters name them
+    ('/conv1/Conv' makes '/conv1/Conv_output_0'): onnxruntime's NCHWc kernels are named after the
+    value their node makes, not after the node."""
+    rng = np.random.default_rng(0)
+    names = ["/conv1/Conv", "/relu1/Relu", "/conv2/Conv", "/relu2/Relu"]
+    outs = [f"{n}_output_0" for n in names]
+    nodes = [helper.make_node("Conv", ["x", "w1"], [outs[0]], name=names[0], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", [outs[0]], [outs[1]], name=names[1]),
+             helper.make_node("Conv", [outs[1], "w2"], [outs[2]], name=names[2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", [outs[2]], [outs[3]], name=names[3])]
+    weights = {"w1": rng.standard_normal((32, 16, 3, 3)).astype(np.float32), "w2": rng.standard_normal((32, 32, 3, 3)).astype(np.float32)}
+    return build_model(nodes, {"x": [1, 16, 32, 32]}, weights, [outs[3]], 17)
+
+
+def test_layers_are_timed_where_onnxruntime_names_kernels_after_their_values(tmp_path) -> None:
+    model = model_to_time(save(exporter_named_convs(), str(tmp_path)))
+    times = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads=1, segment=0.0, runs=3)
+    assert times["/conv1/Conv"] > 0 and times["/conv2/Conv"] > 0
+    assert times["/relu1/Relu"] == times["/relu2/Relu"] == 0  # fused into their convolutions
+    # the second convolution does twice the first's operations: neither takes the other's time
+    assert 0.8 < times["/conv2/Conv"] / times["/conv1/Conv"] < 5
+
+
 def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution() -> None:
     layers = {name: None for name in ("conv1", "classifier.0", "features.norm1", "layer1.1.relu")}
     assert kernel_layer("layer1.1.relu_nchwc", layers) == "layer1.1.relu"  # type: ignore[arg-type]
@@ -103,6 +131,8 @@ def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution(
     assert kernel_layer("features.norm1_bn_nchwc", layers) == "features.norm1"  # type: ignore[arg-type]
     assert kernel_layer("conv1", layers) == "conv1"  # type: ignore[arg-type]
     assert kernel_layer("ReorderOutput_token_12", layers) is None  # type: ignore[arg-type]
+    made = {"/stem/Relu_output_0": SimpleNamespace(name="/stem/Relu")}
+    assert kernel_layer("/stem/Relu_output_0_nchwc", layers, made) == "/stem/Relu"  # type: ignore[arg-type]
     graph = import_model(save(zoo.build("resnet18", resolution=32, width=0.125), tempfile.mkdtemp())).graph
     registry = default_registry()
     assert fusion_anchor(graph.layer("layer1.1.relu"), graph, registry) == "layer1.1.conv2"  # relu <- add <- bn2 <- conv2, not the skip
