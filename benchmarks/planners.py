@@ -26,7 +26,7 @@ import tempfile
 from typing import Any
 
 from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
-from prediction import Profiles, zoo_models  # noqa: E402
+from prediction import Profiles, models  # noqa: E402
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
 from bbgrap.cluster import ClusterProfile
@@ -68,7 +68,8 @@ def measure(plans: list[tuple[str, dict[str, Any]]], nodes: int, repeat: int, ro
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "inception", "densenet"])
+    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "inception", "densenet"],
+                   help="zoo models (at --resolution and --width), or ONNX files (at their own input shape)")
     p.add_argument("--resolution", type=int, default=96)
     p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
     p.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
@@ -87,7 +88,7 @@ def main() -> int:
                    ("compile s", ">10.1f"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-planners-") as work:
         profiles = Profiles(work, args.nodes, args.per_layer)
-        for name, path in zoo_models(work, args.models, args.resolution, args.width):
+        for name, path in models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 profile = profiles.of(name, path, n)
                 plans = [compile_for(path, name, n, planner, args.direction, profile, work) for planner in args.planners]

@@ -16,6 +16,7 @@ the plan predicted fastest measured than the fastest measured.
   python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
   python benchmarks/prediction.py --per-layer                  # each model's layers measured by calibrate --model
   python benchmarks/prediction.py --per-layer --no-scaling     # ... but a piece costs its share of the operations
+  python benchmarks/prediction.py --per-layer --models resnet18 exported/mobilenet_v3_small.onnx   # zoo and exporter models
 """
 
 from __future__ import annotations
@@ -43,9 +44,13 @@ from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside th
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
 
-def zoo_models(work: str, names: list[str], resolution: int, width: float) -> Iterator[tuple[str, str]]:
-    """(name, path) of each zoo model, written to `work` as it is reached."""
+def models(work: str, names: list[str], resolution: int, width: float) -> Iterator[tuple[str, str]]:
+    """(name, path) of each model: an ONNX file as it is (an exporter's model, at its own input
+    shape), or a zoo model written to `work` as it is reached."""
     for name in names:
+        if os.path.isfile(name):
+            yield os.path.splitext(os.path.basename(name))[0], name
+            continue
         path = os.path.join(work, f"{name}.onnx")
         onnx.save(zoo.build(name, resolution=resolution, width=width), path)
         yield name, path
@@ -132,7 +137,8 @@ def choices(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"])
+    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"],
+                   help="zoo models (at --resolution and --width), or ONNX files (at their own input shape)")
     p.add_argument("--resolution", type=int, default=96)
     p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 2],
@@ -153,7 +159,7 @@ def main() -> int:
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
         profiles = Profiles(work, args.nodes, args.per_layer)
-        for name, path in zoo_models(work, args.models, args.resolution, args.width):
+        for name, path in models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 profile = profiles.of(name, path, n)
                 if args.no_scaling:
