@@ -192,14 +192,19 @@ def model_to_time(path: str, input_shapes: Mapping[str, tuple[int, ...]] | None 
     return ModelToTime(proto, front, path)
 
 
+FUSED_SUFFIX = re.compile(r"(_bn|_nchwc|_token_\d+|/[A-Za-z]+Fusion/?)$")
+
+
 def kernel_layer(kernel: str, layers: Mapping[str, Layer], producers: Mapping[str, Layer] | None = None) -> str | None:
     """The layer an onnxruntime kernel is named after: its node's name, or that name with what the
-    optimiser adds to a node it makes of it ('fused ' before, '_bn', '_nchwc' and '_token_N' after).
-    The NCHWc transformer names the node it makes after the node's output value, so a name that is
-    a value of `producers` (value -> the layer that makes it) is given to that layer: the exporters
-    name a value after its node ('/conv/Conv' makes '/conv/Conv_output_0'). None for a kernel of its
-    own (a layout reorder)."""
-    name = re.sub(r"(_bn)?(_nchwc)?(_token_\d+)?$", "", kernel.removeprefix("fused "))
+    optimiser adds to a node it makes of it ('fused ' before; '_bn', '_nchwc', '_token_N' and a
+    fusion's '/QuickGeluFusion/' after, in any order and number). The NCHWc transformer names the
+    node it makes after the node's output value, so a name that is a value of `producers` (value ->
+    the layer that makes it) is given to that layer: the exporters name a value after its node
+    ('/conv/Conv' makes '/conv/Conv_output_0'). None for a kernel of its own (a layout reorder)."""
+    name, before = kernel.removeprefix("fused "), ""
+    while name != before:
+        name, before = FUSED_SUFFIX.sub("", name), name
     if name in layers:
         return name
     made_by = (producers or {}).get(name)
@@ -213,10 +218,10 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
     fused into a convolution to that convolution (`fusion_anchor`). The profiler adds its own
     cost to every kernel, so the times are scaled to add up to the model's fastest run without
-    it, less `segment` (a run's fixed cost, which the simulator charges per segment). A layer
-    the optimiser folded away (a BatchNormalization or activation fused into a convolution, an
-    Identity) costs 0 here; a layer of no kernel that would compute on its own is left out
-    (priced by its kind)."""
+    it, less `segment` (a run's fixed cost, which the simulator charges per segment). A layer of
+    no kernel costs 0 here: the optimiser folded it away (a BatchNormalization or activation fused
+    into a convolution, an Identity) or into another layer's kernel (x * Sigmoid(x) runs as one
+    QuickGelu kernel named after the Mul), whose time, as every kernel's, is in the model's run."""
     import onnxruntime as ort
 
     registry = registry or default_registry()
@@ -242,7 +247,6 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         wall = min(timed_run(plain, feeds) for _ in range(runs))
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     per_run: list[dict[str, float]] = [{} for _ in spans]
-    seen: set[str] = set()
     anchors: dict[str, str] = {}
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
@@ -251,7 +255,6 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         run = next((k for k, (t0, t1) in enumerate(spans) if t0 <= e["ts"] <= t1), None)
         if name is None or run is None:
             continue
-        seen.add(name)
         if name not in anchors:
             anchors[name] = fusion_anchor(layers[name], graph, registry)
         anchor = anchors[name]
@@ -261,12 +264,8 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     # the profiler's own cost per kernel out: the layers' times add up to the model's run without it
     kernels = sum(times.values())
     scale = max(0.0, wall - segment) / kernels if kernels > 0 else 1.0
-    times = {name: t * scale for name, t in times.items()}
-    for name, layer in layers.items():  # in its convolution's time, or folded away (no kernel, nothing fused into it)
-        traits = registry.traits(layer.op_type, layer.domain)
-        if name not in times and (name in seen or traits.fuses_into_conv or traits.alias):
-            times[name] = 0.0
-    return times
+    scaled = {name: t * scale for name, t in times.items()}
+    return {name: scaled.get(name, 0.0) for name in layers}  # in another layer's kernel, or folded away
 
 
 def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None) -> NodeProfile:

@@ -101,25 +101,29 @@ def test_every_layer_of_a_model_is_timed_in_the_model_as_onnxruntime_runs_it(sma
 
 
 def exporter_named_convs() -> onnx.ModelProto:
-    """Two convolutions with a ReLU each, their values named as the PyTorch exporters name them
-    ('/conv1/Conv' makes '/conv1/Conv_output_0'): onnxruntime's NCHWc kernels are named after the
-    value their node makes, not after the node."""
+    """Two convolutions, a ReLU after the first and a SiLU (x * Sigmoid(x)) after the second, their
+    values named as the PyTorch exporters name them ('/conv1/Conv' makes '/conv1/Conv_output_0'):
+    onnxruntime names its NCHWc kernels after the value their node makes, not after the node, and
+    runs the SiLU as one QuickGelu kernel named '/silu/Mul/QuickGeluFusion/'."""
     rng = np.random.default_rng(0)
-    names = ["/conv1/Conv", "/relu1/Relu", "/conv2/Conv", "/relu2/Relu"]
+    names = ["/conv1/Conv", "/relu1/Relu", "/conv2/Conv", "/silu/Sigmoid", "/silu/Mul"]
     outs = [f"{n}_output_0" for n in names]
     nodes = [helper.make_node("Conv", ["x", "w1"], [outs[0]], name=names[0], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", [outs[0]], [outs[1]], name=names[1]),
              helper.make_node("Conv", [outs[1], "w2"], [outs[2]], name=names[2], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", [outs[2]], [outs[3]], name=names[3])]
+             helper.make_node("Sigmoid", [outs[2]], [outs[3]], name=names[3]),
+             helper.make_node("Mul", [outs[2], outs[3]], [outs[4]], name=names[4])]
     weights = {"w1": rng.standard_normal((32, 16, 3, 3)).astype(np.float32), "w2": rng.standard_normal((32, 32, 3, 3)).astype(np.float32)}
-    return build_model(nodes, {"x": [1, 16, 32, 32]}, weights, [outs[3]], 17)
+    return build_model(nodes, {"x": [1, 16, 32, 32]}, weights, [outs[4]], 17)
 
 
 def test_layers_are_timed_where_onnxruntime_names_kernels_after_their_values(tmp_path) -> None:
     model = model_to_time(save(exporter_named_convs(), str(tmp_path)))
     times = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads=1, segment=0.0, runs=3)
+    assert set(times) == {layer.name for layer in model.front.graph.layers}
     assert times["/conv1/Conv"] > 0 and times["/conv2/Conv"] > 0
-    assert times["/relu1/Relu"] == times["/relu2/Relu"] == 0  # fused into their convolutions
+    assert times["/relu1/Relu"] == 0  # in its convolution's kernel
+    assert times["/silu/Mul"] > 0 and times["/silu/Sigmoid"] == 0  # the SiLU's one kernel, named after the Mul
     # the second convolution does twice the first's operations: neither takes the other's time
     assert 0.8 < times["/conv2/Conv"] / times["/conv1/Conv"] < 5
 
@@ -133,6 +137,8 @@ def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution(
     assert kernel_layer("ReorderOutput_token_12", layers) is None  # type: ignore[arg-type]
     made = {"/stem/Relu_output_0": SimpleNamespace(name="/stem/Relu")}
     assert kernel_layer("/stem/Relu_output_0_nchwc", layers, made) == "/stem/Relu"  # type: ignore[arg-type]
+    assert kernel_layer("classifier.0/QuickGeluFusion/", layers) == "classifier.0"  # type: ignore[arg-type]
+    assert kernel_layer("conv1/MatMulAddFusion_token_3", layers) == "conv1"  # type: ignore[arg-type]
     graph = import_model(save(zoo.build("resnet18", resolution=32, width=0.125), tempfile.mkdtemp())).graph
     registry = default_registry()
     assert fusion_anchor(graph.layer("layer1.1.relu"), graph, registry) == "layer1.1.conv2"  # relu <- add <- bn2 <- conv2, not the skip
