@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from bbgrap.backends.calibrate import (
     add_model,
     calibrate_one,
     conv_model,
+    fastest_run,
     fit_line,
     fusion_anchor,
     kernel_layer,
@@ -126,6 +128,22 @@ def test_layers_are_timed_where_onnxruntime_names_kernels_after_their_values(tmp
     assert times["/silu/Mul"] > 0 and times["/silu/Sigmoid"] == 0  # the SiLU's one kernel, named after the Mul
     # the second convolution does twice the first's operations: neither takes the other's time
     assert 0.8 < times["/conv2/Conv"] / times["/conv1/Conv"] < 5
+
+
+def test_a_small_models_fastest_run_is_taken_over_a_span_of_time_not_a_dozen_runs() -> None:
+    class Sleepy:
+        """A session whose every run takes at least 1 ms."""
+
+        runs = 0
+
+        def run(self, outputs: object, feeds: object) -> None:
+            self.runs += 1
+            time.sleep(0.001)
+
+    sess = Sleepy()
+    fastest = fastest_run(sess, {}, runs=3, seconds=0.02)
+    assert 3 < sess.runs <= 21  # until 20 ms of runs: more than the 3 asked for, never more than 1 ms each allows
+    assert fastest >= 0.001
 
 
 def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution() -> None:
