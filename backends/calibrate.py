@@ -14,6 +14,11 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
   gives 1 / throughput as its slope, and the op's fixed cost is what a tiny one of its kind
   (a 4x4 map of 8 channels; for "other" a crop, as lowering adds them) takes beyond a
   segment's cost and its operations at that throughput;
+* **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
+  takes between one size and the next (the slope) jumps once an op's input and output no longer
+  fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
+  size before is `cache_bytes` and the slope over the two largest sizes gives `stream_ops_per_s`:
+  a crop, concat or handed value that large takes that long (`NodeProfile.streamed_s`);
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
   operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
   convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);
@@ -62,7 +67,7 @@ from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
 from onnx import helper
 
-from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
+from bbgrap.cluster import BYTES_MOVED, DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -71,6 +76,8 @@ from bbgrap.simulate import fusion_anchor
 REPEAT = 15
 LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
 MODEL_TIMED_S = 0.25  # the model's run without the profiler: the fastest of LAYER_RUNS runs or of this long, whichever is more
+STREAM_SIZES = tuple(2**k for k in range(15, 23))  # values of the Adds that find where copies leave the cache
+STREAM_JUMP = 1.5  # a further value costing this many times the in-cache slope: beyond the cache
 WEIGHT_PROBE_BYTES = 32 * 2**20  # weights_model's: beyond a core's cache, as a model's weights are from one inference to the next
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
@@ -182,6 +189,18 @@ def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], tiny
         slope = times[-1] / ops[-1]
     model, n = tiny()
     return 1.0 / slope, max(0.0, time_model(model, threads) - segment - n * slope)
+
+
+def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) -> tuple[float, float]:
+    """`(stream_ops_per_s, cache_bytes)` from the times of Adds over `sizes` values (module
+    docstring); (0, 0) where no step between sizes costs STREAM_JUMP times the first step's slope
+    per value (a cache larger than the largest Add)."""
+    slopes = [(t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:]))]
+    base = max(slopes[0], 1e-15)
+    beyond = next((k for k, slope in enumerate(slopes) if slope >= STREAM_JUMP * base), None)
+    if beyond is None or slopes[-1] <= 0:
+        return 0.0, 0.0
+    return 1.0 / slopes[-1], float(BYTES_MOVED * sizes[beyond])
 
 
 @dataclass(frozen=True)
@@ -297,6 +316,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     speeds = {kind: op_speed(b, TINY[kind], threads, segment) for kind, b in builds.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
+    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([time_model(add_model(n)[0], threads) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(time_model(streamed, threads) - segment, 1e-9)
     layers, scaling = {}, {}
@@ -349,6 +369,8 @@ def describe(profile: ClusterProfile) -> str:
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
                      f"per message sent {p.send_s * 1e6:.1f} us")
+        if p.cache_bytes and p.stream_ops_per_s:
+            lines.append(f"  copies of over {p.cache_bytes / 2**20:.1f} MB (read and written) at {p.stream_ops_per_s / 1e9:.2f} Gop/s")
         if p.layer_s:
             lines.append(f"  {len(p.layer_s)} layers of {os.path.basename(profile.model_path)} measured: "
                          f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all; how {len(p.layer_scaling)} of them scale with a piece")

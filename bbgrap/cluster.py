@@ -17,6 +17,8 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     depthwise_op_s = 1e-05
     matmul_op_s = 1e-05
     other_op_s = 5e-06
+    stream_ops_per_s = 0.0     # "other" operations per second of an op that reads and writes more than
+    cache_bytes = 0.0          # ... this many bytes (beyond the core's cache); 0: no such regime measured
     segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run through the executor (s)
     value_s = 1e-06            # fixed cost of each value a segment takes or gives (s)
     send_s = 5e-06             # what posting one message costs its sender (s)
@@ -61,7 +63,9 @@ from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
-FIXED_COSTS = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "send_s", "latency_s")  # may be 0; every throughput must be positive
+# may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime); every other throughput must be positive
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "send_s", "latency_s", "stream_ops_per_s", "cache_bytes")
+BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 
@@ -107,6 +111,11 @@ class NodeProfile:
     depthwise_op_s: float = 1e-5
     matmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
+    # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
+    # runs at `stream_ops_per_s`, the core's cache no longer holding its input and output; 0: every
+    # one at other_ops_per_s (calibrate saw no slower regime; the default)
+    stream_ops_per_s: float = 0.0
+    cache_bytes: float = 0.0
     segment_s: float = 5e-5
     value_s: float = 1e-6
     send_s: float = 5e-6
@@ -122,6 +131,14 @@ class NodeProfile:
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
         return float(getattr(self, f"{kind}_op_s"))
+
+    def streamed_s(self, values: float) -> float:
+        """Seconds beyond its "other" operations' an op that writes `values` values (a crop, a concat,
+        a value handed from one segment to the next) takes where they and its input do not fit in
+        `cache_bytes`: they move at `stream_ops_per_s`."""
+        if not self.cache_bytes or not self.stream_ops_per_s or BYTES_MOVED * values <= self.cache_bytes:
+            return 0.0
+        return values * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
     def kind_time(self, kind: str, ops: float) -> float:
         """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
@@ -186,6 +203,7 @@ def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterPr
     def faster(s: float) -> NodeProfile:
         changes: dict[str, Any] = {f"{kind}_ops_per_s": base.ops_per_s(kind) * s for kind in OP_KINDS}
         changes["weight_Bps"] = base.weight_Bps * s
+        changes["stream_ops_per_s"] = base.stream_ops_per_s * s
         return replace(base, **changes, layer_s={k: v / s for k, v in base.layer_s.items()})
 
     scaled = tuple(faster(s) for s in speeds)
@@ -212,7 +230,7 @@ def _table(source: str, where: str, table: Any, cls: type) -> dict[str, float]:
     unknown = sorted(set(table) - names)
     if unknown:
         raise BBGrapError(f"{source}: unknown key '{where}.{unknown[0]}' (known: {', '.join(sorted(names))})")
-    return {k: _number(source, where, k, v, positive=k not in FIXED_COSTS) for k, v in table.items()}
+    return {k: _number(source, where, k, v, positive=k not in MAY_BE_ZERO) for k, v in table.items()}
 
 
 def _node(source: str, k: int, table: Any) -> NodeProfile:

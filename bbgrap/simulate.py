@@ -5,9 +5,9 @@ on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
   that kind (a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
-  takes longer), plus a fixed cost per ONNX op of that kind, `segment_s` for the segment (an
-  onnxruntime run through the executor) and `value_s` for each value it takes or gives (a
-  feed or a fetch);
+  takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
+  cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
+  executor) and `value_s` for each value it takes or gives (a feed or a fetch);
 * **send**: costs the sender `send_s` (bbgrap-run posts sends without blocking; posting one,
   and MPI's progress on it, takes that much of the sender's time, counted in its compute); the
   message leaves then and arrives `latency_s + bytes / bandwidth_Bps` after the link from
@@ -56,12 +56,14 @@ class LayerWork:
 class SegmentWork:
     """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind
     (the layers' and lowering's); the layers among them, each priced on its own by
-    `NodeProfile.layer_time` (measured, or by its roofline); and how many values it takes and gives."""
+    `NodeProfile.layer_time` (measured, or by its roofline); how many values it takes and gives; and
+    the size of each copy it makes (`moved`: priced beyond the core's cache by `NodeProfile.streamed_s`)."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     layers: tuple[LayerWork, ...] = ()
     values: int = 0
+    moved: tuple[float, ...] = ()  # the values each op of lowering's writes, and each value taken or given holds
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,13 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
     one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
     into the convolution before it (`OpTraits.fuses_into_conv`), and one per element of every value the
     segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
-    blocked layout reordered)."""
+    blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`)."""
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = dict.fromkeys(OP_KINDS, 0)
     works: list[LayerWork] = []
+    moved: list[float] = []
     convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
@@ -172,10 +175,13 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
             kind = "other"
-            ops[kind] += float(sum(value_elements(graph, o) for o in outputs))
+            written = float(sum(value_elements(graph, o) for o in outputs))
+            ops[kind] += written
+            moved.append(written)
         count[kind] += 1
-    ops["other"] += float(sum(value_elements(graph, v) for v in (*seg.inputs, *seg.outputs)))
-    return SegmentWork(ops, count, tuple(works), len(seg.inputs) + len(seg.outputs))
+    handed = [float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs)]
+    ops["other"] += math.fsum(handed)
+    return SegmentWork(ops, count, tuple(works), len(seg.inputs) + len(seg.outputs), (*moved, *handed))
 
 
 @dataclass(frozen=True)
@@ -214,10 +220,12 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     """The segment's time on `node`: its fixed costs (the segment's, its values'), every kind's
     operations at that kind's throughput and fixed cost per op, and for each layer its own time
     instead of its kind's estimate (`NodeProfile.layer_time`: its measured share where the node
-    measured it, else the longer of its operations and its weights streamed)."""
+    measured it, else the longer of its operations and its weights streamed); a copy larger than
+    the node's cache takes longer (`NodeProfile.streamed_s`)."""
     p = profile.node(node)
     return p.segment_s + work.values * p.value_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
+                                    *(p.streamed_s(m) for m in work.moved),
                                     *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes) - p.kind_time(w.kind, w.ops)
                                       for w in work.layers)])
 

@@ -74,6 +74,19 @@ def test_every_value_a_segment_takes_or_gives_costs_value_s() -> None:
     assert math.isclose(pred.latency, 1e-3 + 1e-4 + 1e7 / 1e9 + 3 * 2e-4)
 
 
+def test_a_copy_larger_than_the_cache_moves_at_the_streaming_speed() -> None:
+    # 1e8 "other" ops/s in cache, 2.5e7 beyond 1 MB (8 bytes moved per value): a 1e5-value crop
+    # (0.8 MB) costs its operations only, a 1e6-value concat (8 MB) 4 times as long
+    node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e6)
+    assert node.streamed_s(1e5) == 0.0
+    assert math.isclose(node.streamed_s(1e6), 1e6 / 2.5e7 - 1e6 / 1e8)
+    work = SegmentWork({"other": 1.1e6}, {"other": 2}, moved=(1e5, 1e6))
+    pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
+    assert math.isclose(pred.latency, 1e-3 + 2 * 1e-5 + 1e5 / 1e8 + 1e6 / 2.5e7)
+    # a profile that measured no such regime (the default: 0) prices every copy alike
+    assert simulate([[SimStep("run", work=work)]], PROFILE).latency == pytest.approx(1e-3 + 2 * 1e-5 + 1.1e6 / 1e8)
+
+
 def test_a_send_costs_its_sender_send_s_and_leaves_after_it() -> None:
     # rank 0 posts the message 0.5 ms after its segment, so it arrives 0.5 ms later than without
     node = replace(NODE, send_s=5e-4)
@@ -262,6 +275,10 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
                 for n in range(graph.nodes))
     total = sum(s.work.ops["conv"] + s.work.ops["depthwise"] for rank in steps for s in rank if s.work)
     assert total >= convs * 0.999
+    # each segment lists every value it takes or gives, and every copy lowering made, among its "other" operations
+    runs = [s.work for rank in steps for s in rank if s.work]
+    assert all(len(w.moved) >= w.values and math.fsum(w.moved) <= w.ops["other"] * (1 + 1e-9) for w in runs)
+    assert any(len(w.moved) > w.values for w in runs)  # the 2-node plan has crops or concats
 
 
 def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
@@ -334,6 +351,20 @@ def test_weight_bandwidth_round_trips_and_scales_with_a_nodes_speed(tmp_path) ->
     write_profile(path, profile)
     assert read_profile(path).nodes[0].weight_Bps == 3e9
     assert [n.weight_Bps for n in with_speeds(profile, (1.0, 2.0)).nodes] == [3e9, 6e9]
+
+
+def test_the_streaming_regime_round_trips_scales_with_speed_and_may_be_absent(tmp_path) -> None:
+    profile = ClusterProfile((replace(NODE, stream_ops_per_s=4e7, cache_bytes=2e6),), PROFILE.link)
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile)
+    node = read_profile(path).nodes[0]
+    assert (node.stream_ops_per_s, node.cache_bytes) == (4e7, 2e6)
+    assert [n.stream_ops_per_s for n in with_speeds(profile, (1.0, 2.0)).nodes] == [4e7, 8e7]
+    (tmp_path / "none.toml").write_text("[[node]]\nstream_ops_per_s = 0\ncache_bytes = 0\n")
+    assert read_profile(str(tmp_path / "none.toml")).nodes[0].streamed_s(1e9) == 0.0
+    (tmp_path / "bad.toml").write_text("[[node]]\ncache_bytes = -1\n")
+    with pytest.raises(BBGrapError, match="cache_bytes' must be a number >= 0"):
+        read_profile(str(tmp_path / "bad.toml"))
 
 
 @pytest.mark.parametrize(("channels", "group", "kind"), [(16, 16, "depthwise"), (16, 2, "depthwise"), (32, 2, "conv"), (16, 1, "conv")])

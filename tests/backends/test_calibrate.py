@@ -26,6 +26,7 @@ from bbgrap.backends.calibrate import (
     matmul_model,
     measure_layers,
     model_to_time,
+    stream_speed,
     weights_model,
 )
 from bbgrap.frontends.onnx import import_model
@@ -67,6 +68,16 @@ def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     assert node.segment_s > 0 and node.value_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
     assert node.send_s == NodeProfile().send_s  # one node sends nothing: the default stays
     assert node.weight_Bps > 0 and node.weight_Bps != NodeProfile().weight_Bps  # measured
+    assert node.stream_ops_per_s >= 0 and node.cache_bytes >= 0  # 0 and 0 where no slower regime showed
+
+
+def test_copies_beyond_the_cache_are_found_where_the_cost_per_value_jumps() -> None:
+    sizes = (1000, 2000, 4000, 8000, 16000)
+    # 1 ns per value up to 4000 values, 4 ns per further value beyond: the jump is after 4000
+    times = [1e-6 + 1e-9 * n if n <= 4000 else 1e-6 + 4e-6 + 4e-9 * (n - 4000) for n in sizes]
+    speed, cache = stream_speed(times, sizes)
+    assert math.isclose(speed, 1 / 4e-9) and cache == 8 * 4000
+    assert stream_speed([1e-6 + 1e-9 * n for n in sizes], sizes) == (0.0, 0.0)  # no jump: a cache larger than the probes
 
 
 def test_the_weights_probe_streams_the_bytes_it_says() -> None:
