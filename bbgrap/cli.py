@@ -190,10 +190,13 @@ def prediction_text(pred: PredictionRecord) -> str:
     lines = [f"predicted with {pred.profile}: {pred.latency_ms:.3f} ms per inference on {pred.nodes} node(s), "
              f"{pred.one_node_ms:.3f} ms on one node: speed-up {pred.speedup:.2f}x"]
     lines += [f"  rank {n}: compute {r.compute:.3f} ms, wait {r.wait:.3f} ms, total {r.total:.3f} ms" for n, r in enumerate(pred.ranks)]
+    from bbgrap.compiler import PLANNER_MARGIN
+
     requested = pred.requested_nodes
     if pred.nodes != requested:
-        lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.candidates_ms[requested]:.3f} ms vs "
-                     f"{pred.one_node_ms:.3f} ms); compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
+        lines.append(f"predicted: {requested} nodes are not at least {PLANNER_MARGIN:.0%} faster than {pred.nodes} "
+                     f"({pred.candidates_ms[requested]:.3f} ms vs {pred.candidates_ms[pred.nodes]:.3f} ms; one node {pred.one_node_ms:.3f} ms); "
+                     f"compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
     elif requested > 1 and pred.speedup <= 1.0:
         lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.latency_ms:.3f} ms vs "
                      f"{pred.one_node_ms:.3f} ms); kept {requested} as --force-nodes asks")
