@@ -195,7 +195,8 @@ def prediction_text(pred: PredictionRecord) -> str:
     requested = pred.requested_nodes
     if pred.nodes != requested:
         lines.append(f"predicted: {requested} nodes are not at least {PLANNER_MARGIN:.0%} faster than {pred.nodes} "
-                     f"({pred.candidates_ms[requested]:.3f} ms vs {pred.candidates_ms[pred.nodes]:.3f} ms; one node {pred.one_node_ms:.3f} ms); "
+                     f"({pred.candidates_ms[requested]:.3f} ms vs {pred.candidates_ms[pred.nodes]:.3f} ms"
+                     f"{f'; one node {pred.one_node_ms:.3f} ms' if pred.nodes != 1 else ''}); "
                      f"compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
     elif requested > 1 and pred.speedup <= 1.0:
         lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.latency_ms:.3f} ms vs "
