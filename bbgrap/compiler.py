@@ -47,17 +47,22 @@ def planner_profile(cfg: Config, profile: ClusterProfile | None) -> ClusterProfi
 def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
              progress: Callable[[str, int, int], None] | None = None, recompute: bool = True,
              registry: RuleRegistry | None = None, profile: ClusterProfile | None = None) -> list[Pass]:
-    """The default pipeline `naive-partition → insert-crop-concat → eliminate-transfers → search
-    → [plan-network] → fit-memory → recompute-halos`, or part of it (`--no-search`,
-    `--no-recompute`, `--no-optimize`; plan-network with a planner other than greedy, costed
-    with `profile` (planner_profile); fit-memory where the config gives the nodes' memory), with
-    the rules of `registry` (default: every family shipped)."""
+    """The default pipeline `[band-pools] → naive-partition → insert-crop-concat → eliminate-transfers
+    → search → [plan-network] → fit-memory → recompute-halos`, or part of it (`--no-search`,
+    `--no-recompute`, `--no-optimize`; band-pools for more than one node of equal speeds, unless
+    `--no-optimize`; plan-network with a planner other than greedy, costed with `profile`
+    (planner_profile); fit-memory where the config gives the nodes' memory), with the rules of
+    `registry` (default: every family shipped)."""
+    from bbgrap.passes.band_pools import BandPools
     from bbgrap.passes.eliminate_transfers import EliminateTransfers
     from bbgrap.passes.insert_crop_concat import InsertCropConcat
     from bbgrap.passes.naive_partition import NaivePartition
 
     registry = registry or default_registry()
-    passes: list[Pass] = [NaivePartition(cfg.nodes, cfg.direction, cfg.node_speeds(), cfg.custom, registry=registry), InsertCropConcat()]
+    passes: list[Pass] = []
+    if optimize and cfg.nodes > 1 and len(set(cfg.node_speeds())) == 1:
+        passes.append(BandPools(cfg.nodes, frozenset(c.layer for c in cfg.custom)))
+    passes += [NaivePartition(cfg.nodes, cfg.direction, cfg.node_speeds(), cfg.custom, registry=registry), InsertCropConcat()]
     if optimize:
         passes.append(EliminateTransfers())
         if search and cfg.nodes > 1:

@@ -202,7 +202,8 @@ def test_a_pooled_vector_is_offered_whole_on_every_node_and_a_map_is_not(tmp_pat
         offered, cuts = layer_candidates(graph, layer, graph.partitions[name], (1.0, 1.0), default_registry(), False)
         return sum(1 for p in offered[:cuts] if len(p.active_nodes()) == 2 and all(c == whole for c in p.computes))
 
-    assert [on_every_node(name) for name in ("c1", "pool", "fc")] == [0, 1, 1]
+    # band-pools made the pool a pool of two row bands (not a vector) and a global pool of those
+    assert [on_every_node(name) for name in ("c1", "pool", "pool/bands", "fc")] == [0, 0, 1, 1]
     monkeypatch.setattr(network, "REPLICATE_MAX_ELEMENTS", 3)  # fc's 4 outputs are too many
     assert on_every_node("fc") == 0
 
