@@ -193,12 +193,14 @@ def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], tiny
 
 def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) -> tuple[float, float]:
     """`(stream_ops_per_s, cache_bytes)` from the times of Adds over `sizes` values (module
-    docstring); (0, 0) where no step between sizes costs STREAM_JUMP times the first step's slope
-    per value (a cache larger than the largest Add)."""
+    docstring); (0, 0) where no step between sizes costs STREAM_JUMP times the in-cache slope per
+    value (a cache larger than the largest Add, or smaller than the third size), or noise leaves no
+    slope to go by. The in-cache slope is the larger of the first two steps', so that one step
+    shortened by noise does not pass for the cache's."""
     slopes = [(t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:]))]
-    base = max(slopes[0], 1e-15)
+    base = max(slopes[:2])
     beyond = next((k for k, slope in enumerate(slopes) if slope >= STREAM_JUMP * base), None)
-    if beyond is None or slopes[-1] <= 0:
+    if base <= 0 or beyond is None or slopes[-1] <= 0:
         return 0.0, 0.0
     return 1.0 / slopes[-1], float(BYTES_MOVED * sizes[beyond])
 

@@ -61,13 +61,14 @@ class BandPools(Pass):
     def call(self, graph: Graph) -> PassResult:
         layers: list[Layer] = []
         tensors = dict(graph.tensors)
+        names = {layer.name for layer in graph.layers}
         for layer in graph.layers:
             got = None if layer.name in self.keep or self.nodes < 2 else banded(layer, graph, self.nodes)
             if got is None:
                 layers.append(layer)
                 continue
             pool, mean, bands = got
-            if bands.name in tensors or mean.name in {x.name for x in graph.layers}:
+            if bands.name in tensors or mean.name in names:
                 raise PassError(f"{layer.describe(graph)}: the names '{bands.name}' or '{mean.name}' are taken")
             layers += [pool, mean]
             tensors[bands.name] = bands

@@ -78,6 +78,10 @@ def test_copies_beyond_the_cache_are_found_where_the_cost_per_value_jumps() -> N
     speed, cache = stream_speed(times, sizes)
     assert math.isclose(speed, 1 / 4e-9) and cache == 8 * 4000
     assert stream_speed([1e-6 + 1e-9 * n for n in sizes], sizes) == (0.0, 0.0)  # no jump: a cache larger than the probes
+    # noise that shortens the first step does not make the second one look like the cache's end
+    noisy = [times[0] + 0.9e-6, *times[1:]]
+    assert stream_speed(noisy, sizes) == (speed, cache)
+    assert stream_speed([2e-6, 1e-6, 0.5e-6, 0.4e-6, 0.3e-6], sizes) == (0.0, 0.0)  # no slope to go by
 
 
 def test_the_weights_probe_streams_the_bytes_it_says() -> None:
