@@ -1,4 +1,5 @@
 """band-pools: a global average pool over a map cut along its rows becomes a pool of row bands.
+(GlobalAveragePool, or ReduceMean over H and W keeping them, as the dynamo exporter writes it.)
 
 A global pool cannot be cut along a spatial axis: its output has none. So a plan whose map is
 cut along H had to bring the whole map to the node computing the pool (or to every node, for a
@@ -26,15 +27,27 @@ from typing import ClassVar
 from bbgrap.ir import Graph, Layer, Tensor
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.reduce import ReduceRule
 
 BANDS_SUFFIX = "/bands"  # the name of the global pool of the band means, after the layer's
+
+
+def pools_globally(layer: Layer, graph: Graph) -> bool:
+    """A global average pool: GlobalAveragePool, or a ReduceMean over H and W that keeps them (as the
+    dynamo exporter writes one), with one output."""
+    if not is_default_domain(layer.domain) or len(layer.outputs) != 1:
+        return False
+    if layer.op_type == "GlobalAveragePool":
+        return True
+    return layer.op_type == "ReduceMean" and int(layer.attrs.get("keepdims", 1)) == 1 \
+        and ReduceRule().reduced(layer, graph) == frozenset({2, 3})
 
 
 def banded(layer: Layer, graph: Graph, nodes: int) -> tuple[Layer, Layer, Tensor] | None:
     """The band pool, the pool of its bands and the tensor between them that replace `layer`, or
     None where it is not a global average pool over an N x C x H x W map whose H rows split into
-    `nodes` equal bands."""
-    if layer.op_type != "GlobalAveragePool" or not is_default_domain(layer.domain) or len(layer.outputs) != 1:
+    `nodes` equal bands of at least two rows."""
+    if not pools_globally(layer, graph):
         return None
     x = graph.tensors.get(layer.inputs[0])
     if x is None or len(x.shape) != 4 or x.shape[2] < 2 * nodes or x.shape[2] % nodes:
@@ -43,8 +56,8 @@ def banded(layer: Layer, graph: Graph, nodes: int) -> tuple[Layer, Layer, Tensor
     out = graph.tensors[layer.outputs[0]]
     bands = Tensor(f"{layer.outputs[0]}{BANDS_SUFFIX}", (x.shape[0], x.shape[1], nodes, 1), out.dtype)
     pool = Layer(layer.name, "AveragePool", layer.domain, {"kernel_shape": [rows, width], "strides": [rows, width]},
-                 layer.inputs, (bands.name,), "pools")
-    mean = Layer(f"{layer.name}{BANDS_SUFFIX}", "GlobalAveragePool", layer.domain, {}, (bands.name,), layer.outputs, layer.group)
+                 layer.inputs[:1], (bands.name,), "pools")
+    mean = Layer(f"{layer.name}{BANDS_SUFFIX}", "GlobalAveragePool", layer.domain, {}, (bands.name,), layer.outputs, "pools")
     return pool, mean, bands
 
 

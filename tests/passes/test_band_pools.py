@@ -26,6 +26,31 @@ def pool_graph(channels: int, height: int, width: int) -> Graph:
     return import_proto(build_model(nodes, {"x": [1, channels, height, width]}, {}, ["p"], 17), "pool").graph
 
 
+def reduce_mean_graph(opset: int, axes: list[int], keepdims: int = 1) -> Graph:
+    """A ReduceMean over `axes` of a 1 x 8 x 12 x 10 map, its axes an attribute (opset 13) or a
+    constant input (opset 18), as the exporters write a global pool."""
+    if opset >= 18:
+        node = helper.make_node("ReduceMean", ["r", "axes"], ["p"], name="pool", keepdims=keepdims)
+        consts = {"axes": np.array(axes, np.int64)}
+    else:
+        node = helper.make_node("ReduceMean", ["r"], ["p"], name="pool", axes=axes, keepdims=keepdims)
+        consts = {}
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), node]
+    return import_proto(build_model(nodes, {"x": [1, 8, 12, 10]}, consts, ["p"], opset), "pool").graph
+
+
+@pytest.mark.parametrize(("opset", "axes"), [(13, [2, 3]), (18, [-2, -1]), (18, [3, 2])])
+def test_a_reduce_mean_over_rows_and_columns_is_a_global_pool_too(opset: int, axes: list[int]) -> None:
+    graph = BandPools(2)(reduce_mean_graph(opset, axes)).graph
+    assert [layer.op_type for layer in graph.layers] == ["Relu", "AveragePool", "GlobalAveragePool"]
+    assert graph.layer("pool").inputs == ("r",) and graph.layer("pool").attrs == {"kernel_shape": [6, 10], "strides": [6, 10]}
+
+
+@pytest.mark.parametrize(("axes", "keepdims"), [([2, 3], 0), ([1, 2, 3], 1), ([3], 1)])
+def test_a_reduce_mean_that_is_not_a_global_pool_keeping_its_axes_is_left(axes: list[int], keepdims: int) -> None:
+    assert not BandPools(2)(reduce_mean_graph(13, axes, keepdims)).modified
+
+
 def test_a_pool_over_rows_that_split_evenly_becomes_a_pool_of_bands() -> None:
     graph = BandPools(2)(pool_graph(8, 12, 10)).graph
     assert [(layer.name, layer.op_type) for layer in graph.layers] == [("relu", "Relu"), ("pool", "AveragePool"),
