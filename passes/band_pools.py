@@ -30,6 +30,7 @@ from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.reduce import ReduceRule
 
 BANDS_SUFFIX = "/bands"  # the name of the global pool of the band means, after the layer's
+FLOATS = ("float16", "float32", "float64")  # what AveragePool takes
 
 
 def pools_globally(layer: Layer, graph: Graph) -> bool:
@@ -46,11 +47,12 @@ def pools_globally(layer: Layer, graph: Graph) -> bool:
 def banded(layer: Layer, graph: Graph, nodes: int) -> tuple[Layer, Layer, Tensor] | None:
     """The band pool, the pool of its bands and the tensor between them that replace `layer`, or
     None where it is not a global average pool over an N x C x H x W map whose H rows split into
-    `nodes` equal bands of at least two rows."""
-    if not pools_globally(layer, graph):
+    `nodes` equal bands of at least two rows (of floating-point values: AveragePool takes no
+    integers, which ReduceMean does)."""
+    x = graph.tensors.get(layer.inputs[0]) if layer.inputs else None
+    if x is None or x.dtype not in FLOATS or len(x.shape) != 4 or x.shape[2] < 2 * nodes or x.shape[2] % nodes:
         return None
-    x = graph.tensors.get(layer.inputs[0])
-    if x is None or len(x.shape) != 4 or x.shape[2] < 2 * nodes or x.shape[2] % nodes:
+    if not pools_globally(layer, graph):
         return None
     rows, width = x.shape[2] // nodes, x.shape[3]
     out = graph.tensors[layer.outputs[0]]

@@ -12,7 +12,7 @@ from bbgrap.passes.naive_partition import NaivePartition
 from helpers import assert_exact, compile_plan, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import helper
+from onnx import TensorProto, helper
 from onnx_builder import build_model
 
 from bbgrap.ir import Graph
@@ -49,6 +49,15 @@ def test_a_reduce_mean_over_rows_and_columns_is_a_global_pool_too(opset: int, ax
 @pytest.mark.parametrize(("axes", "keepdims"), [([2, 3], 0), ([1, 2, 3], 1), ([3], 1)])
 def test_a_reduce_mean_that_is_not_a_global_pool_keeping_its_axes_is_left(axes: list[int], keepdims: int) -> None:
     assert not BandPools(2)(reduce_mean_graph(13, axes, keepdims)).modified
+
+
+def test_a_reduce_mean_of_integers_is_left() -> None:
+    """AveragePool takes no integers; ReduceMean does."""
+    nodes = [helper.make_node("Cast", ["x"], ["r"], name="cast", to=TensorProto.INT32),
+             helper.make_node("ReduceMean", ["r"], ["p"], name="pool", axes=[2, 3], keepdims=1)]
+    graph = import_proto(build_model(nodes, {"x": [1, 8, 12, 10]}, {}, ["p"], 13), "ints").graph
+    assert graph.tensors["r"].dtype == "int32"
+    assert not BandPools(2)(graph).modified
 
 
 def test_a_pool_over_rows_that_split_evenly_becomes_a_pool_of_bands() -> None:
