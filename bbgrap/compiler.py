@@ -356,7 +356,7 @@ def compile_model(
     if profile is not None:
         if 1 not in plans:
             plans[1] = partitioned(for_nodes(cfg, 1))
-        if not force_nodes and plans[cfg.nodes].latency > (1 - PLANNER_MARGIN) * plans[1].latency:
+        if not force_nodes and choose_nodes({1: plans[1].latency, cfg.nodes: plans[cfg.nodes].latency}) != cfg.nodes:
             for n in range(2, cfg.nodes):
                 plans[n] = partitioned(for_nodes(cfg, n))
             chosen = choose_nodes({n: p.latency for n, p in plans.items()})
