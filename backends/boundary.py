@@ -16,14 +16,24 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
 * **sending** (under MPI, every rank at once, each sending to the next rank in a ring): the
   narrow chain with a send of each segment's value after it, the next rank receiving them
   all at the end; its busy time per segment beyond the narrow chain's is `send_s` (the
-  post, and MPI's progress on it before the next segment).
+  post, and MPI's progress on it before the next segment);
+* **cold** (`measure_cold`): those chains fit in a core's cache, a plan's segments do not. A
+  node's segments each have their own weights, and by the time one runs again (the next
+  inference) the others have pushed its session's kernels, buffers and weights out of the
+  cache. COLD_CHAIN segments shaped like a CNN's (COLD_VALUES values concatenated, two
+  convolutions with their activations, one value out), with COLD_CHAIN times their weights
+  beyond any core's cache, run in sequence and each alone as often: the difference per segment,
+  less its weights read at the node's `weight_Bps` (the layers' own times hold that: a layer
+  priced by its weights, or measured in the model's run, reads them from beyond the cache too),
+  over its ops and values, is `cold_s`.
 
 Each chain's time is the fastest of REPEAT runs after two warm-ups.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +49,9 @@ from bbgrap.plan_schema import Step as PlanStep
 CHAIN = 32  # segments of a chain
 WIDE = 8  # values each segment of the wide chain takes and gives
 REPEAT = 15
+COLD_CHAIN = 64  # segments of the cold chain: 6.6 MB of weights in all
+COLD_VALUES = 16  # values each of its segments concatenates (DenseNet's and Inception's concats take 4 to 30)
+COLD_CHANNELS, COLD_SIDE = 16, 8  # each value: COLD_CHANNELS x COLD_SIDE x COLD_SIDE
 
 
 @dataclass(frozen=True)
@@ -104,15 +117,22 @@ def chain_inputs(width: int) -> dict[str, np.ndarray]:
     return {f"x{j}": np.zeros((1,), np.float32) for j in range(width)}
 
 
-def busy_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT) -> float:
-    """The fastest of `repeat` runs (after two) of the runner's program: its runs and sends, not its waits."""
+def busy_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT,
+                 inputs: dict[str, np.ndarray] | None = None) -> float:
+    """The fastest of `repeat` runs (after two) of the runner's program, less its waits: its runs
+    and sends, and the executor's own time around and between them (posting the receives, going
+    from one step to the next), which a plan's node pays too (`inputs`: the program's, else a
+    chain's one-element values)."""
     width = len(runner.input_values)
     best = float("inf")
     for k in range(repeat + 2):
         profile = Profile()
-        run_node(runner, transport, chain_inputs(width), profile)
+        given = dict(inputs) if inputs is not None else chain_inputs(width)
+        t0 = time.perf_counter()
+        run_node(runner, transport, given, profile)
+        busy = time.perf_counter() - t0 - profile.wait
         if k >= 2:
-            best = min(best, profile.compute + profile.send)
+            best = min(best, busy)
     return best
 
 
@@ -130,3 +150,55 @@ def measure_boundary(threads: int, comm: Any = None) -> Boundary:
         runner = chain_runner(threads, ring=Ring(rank, (rank + 1) % size, (rank - 1) % size))
         send_s = max(0.0, busy_seconds(runner, MPITransport(comm, runner)) / CHAIN - narrow)
     return Boundary(max(0.0, narrow - 2 * value_s), value_s, send_s)
+
+
+@dataclass(frozen=True)
+class ColdChain:
+    """The cold chain (module docstring): its runner, what it takes, and each segment's weights'
+    bytes and ops and values."""
+
+    runner: NodeRunner
+    inputs: dict[str, np.ndarray]
+    weight_bytes: int
+    objects: int
+
+
+def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES) -> ColdChain:
+    """`length` segments, segment i concatenating its `values` inputs x{i}_j and giving y{i}:
+    Concat, a 1x1 convolution to 64 channels, Relu, a 3x3 one back to COLD_CHANNELS, Relu (He
+    initialised: the values stay of order one, far from subnormal numbers)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    c, side = COLD_CHANNELS, COLD_SIDE
+    wide = values * c
+    opts = session_options(threads)
+    sessions, seg_inputs, seg_outputs = [], [], []
+    for i in range(length):
+        ins, out = [f"x{i}_{j}" for j in range(values)], f"y{i}"
+        nodes = [helper.make_node("Concat", ins, ["cat"], axis=1), helper.make_node("Conv", ["cat", "w1"], ["t"]),
+                 helper.make_node("Relu", ["t"], ["u"]), helper.make_node("Conv", ["u", "w3"], ["z"], pads=[1, 1, 1, 1]),
+                 helper.make_node("Relu", ["z"], [out])]
+        weights = {"w1": (rng.standard_normal((64, wide, 1, 1)) * np.sqrt(2 / wide)).astype(np.float32),
+                   "w3": (rng.standard_normal((c, 64, 3, 3)) * np.sqrt(2 / (64 * 9))).astype(np.float32)}
+        model = float_model(nodes, dict.fromkeys(ins, (1, c, side, side)), {out: (1, c, side, side)}, weights, "cold")
+        sessions.append(ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]))
+        seg_inputs.append(ins)
+        seg_outputs.append([out])
+    names = [x for ins in seg_inputs for x in ins]
+    runner = NodeRunner(0, [RunStep(i) for i in range(length)], sessions, seg_inputs, seg_outputs, {"y": f"y{length - 1}"},
+                        {x: x for x in names}, {}, HostValues())
+    inputs = {x: rng.random((1, c, side, side), dtype=np.float32) for x in names}
+    # five ops, `values` values in and one out
+    return ColdChain(runner, inputs, 4 * (64 * wide + c * 64 * 9), 5 + values + 1)
+
+
+def measure_cold(threads: int, weight_Bps: float) -> float:
+    """`cold_s` (module docstring): the cold chain in sequence against three of its segments each
+    run alone as many times, through the executor."""
+    chain = cold_chain(threads)
+    length = len(chain.runner.steps)
+    in_sequence = busy_seconds(chain.runner, Mailbox(), inputs=chain.inputs) / length
+    alone = sorted(busy_seconds(replace(chain.runner, steps=[RunStep(k)] * length, outputs={"y": f"y{k}"}), Mailbox(),
+                                inputs=chain.inputs) / length for k in (0, length // 2, length - 1))[1]
+    return max(0.0, in_sequence - alone - chain.weight_bytes / weight_Bps) / chain.objects

@@ -21,6 +21,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     cache_bytes = 0.0          # ... this many bytes (beyond the core's cache); 0: no such regime measured
     segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run through the executor (s)
     value_s = 1e-06            # fixed cost of each value a segment takes or gives (s)
+    cold_s = 0.0               # what each op and value of a segment costs more where other segments ran since its last run (s)
     send_s = 5e-06             # what posting one message costs its sender (s)
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
@@ -64,7 +65,7 @@ from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "send_s", "latency_s", "stream_ops_per_s", "cache_bytes")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_s", "send_s", "latency_s", "stream_ops_per_s", "cache_bytes")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -118,6 +119,11 @@ class NodeProfile:
     cache_bytes: float = 0.0
     segment_s: float = 5e-5
     value_s: float = 1e-6
+    # a segment that runs after other segments (a node's program of more than one) finds its
+    # session's kernels, buffers and values gone from the core's cache: each op and each value it
+    # takes or gives costs this much more than run alone (backends/boundary.py measures it; 0: not
+    # measured, the default)
+    cold_s: float = 0.0
     send_s: float = 5e-6
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)

@@ -7,7 +7,9 @@ on its own clock:
   that kind (a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
   takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
   cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
-  executor) and `value_s` for each value it takes or gives (a feed or a fetch);
+  executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
+  node runs other segments too, `cold_s` for each of its ops and values (its session's state
+  no longer in the core's cache when its turn comes);
 * **send**: costs the sender `send_s` (bbgrap-run posts sends without blocking; posting one,
   and MPI's progress on it, takes that much of the sender's time, counted in its compute); the
   message leaves then and arrives `latency_s + bytes / bandwidth_Bps` after the link from
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile
@@ -57,13 +59,15 @@ class SegmentWork:
     """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind
     (the layers' and lowering's); the layers among them, each priced on its own by
     `NodeProfile.layer_time` (measured, or by its roofline); how many values it takes and gives; and
-    the size of each copy it makes (`moved`: priced beyond the core's cache by `NodeProfile.streamed_s`)."""
+    the size of each copy it makes (`moved`: priced beyond the core's cache by `NodeProfile.streamed_s`);
+    whether other segments run on its node between two of its runs (`after_others`: priced by `NodeProfile.cold_s`)."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     layers: tuple[LayerWork, ...] = ()
     values: int = 0
     moved: tuple[float, ...] = ()  # the values each op of lowering's writes, and each value taken or given holds
+    after_others: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,13 +201,15 @@ class SimStep:
 
 
 def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleRegistry | None = None) -> list[list[SimStep]]:
-    """Lowered programs as the simulator's steps."""
+    """Lowered programs as the simulator's steps (a node's segments `after_others` where it has more than one)."""
     out: list[list[SimStep]] = []
     for program in programs:
         steps: list[SimStep] = []
+        several = sum(step.op == "run" for step in program.steps) > 1
         for step in program.steps:
             if step.op == "run":
-                steps.append(SimStep("run", work=segment_work(graph, program.node, step.seg, registry)))
+                work = segment_work(graph, program.node, step.seg, registry)
+                steps.append(SimStep("run", work=replace(work, after_others=True) if several else work))
             else:
                 m = step.msg
                 steps.append(SimStep(step.op, message=m.id, src=m.src, dst=m.dst, nbytes=m.nbytes))
@@ -221,9 +227,11 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     operations at that kind's throughput and fixed cost per op, and for each layer its own time
     instead of its kind's estimate (`NodeProfile.layer_time`: its measured share where the node
     measured it, else the longer of its operations and its weights streamed); a copy larger than
-    the node's cache takes longer (`NodeProfile.streamed_s`)."""
+    the node's cache takes longer (`NodeProfile.streamed_s`); a segment run after others pays `cold_s`
+    for each op and value."""
     p = profile.node(node)
-    return p.segment_s + work.values * p.value_s + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
+    cold = (sum(work.count.values()) + work.values) * p.cold_s if work.after_others else 0.0
+    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
                                     *(p.streamed_s(m) for m in work.moved),
                                     *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes) - p.kind_time(w.kind, w.ops)

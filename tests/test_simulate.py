@@ -74,6 +74,17 @@ def test_every_value_a_segment_takes_or_gives_costs_value_s() -> None:
     assert math.isclose(pred.latency, 1e-3 + 1e-4 + 1e7 / 1e9 + 3 * 2e-4)
 
 
+def test_a_segment_run_after_others_pays_cold_s_for_each_op_and_value() -> None:
+    node = replace(NODE, cold_s=3e-5)
+    work = SegmentWork({"conv": 1e7, "other": 1e5}, {"conv": 1, "other": 2}, values=4)
+    alone = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency
+    assert math.isclose(alone, 1e-3 + 1e-4 + 2 * 1e-5 + 1e7 / 1e9 + 1e5 / 1e8)
+    after = simulate([[SimStep("run", work=replace(work, after_others=True))]], replace(PROFILE, nodes=(node,))).latency
+    assert math.isclose(after - alone, (1 + 2 + 4) * 3e-5)
+    # a profile that did not measure it (the default: 0) prices both alike
+    assert simulate([[SimStep("run", work=replace(work, after_others=True))]], PROFILE).latency == pytest.approx(alone)
+
+
 def test_a_copy_larger_than_the_cache_moves_at_the_streaming_speed() -> None:
     # 1e8 "other" ops/s in cache, 2.5e7 beyond 1 MB (8 bytes moved per value): a 1e5-value crop
     # (0.8 MB) costs its operations only, a 1e6-value concat (8 MB) 4 times as long
@@ -115,7 +126,7 @@ def test_exchanges_in_both_directions_do_not_deadlock_and_a_missing_send_does() 
 
 
 def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
-    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10)), LinkProfile(1e-5, 2.5e9))
+    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10, cold_s=2.5e-7)), LinkProfile(1e-5, 2.5e9))
     path = str(tmp_path / "cluster.toml")
     write_profile(path, profile, "a comment\non two lines")
     back = read_profile(path)
@@ -286,6 +297,13 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
     runs = [s.work for rank in steps for s in rank if s.work]
     assert all(len(w.moved) >= w.values and math.fsum(w.moved) <= w.ops["other"] * (1 + 1e-9) for w in runs)
     assert any(len(w.moved) > w.values for w in runs)  # the 2-node plan has crops or concats
+    # a node's segments run after its other segments where it has more than one, never where it has one
+    for rank in steps:
+        works = [s.work for s in rank if s.work]
+        assert all(w.after_others == (len(works) > 1) for w in works)
+    assert any(len([s for s in rank if s.work]) > 1 for rank in steps)
+    one = program_steps(graph, [replace(programs[0], steps=[s for s in programs[0].steps if s.op == "run"][:1])])
+    assert one[0][0].work is not None and not one[0][0].work.after_others
 
 
 def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:

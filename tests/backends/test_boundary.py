@@ -4,13 +4,26 @@ measured costs are the chains' differences. (calibrate writing them: test_calibr
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from bbgrap.backends.boundary import CHAIN, Boundary, Ring, busy_seconds, chain_inputs, chain_runner, measure_boundary
+from bbgrap.backends.boundary import (
+    CHAIN,
+    COLD_CHANNELS,
+    COLD_SIDE,
+    Boundary,
+    Ring,
+    busy_seconds,
+    chain_inputs,
+    chain_runner,
+    cold_chain,
+    measure_boundary,
+    measure_cold,
+)
 from bbgrap.backends.executor import Profile, run_node
 from bbgrap.backends.transports import Mailbox
 
@@ -41,6 +54,29 @@ def test_a_sending_chain_sends_each_segments_value_and_waits_for_the_peers_at_th
 def test_busy_time_leaves_out_waiting() -> None:
     runner = chain_runner(1, length=4)
     assert 0 < busy_seconds(runner, Mailbox(), repeat=3) < 1.0
+
+
+def test_the_cold_chain_computes_each_segment_from_its_own_values_and_weights() -> None:
+    import onnxruntime as ort
+
+    chain = cold_chain(1, length=3, values=2)
+    runner = chain.runner
+    assert [type(s) for s in runner.steps] == [RunStep] * 3 and runner.seg_inputs[1] == ["x1_0", "x1_1"]
+    assert chain.objects == 5 + 2 + 1 and chain.weight_bytes == 4 * (64 * 2 * COLD_CHANNELS + COLD_CHANNELS * 64 * 9)
+    out = run_node(runner, Mailbox(), dict(chain.inputs))
+    assert out["y"].shape == (1, COLD_CHANNELS, COLD_SIDE, COLD_SIDE)
+    # the last segment's output, recomputed from its two inputs by onnxruntime on the session's own model
+    again = runner.sessions[2].run(None, {x: chain.inputs[x] for x in runner.seg_inputs[2]})[0]
+    np.testing.assert_array_equal(out["y"], again)
+    assert np.isfinite(out["y"]).all() and 1e-3 < float(np.abs(out["y"]).max()) < 1e3  # He-initialised: of order one
+    assert isinstance(runner.sessions[0], ort.InferenceSession)
+
+
+def test_cold_s_is_what_is_left_after_the_weights_read_at_the_given_speed() -> None:
+    got = measure_cold(1, 3e10)
+    assert math.isfinite(got) and got >= 0.0
+    # weights read at one byte per second explain any difference: nothing is left
+    assert measure_cold(1, 1.0) == 0.0
 
 
 def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
