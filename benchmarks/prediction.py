@@ -16,6 +16,7 @@ the plan predicted fastest measured than the fastest measured.
   python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
   python benchmarks/prediction.py --per-layer                  # each model's layers measured by calibrate --model
   python benchmarks/prediction.py --per-layer --no-scaling     # ... but a piece costs its share of the operations
+  python benchmarks/prediction.py --no-cold                    # ... and a segment after others as one alone (cold_s = 0)
   python benchmarks/prediction.py --per-layer --models resnet18 exported/mobilenet_v3_small.onnx   # zoo and exporter models
 """
 
@@ -152,6 +153,9 @@ def main() -> int:
     p.add_argument("--no-scaling", action="store_true",
                    help="with --per-layer: drop what calibrate measured of how each layer scales with its piece, so a piece "
                    "costs its share of the operations (to compare the two)")
+    p.add_argument("--no-cold", action="store_true",
+                   help="drop what calibrate measured of a segment run after others (cold_s = 0), so it costs what it "
+                   "costs alone (to compare the two)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = []
@@ -164,6 +168,8 @@ def main() -> int:
                 profile = profiles.of(name, path, n)
                 if args.no_scaling:
                     profile = replace(profile, nodes=tuple(replace(p, layer_scaling={}) for p in profile.nodes))
+                if args.no_cold:
+                    profile = replace(profile, nodes=tuple(replace(p, cold_s=0.0) for p in profile.nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
                     row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work)
