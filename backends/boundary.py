@@ -23,9 +23,10 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   cache. COLD_CHAIN segments shaped like a CNN's (COLD_VALUES values concatenated, two
   convolutions with their activations, one value out), with COLD_CHAIN times their weights
   beyond any core's cache, run in sequence and each alone as often: the difference per segment,
-  less its weights read at the node's `weight_Bps` (the layers' own times hold that: a layer
-  priced by its weights, or measured in the model's run, reads them from beyond the cache too),
-  over its ops and values, is `cold_s`.
+  less its weights read at the node's `weight_Bps`, over its ops and values, is `cold_s`. The
+  weights' reload is left to the layers' own times: a layer measured in the model's run, or
+  priced by its weights streamed, holds it; a layer priced by its kind's throughput does not yet
+  (docs/design.md, "Segments after others").
 
 Each chain's time is the fastest of REPEAT runs after two warm-ups.
 """
