@@ -138,6 +138,12 @@ class NodeProfile:
         """Fixed cost of one op of one of OP_KINDS."""
         return float(getattr(self, f"{kind}_op_s"))
 
+    def boundary_s(self, pieces: int) -> float:
+        """Fixed seconds of a segment boundary where a node takes `pieces` values and concatenates
+        them: `segment_s`, `value_s` and `cold_s` for each piece, and `cold_s` for the concat (the
+        planners' price of a receive; the simulator prices a lowered plan's segments one by one)."""
+        return self.segment_s + pieces * (self.value_s + self.cold_s) + self.cold_s
+
     def streamed_s(self, values: float) -> float:
         """Seconds beyond its "other" operations' an op that writes `values` values (a crop, a concat,
         a value handed from one segment to the next) takes where they and its input do not fit in
