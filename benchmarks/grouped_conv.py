@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from bbgrap.backends.probe_models import float_model
+from onnx import helper
 
 from bbgrap.simulate import FEW_PER_GROUP
 
@@ -28,11 +29,10 @@ PER_GROUP = (1, 4, 8, 16, 32)  # input channels per group, besides all of them
 
 
 def session(channels: int, size: int, per_group: int, threads: int) -> ort.InferenceSession:
-    weight = numpy_helper.from_array(np.random.default_rng(0).random((channels, per_group, 3, 3), np.float32), "w")
+    weight = np.random.default_rng(0).random((channels, per_group, 3, 3), np.float32)
     node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, group=channels // per_group)
-    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size, size])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    shape = (1, channels, size, size)
+    model = float_model([node], {"x": shape}, {"y": shape}, {"w": weight}, "grouped_conv")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
