@@ -158,6 +158,8 @@ def main() -> int:
                    "costs alone (to compare the two)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    # the ablations: what calibrate measured that --no-scaling and --no-cold leave out of every node
+    dropped: dict[str, Any] = {**({"layer_scaling": {}} if args.no_scaling else {}), **({"cold_s": 0.0} if args.no_cold else {})}
     rows = []
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
@@ -166,10 +168,8 @@ def main() -> int:
         for name, path in models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 profile = profiles.of(name, path, n)
-                if args.no_scaling:
-                    profile = replace(profile, nodes=tuple(replace(p, layer_scaling={}) for p in profile.nodes))
-                if args.no_cold:
-                    profile = replace(profile, nodes=tuple(replace(p, cold_s=0.0) for p in profile.nodes))
+                if dropped:
+                    profile = replace(profile, nodes=tuple(replace(p, **dropped) for p in profile.nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
                     row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work)
