@@ -182,7 +182,7 @@ def main() -> int:
                                   row["segments"], row["max_rel_error"])
     stats = {f"{label}, against the {key.split('_')[1] if key != 'real_ms' else 'fastest'}": agreement(subset, key)
              for label, subset in (("all plans", rows), ("plans on >1 node", [r for r in rows if r["nodes"] > 1]))
-             for key in ("real_ms", "real_median_ms")}
+             for key in ("real_ms", "real_median_ms") if subset}
     chosen = choices(rows)
     if args.json:
         print(json.dumps({"rows": rows, "agreement": stats, "choices": chosen, "cores": len(os.sched_getaffinity(0))}, indent=1))
