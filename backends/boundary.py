@@ -17,13 +17,19 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   narrow chain with a send of each segment's value after it, the next rank receiving them
   all at the end; its busy time per segment beyond the narrow chain's is `send_s` (the
   post, and MPI's progress on it before the next segment);
+* **receiving** (the same chain, its steps recorded): by the time a rank ends its chain, most of
+  the messages it waits for have arrived; the median of its waits is `recv_s`, what a wait
+  costs where there is nothing to wait for (the MPI test that completes the receive, the
+  executor's step). The simulator charges it for every wait, as bbgrap-run counts it waiting;
 * **cold** (`measure_cold`): those chains fit in a core's cache, a plan's segments do not. A
   node's segments each have their own weights, and by the time one runs again (the next
   inference) the others have pushed its session's kernels, buffers and weights out of the
-  cache. COLD_CHAIN segments shaped like a CNN's (COLD_VALUES values concatenated, two
-  convolutions with their activations, one value out), with COLD_CHAIN times their weights
-  beyond any core's cache, run in sequence and each alone as often: the difference per segment,
-  less its weights read at the node's `weight_Bps`, over its ops and values, is `cold_s`. The
+  cache. Chains of segments shaped like a CNN's (some values concatenated, two convolutions
+  with their activations, one value out), with their weights together beyond any core's cache,
+  run in sequence and each alone as often: the difference per segment, less its weights read at
+  the node's `weight_Bps`, is a fixed part and a part per op and value. Two chains, COLD_CHAIN
+  segments of COLD_VALUES values and FEW_CHAIN of FEW_VALUES, give the line through the two:
+  its slope per op or value is `cold_s`, its value at no op or value `cold_segment_s`. The
   weights' reload is left to the layers' own times: a layer measured in the model's run, or
   priced by its weights streamed, holds it; a layer priced by its kind's throughput does not yet
   (docs/design.md, "Segments after others").
@@ -52,6 +58,7 @@ WIDE = 8  # values each segment of the wide chain takes and gives
 REPEAT = 15
 COLD_CHAIN = 64  # segments of the cold chain: 6.6 MB of weights in all
 COLD_VALUES = 16  # values each of its segments concatenates (DenseNet's and Inception's concats take 4 to 30)
+FEW_CHAIN, FEW_VALUES = 128, 2  # the second cold chain: 5.8 MB of weights, about as far beyond the cache
 COLD_CHANNELS, COLD_SIDE = 16, 8  # each value: COLD_CHANNELS x COLD_SIDE x COLD_SIDE
 
 
@@ -66,12 +73,13 @@ class Ring:
 
 @dataclass(frozen=True)
 class Boundary:
-    """What calibrate measured of a segment boundary (module docstring), in seconds; `send_s`
-    None where there was no other rank to send to."""
+    """What calibrate measured of a segment boundary (module docstring), in seconds; `send_s` and
+    `recv_s` None where there was no other rank to send to."""
 
     segment_s: float
     value_s: float
     send_s: float | None
+    recv_s: float | None
 
 
 def value(i: int, j: int) -> str:
@@ -137,20 +145,37 @@ def busy_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT,
     return best
 
 
+def received_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT) -> float:
+    """The median of a run's waits, lowest of `repeat` runs (after two): what a wait costs where
+    its message has arrived, for a program whose waits mostly find theirs there (the ring
+    chain's, at its end). Its steps are recorded in runs of their own, so that the recording
+    does not weigh on the busy times."""
+    best = float("inf")
+    for k in range(repeat + 2):
+        profile = Profile(steps=[])
+        run_node(runner, transport, chain_inputs(len(runner.input_values)), profile)
+        waits = sorted(s.t1 - s.t0 for s in profile.steps or () if s.op == "wait")
+        if k >= 2 and waits:
+            best = min(best, waits[len(waits) // 2])
+    return best if best < float("inf") else 0.0
+
+
 def measure_boundary(threads: int, comm: Any = None) -> Boundary:
     """This node's segment boundary (module docstring); the sending chain only on an MPI `comm` of
     more than one rank, whose every rank must call this at once."""
     narrow = busy_seconds(chain_runner(threads), Mailbox()) / CHAIN
     wide = busy_seconds(chain_runner(threads, WIDE), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
-    send_s: float | None = None
+    send_s = recv_s = None
     if comm is not None and comm.Get_size() > 1:
         from bbgrap.backends.transports import MPITransport
 
         rank, size = comm.Get_rank(), comm.Get_size()
         runner = chain_runner(threads, ring=Ring(rank, (rank + 1) % size, (rank - 1) % size))
-        send_s = max(0.0, busy_seconds(runner, MPITransport(comm, runner)) / CHAIN - narrow)
-    return Boundary(max(0.0, narrow - 2 * value_s), value_s, send_s)
+        transport = MPITransport(comm, runner)
+        send_s = max(0.0, busy_seconds(runner, transport) / CHAIN - narrow)
+        recv_s = received_seconds(runner, transport)
+    return Boundary(max(0.0, narrow - 2 * value_s), value_s, send_s, recv_s)
 
 
 @dataclass(frozen=True)
@@ -194,12 +219,36 @@ def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES
     return ColdChain(runner, inputs, 4 * (64 * wide + c * 64 * 9), 5 + values + 1)
 
 
-def measure_cold(threads: int, weight_Bps: float) -> float:
-    """`cold_s` (module docstring): the cold chain in sequence against three of its segments each
-    run alone as many times, through the executor."""
-    chain = cold_chain(threads)
+@dataclass(frozen=True)
+class Cold:
+    """What a segment run after others costs more than run alone (module docstring), in seconds:
+    `segment_s` for the segment, `per_object_s` for each of its ops and values."""
+
+    segment_s: float
+    per_object_s: float
+
+
+def cold_extra(chain: ColdChain, weight_Bps: float) -> float:
+    """Seconds a segment of `chain` takes more in sequence than alone (the median of three of its
+    segments each run alone as often), through the executor, less its weights read at `weight_Bps`."""
     length = len(chain.runner.steps)
     in_sequence = busy_seconds(chain.runner, Mailbox(), inputs=chain.inputs) / length
     alone = sorted(busy_seconds(replace(chain.runner, steps=[RunStep(k)] * length, outputs={"y": f"y{k}"}), Mailbox(),
                                 inputs=chain.inputs) / length for k in (0, length // 2, length - 1))[1]
-    return max(0.0, in_sequence - alone - chain.weight_bytes / weight_Bps) / chain.objects
+    return max(0.0, in_sequence - alone - chain.weight_bytes / weight_Bps)
+
+
+def measure_cold(threads: int, weight_Bps: float, many: ColdChain | None = None, few: ColdChain | None = None) -> Cold:
+    """`cold_segment_s` and `cold_s` (module docstring) from the two cold chains (given: a test's
+    smaller ones); both at least 0."""
+    many = many or cold_chain(threads)
+    few = few or cold_chain(threads, FEW_CHAIN, FEW_VALUES)
+    return cold_line(*((c.objects, cold_extra(c, weight_Bps)) for c in (few, many)))
+
+
+def cold_line(few: tuple[int, float], many: tuple[int, float]) -> Cold:
+    """The line through (ops and values, seconds more) of the two chains, its slope and its value
+    at 0 each at least 0 (noise can tilt it either way)."""
+    (a, x_a), (b, x_b) = few, many
+    slope = max(0.0, (x_b - x_a) / (b - a))
+    return Cold(max(0.0, x_a - slope * a), slope)

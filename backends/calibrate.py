@@ -7,10 +7,11 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
 * **a segment boundary** as bbgrap-run pays it (backends/boundary.py): chains of distinct
   one-element segments run through the executor give the fixed cost per segment (`segment_s`),
   per value a segment takes or gives (`value_s`) and, under mpirun with more than one rank,
-  per message its sender posts (`send_s`; one node keeps the default); and what each op and value
+  per message its sender posts (`send_s`) and per message its receiver takes once it has arrived
+  (`recv_s`; one node keeps the defaults); and what each op and value
   of a segment costs more where the node runs other segments between two of its runs, as a
-  plan's node does (`cold_s`: a chain of CNN-shaped segments with their weights, in sequence
-  against each alone);
+  plan's node does (`cold_segment_s` and `cold_s`: two chains of CNN-shaped segments with their
+  weights, in sequence against each alone);
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
   (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
   each, from small feature maps to large; the line through (operations, time)
@@ -330,7 +331,10 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads), layers)
     if boundary.send_s is not None:
         fields["send_s"] = boundary.send_s
-    fields["cold_s"] = measure_cold(threads, fields["weight_Bps"])
+    if boundary.recv_s is not None:
+        fields["recv_s"] = boundary.recv_s
+    cold = measure_cold(threads, fields["weight_Bps"])
+    fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
     return NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, layer_s=layers, layer_scaling=scaling)
 
 
@@ -374,7 +378,7 @@ def describe(profile: ClusterProfile) -> str:
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
-                     f"per message sent {p.send_s * 1e6:.1f} us; per op or value of a segment after others {p.cold_s * 1e6:.2f} us")
+                     f"per message sent {p.send_s * 1e6:.1f} us, received {p.recv_s * 1e6:.1f} us; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
         if p.cache_bytes and p.stream_ops_per_s:
             lines.append(f"  copies of over {p.cache_bytes / 2**20:.1f} MB (read and written) at {p.stream_ops_per_s / 1e9:.2f} Gop/s")
         if p.layer_s:

@@ -21,8 +21,10 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     cache_bytes = 0.0          # ... this many bytes (beyond the core's cache); 0: no such regime measured
     segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run through the executor (s)
     value_s = 1e-06            # fixed cost of each value a segment takes or gives (s)
-    cold_s = 0.0               # what each op and value of a segment costs more where other segments ran since its last run (s)
+    cold_segment_s = 0.0       # what a segment costs more where other segments ran since its last run (s)
+    cold_s = 0.0               # ... and each of its ops and values (s)
     send_s = 5e-06             # what posting one message costs its sender (s)
+    recv_s = 0.0               # what taking one message that has arrived costs its receiver (s); 0: not measured
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
 model's own layers, and which file it was (a profile of another model's layers is not used for
@@ -65,7 +67,7 @@ from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_s", "send_s", "latency_s", "stream_ops_per_s", "cache_bytes")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "recv_s", "latency_s", "stream_ops_per_s", "cache_bytes")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -121,10 +123,15 @@ class NodeProfile:
     value_s: float = 1e-6
     # a segment that runs after other segments (a node's program of more than one) finds its
     # session's kernels, buffers and values gone from the core's cache: each op and each value it
-    # takes or gives costs this much more than run alone (backends/boundary.py measures it; 0: not
-    # measured, the default)
+    # takes or gives costs `cold_s` more than run alone, and the segment `cold_segment_s` more
+    # (backends/boundary.py measures them; 0: not measured, the default)
+    cold_segment_s: float = 0.0
     cold_s: float = 0.0
     send_s: float = 5e-6
+    # a wait for a message that has already arrived still costs its receiver this much (the MPI
+    # test that completes it, handing the buffer on: backends/boundary.py measures it); 0: not
+    # measured, the default
+    recv_s: float = 0.0
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
     # how some of them scale along rows and channels (`Scaling`); a measured layer without: in proportion to its operations
@@ -140,9 +147,10 @@ class NodeProfile:
 
     def boundary_s(self, pieces: int) -> float:
         """Fixed seconds of a segment boundary where a node takes `pieces` values and concatenates
-        them: `segment_s`, `value_s` and `cold_s` for each piece, and `cold_s` for the concat (the
-        planners' price of a receive; the simulator prices a lowered plan's segments one by one)."""
-        return self.segment_s + pieces * (self.value_s + self.cold_s) + self.cold_s
+        them: `segment_s` and `cold_segment_s`, `value_s` and `cold_s` for each piece, and `cold_s`
+        for the concat (the planners' price of a receive; the simulator prices a lowered plan's
+        segments one by one)."""
+        return self.segment_s + self.cold_segment_s + pieces * (self.value_s + self.cold_s) + self.cold_s
 
     def streamed_s(self, values: float) -> float:
         """Seconds beyond its "other" operations' an op that writes `values` values (a crop, a concat,

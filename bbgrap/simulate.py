@@ -8,13 +8,15 @@ on its own clock:
   takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
   cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
   executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
-  node runs other segments too, `cold_s` for each of its ops and values (its session's state
-  no longer in the core's cache when its turn comes);
+  node runs other segments too, `cold_segment_s` and `cold_s` for each of its ops and values
+  (its session's state no longer in the core's cache when its turn comes);
 * **send**: costs the sender `send_s` (bbgrap-run posts sends without blocking; posting one,
   and MPI's progress on it, takes that much of the sender's time, counted in its compute); the
   message leaves then and arrives `latency_s + bytes / bandwidth_Bps` after the link from
   sender to receiver is free (messages on one link go one after another);
-* **wait**: the rank's clock jumps to the message's arrival where it is later.
+* **wait**: the rank's clock jumps to the message's arrival where it is later, then on by
+  `recv_s` (taking a message that has arrived: the MPI test that completes it; bbgrap-run
+  counts it as waiting, and so does the prediction).
 
 The operations of a layer's op are bbgrap/cost.py's for the region the node computes (a
 recomputed halo included); a crop, a concat or another op lowering added costs one "other"
@@ -60,7 +62,7 @@ class SegmentWork:
     (the layers' and lowering's); the layers among them, each priced on its own by
     `NodeProfile.layer_time` (measured, or by its roofline); how many values it takes and gives; and
     the size of each copy it makes (`moved`: priced beyond the core's cache by `NodeProfile.streamed_s`);
-    whether other segments run on its node between two of its runs (`after_others`: priced by `NodeProfile.cold_s`)."""
+    whether other segments run on its node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
@@ -227,10 +229,10 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     operations at that kind's throughput and fixed cost per op, and for each layer its own time
     instead of its kind's estimate (`NodeProfile.layer_time`: its measured share where the node
     measured it, else the longer of its operations and its weights streamed); a copy larger than
-    the node's cache takes longer (`NodeProfile.streamed_s`); a segment run after others pays `cold_s`
-    for each op and value."""
+    the node's cache takes longer (`NodeProfile.streamed_s`); a segment run after others pays
+    `cold_segment_s`, and `cold_s` for each op and value."""
     p = profile.node(node)
-    cold = (sum(work.count.values()) + work.values) * p.cold_s if work.after_others else 0.0
+    cold = p.cold_segment_s + (sum(work.count.values()) + work.values) * p.cold_s if work.after_others else 0.0
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
                                     *(p.streamed_s(m) for m in work.moved),
@@ -266,10 +268,9 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     start = max(clock[r], link_free.get((step.src, step.dst), 0.0))
                     arrival[step.message] = link_free[(step.src, step.dst)] = start + profile.link.message_s(step.nbytes)
                 elif step.message in arrival:
-                    ready = arrival[step.message]
-                    if ready > clock[r]:
-                        wait[r] += ready - clock[r]
-                        clock[r] = ready
+                    ready = max(clock[r], arrival[step.message]) + profile.node(r).recv_s
+                    wait[r] += ready - clock[r]
+                    clock[r] = ready
                 else:
                     break  # blocked on a message not sent yet
                 at[r] += 1

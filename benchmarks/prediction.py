@@ -16,7 +16,7 @@ the plan predicted fastest measured than the fastest measured.
   python benchmarks/prediction.py --models resnet18 --nodes 2 --directions h
   python benchmarks/prediction.py --per-layer                  # each model's layers measured by calibrate --model
   python benchmarks/prediction.py --per-layer --no-scaling     # ... but a piece costs its share of the operations
-  python benchmarks/prediction.py --no-cold                    # ... and a segment after others as one alone (cold_s = 0)
+  python benchmarks/prediction.py --no-cold                    # ... and a segment after others as one alone (cold_segment_s = cold_s = 0)
   python benchmarks/prediction.py --per-layer --models resnet18 exported/mobilenet_v3_small.onnx   # zoo and exporter models
 """
 
@@ -154,12 +154,12 @@ def main() -> int:
                    help="with --per-layer: drop what calibrate measured of how each layer scales with its piece, so a piece "
                    "costs its share of the operations (to compare the two)")
     p.add_argument("--no-cold", action="store_true",
-                   help="drop what calibrate measured of a segment run after others (cold_s = 0), so it costs what it "
+                   help="drop what calibrate measured of a segment run after others (cold_segment_s = cold_s = 0), so it costs what it "
                    "costs alone (to compare the two)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     # the ablations: what calibrate measured that --no-scaling and --no-cold leave out of every node
-    dropped: dict[str, Any] = {**({"layer_scaling": {}} if args.no_scaling else {}), **({"cold_s": 0.0} if args.no_cold else {})}
+    dropped: dict[str, Any] = {**({"layer_scaling": {}} if args.no_scaling else {}), **({"cold_segment_s": 0.0, "cold_s": 0.0} if args.no_cold else {})}
     rows = []
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])

@@ -26,6 +26,7 @@ from bbgrap.cluster import (
 )
 from bbgrap.compiler import choose_nodes, compile_model
 from bbgrap.config import Config
+from bbgrap.cost import receive_cost
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.plan import read_manifest
 from bbgrap.simulate import LayerWork, SegmentWork, SimStep, op_kind, program_steps, simulate, value_elements
@@ -74,13 +75,13 @@ def test_every_value_a_segment_takes_or_gives_costs_value_s() -> None:
     assert math.isclose(pred.latency, 1e-3 + 1e-4 + 1e7 / 1e9 + 3 * 2e-4)
 
 
-def test_a_segment_run_after_others_pays_cold_s_for_each_op_and_value() -> None:
-    node = replace(NODE, cold_s=3e-5)
+def test_a_segment_run_after_others_pays_cold_segment_s_and_cold_s_for_each_op_and_value() -> None:
+    node = replace(NODE, cold_s=3e-5, cold_segment_s=7e-5)
     work = SegmentWork({"conv": 1e7, "other": 1e5}, {"conv": 1, "other": 2}, values=4)
     alone = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency
     assert math.isclose(alone, 1e-3 + 1e-4 + 2 * 1e-5 + 1e7 / 1e9 + 1e5 / 1e8)
     after = simulate([[SimStep("run", work=replace(work, after_others=True))]], replace(PROFILE, nodes=(node,))).latency
-    assert math.isclose(after - alone, (1 + 2 + 4) * 3e-5)
+    assert math.isclose(after - alone, 7e-5 + (1 + 2 + 4) * 3e-5)
     # a profile that did not measure it (the default: 0) prices both alike
     assert simulate([[SimStep("run", work=replace(work, after_others=True))]], PROFILE).latency == pytest.approx(alone)
 
@@ -107,10 +108,17 @@ def test_a_send_costs_its_sender_send_s_and_leaves_after_it() -> None:
     assert math.isclose(pred.ranks[1].wait, 0.0145) and math.isclose(pred.latency, 0.0155)
 
 
-def test_a_message_that_is_already_there_costs_no_wait() -> None:
+def test_a_message_that_is_already_there_costs_no_wait_but_recv_s() -> None:
     steps = [[send(0, 0, 1, 0)], [run(conv=1e8), wait(0, 0, 1, 0)]]
     pred = simulate(steps, PROFILE)
     assert pred.ranks[1].wait == 0.0 and math.isclose(pred.latency, 0.101)
+    # taking it costs recv_s, counted as waiting (bbgrap-run's profile counts it so)
+    taking = replace(PROFILE, nodes=(replace(NODE, recv_s=3e-4),))
+    pred = simulate(steps, taking)
+    assert math.isclose(pred.ranks[1].wait, 3e-4) and math.isclose(pred.latency, 0.101 + 3e-4)
+    # and where the rank waits, recv_s comes after the arrival
+    late = simulate([[run(conv=1e7), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run()]], taking)
+    assert math.isclose(late.ranks[1].wait, 0.014 + 3e-4) and math.isclose(late.latency, 0.015 + 3e-4)
 
 
 def test_messages_on_one_link_go_one_after_another() -> None:
@@ -126,7 +134,8 @@ def test_exchanges_in_both_directions_do_not_deadlock_and_a_missing_send_does() 
 
 
 def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
-    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10, cold_s=2.5e-7)), LinkProfile(1e-5, 2.5e9))
+    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10, cold_s=2.5e-7, cold_segment_s=1.1e-6, recv_s=5e-7)),
+                             LinkProfile(1e-5, 2.5e9))
     path = str(tmp_path / "cluster.toml")
     write_profile(path, profile, "a comment\non two lines")
     back = read_profile(path)
@@ -401,3 +410,15 @@ def test_a_grouped_convolution_with_few_channels_per_group_is_priced_as_a_depthw
                         {"x": [1, channels, 8, 8]}, {"w": w}, ["y"], 17)
     graph = import_proto(model).graph
     assert op_kind(graph.layers[0], graph) == kind
+
+
+def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measures() -> None:
+    """A receive point costs (in the slowest node's convolution operations) the link's latency, the
+    sender's post, the receiver's take, and a boundary of two pieces (a segment, after others)."""
+    base = NodeProfile(conv_ops_per_s=1e10)
+    link = LinkProfile(latency_s=1e-6, bandwidth_Bps=1e10)
+    cheap = receive_cost(ClusterProfile((base,), link))
+    dear = receive_cost(ClusterProfile((replace(base, recv_s=2e-6, cold_segment_s=3e-6, cold_s=1e-7),), link))
+    assert dear.sync_ops - cheap.sync_ops == pytest.approx((2e-6 + 3e-6 + 3 * 1e-7) * 1e10)
+    assert dear.byte_ops == cheap.byte_ops
+    assert base.boundary_s(2) == pytest.approx(base.segment_s + 2 * base.value_s)

@@ -21,8 +21,8 @@ piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 (`NodeProfile.layer_time`). Reading an input whose producer chose
 candidate d, node n receives from every other node s the part of its need that s owns and n
 does not hold; each message costs its sender's `send_s` and `latency + bytes / bandwidth`,
-and a node that receives anything for the layer pays one segment boundary with a piece per
-sender (`NodeProfile.boundary_s`) and the concat of what it received (one "other" operation
+and its receiver's `recv_s`, and a node that receives anything for the layer pays one segment
+boundary with a piece per sender (`NodeProfile.boundary_s`) and the concat of what it received (one "other" operation
 per element). The model's outputs are gathered on node 0.
 
 Two evaluations of a whole choice `x` (one candidate per layer):
@@ -280,7 +280,7 @@ class NetworkCost:
         for n, got_n in enumerate(per_node):
             if got_n:
                 p = self.profile.node(n)
-                extra.append(p.boundary_s(len(got_n)) + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
+                extra.append(p.boundary_s(len(got_n)) + len(got_n) * p.recv_s + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
                 seconds.append(math.fsum(self.message_seconds(s, b) for s, b in got_n) + extra[-1])
             else:
                 extra.append(0.0)

@@ -16,11 +16,13 @@ from bbgrap.backends.boundary import (
     COLD_CHANNELS,
     COLD_SIDE,
     Boundary,
+    Cold,
     Ring,
     busy_seconds,
     chain_inputs,
     chain_runner,
     cold_chain,
+    cold_line,
     measure_boundary,
     measure_cold,
 )
@@ -72,11 +74,23 @@ def test_the_cold_chain_computes_each_segment_from_its_own_values_and_weights() 
     assert isinstance(runner.sessions[0], ort.InferenceSession)
 
 
-def test_cold_s_is_what_is_left_after_the_weights_read_at_the_given_speed() -> None:
-    got = measure_cold(1, 3e10)
-    assert math.isfinite(got) and got >= 0.0
+def test_the_cold_costs_are_what_is_left_after_the_weights_read_at_the_given_speed() -> None:
+    many, few = cold_chain(1, length=24, values=8), cold_chain(1, length=24, values=2)
+    got = measure_cold(1, 3e10, many, few)
+    assert isinstance(got, Cold) and math.isfinite(got.segment_s) and math.isfinite(got.per_object_s)
+    assert got.segment_s >= 0.0 and got.per_object_s >= 0.0
     # weights read at one byte per second explain any difference: nothing is left
-    assert measure_cold(1, 1.0) == 0.0
+    assert measure_cold(1, 1.0, many, few) == Cold(0.0, 0.0)
+
+
+def test_the_cold_line_runs_through_the_two_chains_and_is_never_negative() -> None:
+    # 8 ops and values: 3 us more, 22: 6.5 us more -> 0.25 us each, 1 us for the segment
+    got = cold_line((8, 3e-6), (22, 6.5e-6))
+    assert math.isclose(got.per_object_s, 0.25e-6) and math.isclose(got.segment_s, 1e-6)
+    # the chain of more ops and values costing less (noise): nothing per op, the fewer's extra per segment
+    assert cold_line((8, 3e-6), (22, 2e-6)) == Cold(3e-6, 0.0)
+    # a slope steeper than the fewer chain's extra allows: nothing per segment
+    assert cold_line((8, 1e-6), (22, 8e-6)).segment_s == 0.0
 
 
 def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
@@ -86,7 +100,7 @@ def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
     assert CHAIN >= 16  # enough segments that the chain's own start and end are a small part of it
 
 
-def test_under_mpirun_every_rank_measures_what_sending_costs(tmp_path) -> None:
+def test_under_mpirun_every_rank_measures_what_sending_and_receiving_cost(tmp_path) -> None:
     from tests.backends.test_mpi import MPIRUN
 
     assert MPIRUN, "mpirun not found"
@@ -97,10 +111,10 @@ def test_under_mpirun_every_rank_measures_what_sending_costs(tmp_path) -> None:
         "comm = MPI.COMM_WORLD\n"
         "r = comm.Get_rank()\n"
         "b = measure_boundary(1, comm)\n"
-        "got = comm.gather((b.segment_s > 0, b.value_s > 0, b.send_s is not None and b.send_s >= 0), root=0)\n"
+        "got = comm.gather((b.segment_s > 0, b.value_s > 0, b.send_s is not None and b.send_s >= 0, b.recv_s is not None and b.recv_s > 0), root=0)\n"
         "if r == 0:\n"
         "    print(got)\n")
     proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[(True, True, True), (True, True, True)]", proc.stdout
+    assert proc.stdout.strip() == "[(True, True, True, True), (True, True, True, True)]", proc.stdout

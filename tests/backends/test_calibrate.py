@@ -66,7 +66,8 @@ def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     (node,) = profile.nodes
     assert all(node.ops_per_s(kind) > 0 for kind in OP_KINDS)
     assert node.segment_s > 0 and node.value_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
-    assert node.send_s == NodeProfile().send_s  # one node sends nothing: the default stays
+    assert node.send_s == NodeProfile().send_s and node.recv_s == NodeProfile().recv_s  # one node sends nothing: the defaults stay
+    assert node.cold_s >= 0 and node.cold_segment_s >= 0
     assert node.weight_Bps > 0 and node.weight_Bps != NodeProfile().weight_Bps  # measured
     assert node.stream_ops_per_s >= 0 and node.cache_bytes >= 0  # 0 and 0 where no slower regime showed
 

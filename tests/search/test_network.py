@@ -140,13 +140,13 @@ def test_receives_are_what_the_regions_say(tmp_path) -> None:
 
 
 def test_a_receive_costs_the_boundary_each_piece_and_each_senders_post(tmp_path) -> None:
-    """A node receiving for a layer pays segment_s, value_s per piece and the concat; each piece
-    arrives its sender's send_s and the link's time after: with the fixed costs raised, every
-    receive's seconds grow by exactly that much."""
+    """A node receiving for a layer pays segment_s, value_s and recv_s per piece and the concat;
+    each piece arrives its sender's send_s and the link's time after: with the fixed costs raised,
+    every receive's seconds grow by exactly that much."""
     graph = partitioned(residual_model(), 3, tmp_path)
     link = LinkProfile(latency_s=1e-6, bandwidth_Bps=1e10)
     base = network_cost(graph, ClusterProfile((NodeProfile(value_s=0.0, send_s=0.0),), link))
-    dearer = network_cost(graph, ClusterProfile((NodeProfile(value_s=3e-6, send_s=7e-6),), link))
+    dearer = network_cost(graph, ClusterProfile((NodeProfile(value_s=3e-6, send_s=7e-6, recv_s=2e-6),), link))
     checked = 0
     for i in range(len(graph.layers)):
         for k, j in base.edges[i]:
@@ -154,7 +154,7 @@ def test_a_receive_costs_the_boundary_each_piece_and_each_senders_post(tmp_path)
                 for c in range(len(base.candidates[i])):
                     a, b = base.receives(i, k, j, d, c), dearer.receives(i, k, j, d, c)
                     for n, got in enumerate(a.messages):
-                        assert b.seconds[n] - a.seconds[n] == pytest.approx(len(got) * (3e-6 + 7e-6), abs=1e-12)
+                        assert b.seconds[n] - a.seconds[n] == pytest.approx(len(got) * (3e-6 + 7e-6 + 2e-6), abs=1e-12)
                         checked += bool(got)
     assert checked > 10
 
