@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("calibrate", help="measure this cluster's nodes and links into a profile for compile --profile",
                        description="Measure each node's speed per kind of op, its fixed costs per op, its segment boundary's costs "
-                       "(per segment, per value a segment takes or gives, per message sent: chains of segments run through the "
+                       "(per segment, per value a segment takes or gives, per message sent and received, and what a segment "
+                       "and each of its ops and values cost more after other segments: chains of segments run through the "
                        "executor, as bbgrap-run runs them), and the "
                        "links between nodes (ping-pong); write them as a cluster profile (TOML). Run it as bbgrap-run runs a "
                        "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node.")
