@@ -247,8 +247,8 @@ def measure_cold(threads: int, weight_Bps: float, many: ColdChain | None = None,
 
 
 def cold_line(few: tuple[int, float], many: tuple[int, float]) -> Cold:
-    """The line through (ops and values, seconds more) of the two chains, its slope and its value
-    at 0 each at least 0 (noise can tilt it either way)."""
+    """The line through (ops and values, seconds more) of the two chains (of different ops and
+    values), its slope and its value at 0 each at least 0 (noise can tilt it either way)."""
     (a, x_a), (b, x_b) = few, many
     slope = max(0.0, (x_b - x_a) / (b - a))
     return Cold(max(0.0, x_a - slope * a), slope)

@@ -85,11 +85,11 @@ def pricing_node(profile: ClusterProfile) -> NodeProfile:
 def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = True) -> ReceiveCost:
     """A receive's cost from a measured cluster profile, in operations of the slowest node's
     convolution (what recomputing a halo mostly is): per receive point one message's latency, a
-    segment's fixed cost and (`boundary`) the sender's cost of posting the message, the receiver's
-    of taking it, and the boundary's two pieces (`NodeProfile.boundary_s`: the rows the segment before it gives, the
-    halo the one after it takes, and the concat; the simulator prices each, bbgrap/simulate.py);
-    per byte the link's time for it and
-    the concat's and the session hand-over's (an "other" operation per element each)."""
+    segment's fixed cost and (`boundary`) the sender's cost of posting the message, the
+    receiver's of taking it, and the boundary's two pieces (`NodeProfile.boundary_s`: the rows
+    the segment before it gives, the halo the one after it takes, and the concat; the simulator
+    prices each, bbgrap/simulate.py); per byte the link's time for it and the concat's and the
+    session hand-over's (an "other" operation per element each)."""
     slowest = pricing_node(profile)
     ops_per_s = slowest.conv_ops_per_s
     per_byte = 1.0 / profile.link.bandwidth_Bps + 2.0 / itemsize / slowest.other_ops_per_s

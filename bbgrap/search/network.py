@@ -22,8 +22,8 @@ piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 candidate d, node n receives from every other node s the part of its need that s owns and n
 does not hold; each message costs its sender's `send_s` and `latency + bytes / bandwidth`,
 and its receiver's `recv_s`, and a node that receives anything for the layer pays one segment
-boundary with a piece per sender (`NodeProfile.boundary_s`) and the concat of what it received (one "other" operation
-per element). The model's outputs are gathered on node 0.
+boundary with a piece per sender (`NodeProfile.boundary_s`) and the concat of what it received
+(one "other" operation per element). The model's outputs are gathered on node 0.
 
 Two evaluations of a whole choice `x` (one candidate per layer):
 
