@@ -40,6 +40,7 @@ Each chain's time is the fastest of REPEAT runs after two warm-ups.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -126,38 +127,41 @@ def chain_inputs(width: int) -> dict[str, np.ndarray]:
     return {f"x{j}": np.zeros((1,), np.float32) for j in range(width)}
 
 
+def timed_runs(runner: NodeRunner, transport: Transport, repeat: int = REPEAT, inputs: dict[str, np.ndarray] | None = None,
+               steps: bool = False) -> Iterator[tuple[float, Profile]]:
+    """`repeat` runs (after two warm-ups) of the runner's program through the executor: each
+    one's seconds and profile (`steps`: with its steps recorded; `inputs`: the program's, else a
+    chain's one-element values)."""
+    for k in range(repeat + 2):
+        profile = Profile(steps=[] if steps else None)
+        given = dict(inputs) if inputs is not None else chain_inputs(len(runner.input_values))
+        t0 = time.perf_counter()
+        run_node(runner, transport, given, profile)
+        elapsed = time.perf_counter() - t0
+        if k >= 2:
+            yield elapsed, profile
+
+
 def busy_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT,
                  inputs: dict[str, np.ndarray] | None = None) -> float:
     """The fastest of `repeat` runs (after two) of the runner's program, less its waits: its runs
     and sends, and the executor's own time around and between them (posting the receives, going
     from one step to the next), which a plan's node pays too (`inputs`: the program's, else a
     chain's one-element values)."""
-    width = len(runner.input_values)
-    best = float("inf")
-    for k in range(repeat + 2):
-        profile = Profile()
-        given = dict(inputs) if inputs is not None else chain_inputs(width)
-        t0 = time.perf_counter()
-        run_node(runner, transport, given, profile)
-        busy = time.perf_counter() - t0 - profile.wait
-        if k >= 2:
-            best = min(best, busy)
-    return best
+    return min(elapsed - profile.wait for elapsed, profile in timed_runs(runner, transport, repeat, inputs))
 
 
 def received_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT) -> float:
     """The median of a run's waits, lowest of `repeat` runs (after two): what a wait costs where
     its message has arrived, for a program whose waits mostly find theirs there (the ring
-    chain's, at its end). Its steps are recorded in runs of their own, so that the recording
-    does not weigh on the busy times."""
-    best = float("inf")
-    for k in range(repeat + 2):
-        profile = Profile(steps=[])
-        run_node(runner, transport, chain_inputs(len(runner.input_values)), profile)
+    chain's, at its end); 0 for a program without waits. Its steps are recorded in runs of their
+    own, so that the recording does not weigh on the busy times."""
+    medians = []
+    for _, profile in timed_runs(runner, transport, repeat, steps=True):
         waits = sorted(s.t1 - s.t0 for s in profile.steps or () if s.op == "wait")
-        if k >= 2 and waits:
-            best = min(best, waits[len(waits) // 2])
-    return best if best < float("inf") else 0.0
+        if waits:
+            medians.append(waits[len(waits) // 2])
+    return min(medians, default=0.0)
 
 
 def measure_boundary(threads: int, comm: Any = None) -> Boundary:
