@@ -27,7 +27,7 @@ from typing import ClassVar
 from bbgrap.ir import Graph, Layer, Tensor
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.base import is_default_domain
-from bbgrap.rules.reduce import ReduceRule
+from bbgrap.rules.reduce import reduced_axes
 
 BANDS_SUFFIX = "/bands"  # the name of the global pool of the band means, after the layer's
 FLOATS = ("float16", "float32", "float64")  # what AveragePool takes
@@ -41,7 +41,7 @@ def pools_globally(layer: Layer, graph: Graph) -> bool:
     if layer.op_type == "GlobalAveragePool":
         return True
     return layer.op_type == "ReduceMean" and int(layer.attrs.get("keepdims", 1)) == 1 \
-        and ReduceRule().reduced(layer, graph) == frozenset({2, 3})
+        and reduced_axes(layer, graph) == frozenset({2, 3})
 
 
 def banded(layer: Layer, graph: Graph, nodes: int) -> tuple[Layer, Layer, Tensor] | None:

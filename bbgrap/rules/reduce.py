@@ -21,6 +21,22 @@ def _normalised(axes: Sequence[int], rank: int) -> frozenset[int]:
     return frozenset(a + rank if a < 0 else a for a in axes)
 
 
+def reduced_axes(layer: Layer, graph: Graph) -> frozenset[int] | None:
+    """The input axes a Reduce* layer reduces (its `axes` attribute, or its constant axes input);
+    None where they are not known at compile time."""
+    rank = len(shape(graph, layer.inputs[0]))
+    if "axes" in layer.attrs:
+        return _normalised([int(a) for a in layer.attrs["axes"]], rank)
+    if len(layer.inputs) > 1 and layer.inputs[1]:
+        given = graph.constants.get(layer.inputs[1])
+        if given is None:
+            return None  # axes computed from the data
+        axes = [int(a) for a in np.asarray(given).reshape(-1)]
+        if axes:
+            return _normalised(axes, rank)
+    return frozenset() if int(layer.attrs.get("noop_with_empty_axes", 0)) else frozenset(range(rank))
+
+
 class ReduceRule(RegionRule):
     """Reduce* over `axes` (an attribute, or from opset 18 — 13 for ReduceSum — a constant input;
     none: every axis, or none at all with noop_with_empty_axes). With keepdims the output keeps
@@ -28,23 +44,9 @@ class ReduceRule(RegionRule):
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
         """One operation per input element reduced into the output element."""
-        reduced = self.reduced(layer, graph)
+        reduced = reduced_axes(layer, graph)
         dims = shape(graph, layer.inputs[0])
         return float(math.prod(dims[a] for a in (reduced if reduced is not None else range(len(dims)))))
-
-    def reduced(self, layer: Layer, graph: Graph) -> frozenset[int] | None:
-        """The input axes reduced; None where they are not known at compile time."""
-        rank = len(shape(graph, layer.inputs[0]))
-        if "axes" in layer.attrs:
-            return _normalised([int(a) for a in layer.attrs["axes"]], rank)
-        if len(layer.inputs) > 1 and layer.inputs[1]:
-            given = graph.constants.get(layer.inputs[1])
-            if given is None:
-                return None  # axes computed from the data
-            axes = [int(a) for a in np.asarray(given).reshape(-1)]
-            if axes:
-                return _normalised(axes, rank)
-        return frozenset() if int(layer.attrs.get("noop_with_empty_axes", 0)) else frozenset(range(rank))
 
     def _kept(self, layer: Layer, graph: Graph, reduced: frozenset[int]) -> list[int]:
         """For each output axis, the input axis it stands for."""
@@ -53,13 +55,13 @@ class ReduceRule(RegionRule):
         return list(range(rank)) if keep else [a for a in range(rank) if a not in reduced]
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        reduced = self.reduced(layer, graph)
+        reduced = reduced_axes(layer, graph)
         if reduced is None:
             return frozenset()
         return frozenset(k for k, a in enumerate(self._kept(layer, graph, reduced)) if a not in reduced)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        reduced = self.reduced(layer, graph)
+        reduced = reduced_axes(layer, graph)
         need = full(graph, layer.inputs[0])
         if reduced is not None:
             for k, a in enumerate(self._kept(layer, graph, reduced)):
