@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 import onnxruntime as ort
 from bbgrap.backends.probe_models import float_model
+from latency import session, time_session  # benchmarks/latency.py, beside this script
 from onnx import helper
 
 from bbgrap.simulate import FEW_PER_GROUP
@@ -28,15 +28,11 @@ SHAPES = ((48, 56), (104, 28), (208, 14), (440, 7))  # (channels, map size): reg
 PER_GROUP = (1, 4, 8, 16, 32)  # input channels per group, besides all of them
 
 
-def session(channels: int, size: int, per_group: int, threads: int) -> ort.InferenceSession:
+def grouped_session(channels: int, size: int, per_group: int, threads: int) -> ort.InferenceSession:
     weight = np.random.default_rng(0).random((channels, per_group, 3, 3), np.float32)
     node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, group=channels // per_group)
     shape = (1, channels, size, size)
-    model = float_model([node], {"x": shape}, {"y": shape}, {"w": weight}, "grouped_conv")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session(float_model([node], {"x": shape}, {"y": shape}, {"w": weight}, "grouped_conv").SerializeToString(), threads)
 
 
 def main() -> int:
@@ -49,19 +45,14 @@ def main() -> int:
     print(f"grouped 3x3 convolutions, {args.threads} thread(s); priced as depthwise up to {FEW_PER_GROUP} channels per group")
     for channels, size in SHAPES:
         groups = sorted({g for g in PER_GROUP if channels % g == 0} | {channels})
-        sessions = {g: session(channels, size, g, args.threads) for g in groups}
+        sessions = {g: grouped_session(channels, size, g, args.threads) for g in groups}
         x = np.random.default_rng(1).random((1, channels, size, size), np.float32)
         times: dict[int, list[float]] = {g: [] for g in groups}
         for s in sessions.values():
             s.run(None, {"x": x})
         for _ in range(args.rounds):
             for g, s in sessions.items():
-                runs = []
-                for _ in range(args.repeat):
-                    t = time.perf_counter()
-                    s.run(None, {"x": x})
-                    runs.append(time.perf_counter() - t)
-                times[g].append(statistics.median(runs))
+                times[g].append(statistics.median(time_session(s, {"x": x}, args.repeat)))
         rate = {g: channels * size * size * g * 9 / statistics.median(times[g]) for g in groups}
         if args.json:
             print(json.dumps({"channels": channels, "size": size, "threads": args.threads,

@@ -51,7 +51,8 @@ MIN_SIDE_SECONDS = 0.25
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script (on sys.path as the script's folder)
 
 
-def session(path: str, threads: int) -> ort.InferenceSession:
+def session(path: str | bytes, threads: int) -> ort.InferenceSession:
+    """onnxruntime with `threads` intra-op threads on a model file (or its bytes), as a user runs it."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
