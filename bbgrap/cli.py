@@ -42,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--threshold", type=float, help="search band around the speed-proportional size, in %% (default 20)")
     c.add_argument("--direction", help="cut direction: n (batch), c (channels), h (height) or w (width); default h")
     c.add_argument("--config", metavar="FILE", help="cluster/search config (TOML, see configs/)")
-    c.add_argument("--speeds", help="relative node speeds, comma separated, e.g. 1,3,1")
+    c.add_argument("--speeds", help="relative node speeds, comma separated, e.g. 1,3,1; each layer is cut in proportion to them "
+                   "(default: with --profile, each node's time for this model's layers on it, where the nodes differ by more "
+                   "than 20%%; else equal)")
     c.add_argument("--memory-mb", metavar="MB[,MB...]",
                    help="memory each node gives the plan in MB (one for all, or one per node; bbgrap-run's own process comes "
                         "on top): heavy layers are cut along channels, sharding their weights, until every node's weights "

@@ -19,7 +19,7 @@ from bbgrap.plan import check_output_dir, file_sha256, write_plan
 from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, RecomputeRecord, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import Prediction, predict
+from bbgrap.simulate import Prediction, predict, profile_speeds
 
 if TYPE_CHECKING:
     from bbgrap.backends.lower import Message, NodeProgram
@@ -217,7 +217,9 @@ def compile_model(
     """Compile `model` for `cfg.nodes` nodes into `out_dir` with the rules of `registry`
     (default: every family shipped); returns the plan as written.
 
-    With a cluster `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
+    With a cluster `profile` of nodes of different speeds and no speeds in `cfg`, the cuts take
+    their proportions from the profile (`profile_speeds`): the speeds come from calibrate's
+    measurement, not a flag. With a `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
     node, and the plan's compile record holds the prediction. Where the plan is not predicted at
     least PLANNER_MARGIN faster than one node, the counts in between are simulated too and the plan
     is compiled for the fastest predicted count, a count replacing a smaller one only where
@@ -245,6 +247,12 @@ def compile_model(
     front = import_model(model, input_shapes, registry=registry)
     step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
+    if profile is not None and not cfg.speeds and cfg.nodes > 1:
+        speeds = profile_speeds(front.graph, profile, cfg.nodes, registry)
+        if len(set(speeds)) > 1:
+            cfg = replace(cfg, speeds=speeds)
+            log(f"node speeds from {profile.source}: {','.join(f'{s:g}' for s in speeds)} (each node's time for this model's "
+                "layers; --speeds sets them instead)")
     requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
 

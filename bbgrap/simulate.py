@@ -224,6 +224,27 @@ def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) 
     return layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), registry)
 
 
+# nodes within this much of the fastest on a model are taken as equal: calibrate's noise between like nodes
+# (two ranks of one host have measured one op kind's throughput 17 % apart, docs/benchmarks.md session 17)
+EQUAL_SPEEDS = 0.2
+
+
+def profile_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: RuleRegistry | None = None) -> tuple[float, ...]:
+    """Each of the first `nodes` nodes' speed on this model, as the cut proportions take them
+    (`Config.speeds`): the slowest node's time for the model's layers, each whole
+    (`NodeProfile.layer_time`), over this node's, to two decimals. All 1.0 where every node is
+    within EQUAL_SPEEDS of the fastest: like nodes calibrated a few percent apart keep what equal
+    speeds allow (even cuts, band pools)."""
+    times = []
+    for n in range(nodes):
+        p = profile.node(n)
+        times.append(math.fsum(p.layer_time(layer.name, op_kind(layer, graph), ops, ops, 1.0, weight_bytes(layer, graph))
+                               for layer in graph.layers for ops in (whole_ops(layer, graph, registry),)))
+    if max(times) <= (1 + EQUAL_SPEEDS) * min(times):
+        return (1.0,) * nodes
+    return tuple(round(max(times) / t, 2) for t in times)
+
+
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
     """The segment's time on `node`: its fixed costs (the segment's, its values'), every kind's
     operations at that kind's throughput and fixed cost per op, and for each layer its own time
