@@ -45,7 +45,11 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
 
 All ranks measure at once, as they would compute at once. Every time is the fastest of
 REPEAT runs after a warm-up (on a shared host other jobs only ever slow a run down); the
-whole takes a few seconds.
+whole takes a few seconds. A node under a CPU quota (a container's CPU limit) takes at most the
+quota's whole cores as threads, times its runs without the quota's stops and divides every time
+by the share of its threads' time the quota leaves them (`NodeProfile.slowed`, `cpu_share`;
+backends/cpu_quota.py). The boundary chains, each far shorter than a quota's period, are timed
+on the wall clock.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from typing import Any
 import numpy as np
 import onnx
 from bbgrap.backends.boundary import measure_boundary, measure_cold
+from bbgrap.backends.cpu_quota import WALL, BusyClock, cpu_quota
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
@@ -118,26 +123,26 @@ def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
     return float_model([node], {"x": (elements,)}, {"y": (elements,)}, {"one": np.ones((1,), dtype=np.float32)}), float(elements)
 
 
-def timed_run(sess: Any, feeds: Mapping[str, np.ndarray]) -> float:
-    """Seconds of one run of an onnxruntime session."""
-    t0 = time.perf_counter()
+def timed_run(sess: Any, feeds: Mapping[str, np.ndarray], clock: BusyClock = WALL) -> float:
+    """Seconds of one run of an onnxruntime session, on `clock` (without a CPU quota's stops)."""
+    mark = clock.start()
     sess.run(None, feeds)
-    return time.perf_counter() - t0
+    return clock.since(mark)
 
 
-def fastest_run(sess: Any, feeds: Mapping[str, np.ndarray], runs: int, seconds: float) -> float:
+def fastest_run(sess: Any, feeds: Mapping[str, np.ndarray], runs: int, seconds: float, clock: BusyClock = WALL) -> float:
     """The fastest of at least `runs` runs that go on for at least `seconds`: a small model's dozen
     runs take a few milliseconds, which one busy moment of a shared host covers whole."""
-    times = [timed_run(sess, feeds) for _ in range(runs)]
-    while sum(times) < seconds:
-        times.append(timed_run(sess, feeds))
-    return min(times)
+    times = [timed_run(sess, feeds, clock) for _ in range(runs)]
+    while sum(max(t, 0.0) for t in times) < seconds:
+        times.append(timed_run(sess, feeds, clock))
+    return clock.best(times)
 
 
-def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> tuple[float, tuple[int, ...]]:
+def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL) -> tuple[float, tuple[int, ...]]:
     """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up by three runs):
-    the fastest of `repeat`, since other work on the host only ever slows a run down; and the shape
-    of its first output."""
+    the fastest of `repeat` on `clock`, since other work on the host only ever slows a run down;
+    and the shape of its first output."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
@@ -146,12 +151,12 @@ def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> tu
     shape = tuple(sess.run(None, feeds)[0].shape)
     for _ in range(2):
         sess.run(None, feeds)
-    return min(timed_run(sess, feeds) for _ in range(repeat)), shape
+    return clock.best([timed_run(sess, feeds, clock) for _ in range(repeat)]), shape
 
 
-def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT) -> float:
+def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL) -> float:
     """Seconds of one run of `model`, as `time_piece` times it."""
-    return time_piece(model, threads, repeat)[0]
+    return time_piece(model, threads, repeat, clock)[0]
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -176,23 +181,24 @@ TINY: dict[str, Callable[[], tuple[onnx.ModelProto, float]]] = {
 
 
 def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], tiny: Callable[[], tuple[onnx.ModelProto, float]],
-             threads: int, segment: float) -> tuple[float, float]:
+             timed: Callable[[onnx.ModelProto], float], segment: float) -> tuple[float, float]:
     """Operations per second and fixed seconds per op of one kind of op: 1 / the slope of the line
     through the (operations, time) of the one-op models `builds` make (least squares), and what the
     `tiny` one-op model's time leaves beyond a segment's fixed cost `segment` and its operations at
     that speed (not the line's intercept, which one noisy large model moves by far more than the
     fixed cost; nor what the larger models leave, which their better cache fit can make negative).
-    Where noise makes the slope no larger than 0: the largest model's operations over its time."""
+    Where noise makes the slope no larger than 0: the largest model's operations over its time.
+    `timed`: seconds of one run of a model (`time_model` with the node's threads and clock)."""
     ops, times = [], []
     for build in builds:
         model, n = build()
         ops.append(n)
-        times.append(time_model(model, threads))
+        times.append(timed(model))
     _, slope = fit_line(ops, times)
     if slope <= 0:
         slope = times[-1] / ops[-1]
     model, n = tiny()
-    return 1.0 / slope, max(0.0, time_model(model, threads) - segment - n * slope)
+    return 1.0 / slope, max(0.0, timed(model) - segment - n * slope)
 
 
 def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) -> tuple[float, float]:
@@ -247,7 +253,7 @@ def kernel_layer(kernel: str, layers: Mapping[str, Layer], producers: Mapping[st
 
 
 def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
-                   registry: RuleRegistry | None = None, runs: int = LAYER_RUNS) -> dict[str, float]:
+                   registry: RuleRegistry | None = None, runs: int = LAYER_RUNS, clock: BusyClock = WALL) -> dict[str, float]:
     """Seconds of each layer of `graph` on this node, in the model as onnxruntime runs it whole
     (`model`, its nodes named as the layers are): its profiler's kernel times, the fastest of `runs`
     runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
@@ -279,7 +285,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         del sess
         plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
         plain.run(None, feeds)
-        wall = fastest_run(plain, feeds, runs, MODEL_TIMED_S)
+        wall = fastest_run(plain, feeds, runs, MODEL_TIMED_S, clock)
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     per_run: list[dict[str, float]] = [{} for _ in spans]
     anchors: dict[str, str] = {}
@@ -306,10 +312,15 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
 def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None) -> NodeProfile:
     """This process's node: throughput and fixed cost per kind of op, a segment boundary's costs (a
     message's too on an MPI `comm` of more than one rank: every rank at once), and with `model`
-    that model's layers (module docstring)."""
+    that model's layers (module docstring). Under a CPU quota every run is timed without the
+    quota's stops, and every time is then divided by the share of the threads' time the quota
+    leaves them (backends/cpu_quota.py): over an inference the stops slow the node by that much."""
+    quota = cpu_quota()
+    clock = BusyClock(quota, threads)
+    timed = functools.partial(time_model, threads=threads, clock=clock)
     boundary = measure_boundary(threads, comm)
     # what a lone session's run costs beyond its ops: the op kinds' one-op models and the model's run are such runs
-    segment = time_model(add_model(1)[0], threads)
+    segment = timed(add_model(1)[0])
     sizes = (7, 14, 28, 56)
     builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
         # (one kernel size: 1x1 convolutions lie on a line of their own, and mixing the two lines makes
@@ -319,23 +330,24 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         "matmul": [functools.partial(matmul_model, 16, s) for s in (64, 128, 256, 512)],
         "other": [functools.partial(add_model, s * s * 64) for s in sizes],
     }
-    speeds = {kind: op_speed(b, TINY[kind], threads, segment) for kind, b in builds.items()}
+    speeds = {kind: op_speed(b, TINY[kind], timed, segment) for kind, b in builds.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
     fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
-    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([time_model(add_model(n)[0], threads) for n in STREAM_SIZES])
+    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
-    fields["weight_Bps"] = nbytes / max(time_model(streamed, threads) - segment, 1e-9)
+    fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
     layers, scaling = {}, {}
     if model is not None:
-        layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment)
-        scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads), layers)
+        layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment, clock=clock)
+        scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads, clock=clock), layers)
     if boundary.send_s is not None:
         fields["send_s"] = boundary.send_s
     if boundary.recv_s is not None:
         fields["recv_s"] = boundary.recv_s
     cold = measure_cold(threads, fields["weight_Bps"])
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
-    return NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, layer_s=layers, layer_scaling=scaling)
+    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, layer_s=layers, layer_scaling=scaling)
+    return node.slowed(quota.share(threads)) if quota is not None else node
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
@@ -379,6 +391,8 @@ def describe(profile: ClusterProfile) -> str:
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
                      f"per message sent {p.send_s * 1e6:.1f} us, received {p.recv_s * 1e6:.1f} us; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
+        if p.cpu_share < 1.0:
+            lines.append(f"  under a CPU quota: {p.cpu_share:.0%} of its threads' time, every figure above slowed by it")
         if p.cache_bytes and p.stream_ops_per_s:
             lines.append(f"  copies of over {p.cache_bytes / 2**20:.1f} MB (read and written) at {p.stream_ops_per_s / 1e9:.2f} Gop/s")
         if p.layer_s:
@@ -393,7 +407,7 @@ def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelT
     the default link. `process_pool`: on the process's one thread pool, as bbgrap-run runs (only for
     the command: it is process-wide)."""
     quiet_onnxruntime()
-    mine = threads or threads_per_rank(1)
+    mine = threads or threads_per_rank(1, cpu_quota())
     if process_pool:
         PROCESS_THREAD_POOL.start(mine)
     node = measure_node(mine, model)
@@ -406,8 +420,8 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
 
     quiet_onnxruntime()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    affinities = allgather(local, sorted(os.sched_getaffinity(0)))
-    mine = threads or threads_for_rank(affinities, local.Get_rank())
+    affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), cpu_quota())))
+    mine = threads or threads_for_rank(affinities, local.Get_rank(), quotas)
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
     node = measure_node(mine, model, comm)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from bbgrap.backends import nchwc
+from bbgrap.backends.cpu_quota import WAIT_NAP_S, cpu_quota
 from bbgrap.backends.devices import device_for_rank, ranks_per_device, visible_devices
 from bbgrap.backends.engine import (
     boundary_block,
@@ -49,7 +50,7 @@ from bbgrap.backends.engine import (
     session_options,
 )
 from bbgrap.backends.executor import NodeRunner, Profile, run_embedded, run_node
-from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank
+from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
 from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
@@ -377,7 +378,7 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     plan = read_manifest(args.plan)
     verify_files(args.plan, plan, range(plan.nodes))
     inputs, reference = load_inputs(args, plan)
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = args.threads or threads_per_rank(1, cpu_quota())
     PROCESS_THREAD_POOL.start(threads)  # one pool for every node's segments, before the first session
     if args.check:
         reference = model_reference(args, plan, inputs)
@@ -466,7 +467,8 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
-    affinities = allgather(local, sorted(os.sched_getaffinity(0)))
+    quota = cpu_quota()
+    affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), quota)))
     error: str | None = None
     plan: Plan | None = None
     inputs: dict[str, np.ndarray] = {}
@@ -486,7 +488,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if error is None and plan is not None:
             verify_files(args.plan, plan, [rank])
             inputs, reference = load_inputs(args, plan)
-            threads = args.threads or threads_for_rank(affinities, local.Get_rank())
+            threads = args.threads or threads_for_rank(affinities, local.Get_rank(), quotas)
             PROCESS_THREAD_POOL.start(threads)  # before the first session, --check's included
             if args.check:
                 reference = model_reference(args, plan, inputs) if rank == 0 else {}
@@ -515,7 +517,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if rank == 0:
             print(f"bbgrap-run: error: {next(e for e in errors if e)}", file=sys.stderr)
         return 2
-    transport = MPITransport(comm, runner)
+    transport = MPITransport(comm, runner, nap=WAIT_NAP_S if quota is not None else 0.0)  # spinning would spend the quota
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     profile = Profile(steps=[] if args.trace else None)

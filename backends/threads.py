@@ -12,10 +12,13 @@ library callers that also make other sessions (the frontend, the tests).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from bbgrap.backends.cpu_quota import CpuQuota
 
 
 @dataclass
@@ -62,15 +65,24 @@ def probe_options(threads: int = 1) -> Any:
     return opts
 
 
-def threads_per_rank(ranks_on_host: int) -> int:
-    """The host's cores shared out among the ranks on it (at least one thread each)."""
-    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
+def threads_per_rank(ranks_on_host: int, quota: CpuQuota | None = None) -> int:
+    """The host's cores shared out among the ranks on it (at least one thread each), at most the
+    CPU quota's whole cores where the process runs under one (backends/cpu_quota.py)."""
+    threads = max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
+    return min(threads, quota.threads()) if quota is not None else threads
 
 
-def threads_for_rank(affinities: Sequence[Sequence[int]], me: int) -> int:
+def threads_for_rank(affinities: Sequence[Sequence[int]], me: int, quotas: Sequence[CpuQuota | None] = ()) -> int:
     """Threads for local rank `me` given every local rank's CPU affinity: its cores divided
     among the ranks whose cores overlap its own (all of them where mpirun binds nothing;
-    only itself where each rank is pinned to cores of its own)."""
+    only itself where each rank is pinned to cores of its own); where `quotas` (every local
+    rank's CPU quota) gives it one, at most the quota's whole cores divided among the ranks
+    under the same quota (at least one thread)."""
     mine = set(affinities[me])
     sharing = sum(1 for other in affinities if mine & set(other))
-    return max(1, len(mine) // max(sharing, 1))
+    threads = max(1, len(mine) // max(sharing, 1))
+    quota = quotas[me] if me < len(quotas) else None
+    if quota is None:
+        return threads
+    under = sum(1 for q in quotas if q is not None and q.group == quota.group)
+    return min(threads, max(1, math.floor(quota.cores / max(under, 1) + 1e-9)))

@@ -61,10 +61,14 @@ def allgather(comm: Any, value: Any) -> list[Any]:
 
 
 class MPITransport:
-    """Nonblocking point-to-point transfers into preallocated buffers."""
+    """Nonblocking point-to-point transfers into preallocated buffers; `nap`: seconds of sleep
+    between two tests of a receive or of the last sends that have not finished (0: spin, the
+    fastest where the rank has its cores to itself; a rank under a CPU quota would spend it on
+    the wait: backends/cpu_quota.py)."""
 
-    def __init__(self, comm: Any, runner: NodeRunner) -> None:
+    def __init__(self, comm: Any, runner: NodeRunner, nap: float = 0.0) -> None:
         self.comm = comm
+        self.nap = nap
         self.incoming = {m.id: m for m in runner.messages.values() if m.dst == runner.node}
         self.buffers = {k: np.empty(m.shape, dtype=m.dtype) for k, m in self.incoming.items()}
         self.recv_requests: dict[int, Any] = {}
@@ -80,7 +84,7 @@ class MPITransport:
         self.send_requests.append(self.comm.Isend(data, dest=msg.dst, tag=msg.id))
 
     def receive(self, msg: MessageSpec) -> np.ndarray:
-        poll(self.recv_requests.pop(msg.id))
+        poll(self.recv_requests.pop(msg.id), self.nap)
         return self.buffers[msg.id]
 
     def progress(self) -> None:
@@ -101,6 +105,7 @@ class MPITransport:
         from mpi4py import MPI
 
         while not MPI.Request.Testall(self.send_requests):  # polled, as in poll
-            pass
+            if self.nap:
+                time.sleep(self.nap)
         self.send_requests.clear()
         self.keep.clear()

@@ -132,6 +132,9 @@ class NodeProfile:
     # test that completes it, handing the buffer on: backends/boundary.py measures it); 0: not
     # measured, the default
     recv_s: float = 0.0
+    # the share of its threads' time a CPU quota (a container's CPU limit) leaves the node, which
+    # every time here is already divided by (`slowed`; 1: no quota)
+    cpu_share: float = 1.0
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
     # how some of them scale along rows and channels (`Scaling`); a measured layer without: in proportion to its operations
@@ -144,6 +147,15 @@ class NodeProfile:
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
         return float(getattr(self, f"{kind}_op_s"))
+
+    def slowed(self, share: float) -> NodeProfile:
+        """This node with `share` of its time: every throughput times `share`, every time (fixed
+        costs, measured layers) over it, the cache and the layers' scaling as they are; `cpu_share`
+        records it."""
+        changes: dict[str, Any] = {f.name: getattr(self, f.name) * share for f in fields(self) if f.name.endswith("_per_s") or f.name.endswith("Bps")}
+        changes.update({f.name: getattr(self, f.name) / share for f in fields(self)
+                        if f.name.endswith("_s") and not f.name.endswith("_per_s") and isinstance(getattr(self, f.name), float)})
+        return replace(self, **changes, cpu_share=self.cpu_share * share, layer_s={k: v / share for k, v in self.layer_s.items()})
 
     def boundary_s(self, pieces: int) -> float:
         """Fixed seconds of a segment boundary where a node takes `pieces` values and concatenates

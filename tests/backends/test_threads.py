@@ -19,3 +19,18 @@ from bbgrap.backends.threads import threads_for_rank
 ])
 def test_threads_for_rank(affinities: list[list[int]], me: int, threads: int) -> None:
     assert threads_for_rank(affinities, me) == threads
+
+
+def test_a_cpu_quota_caps_the_threads_shared_among_the_ranks_under_it() -> None:
+    from bbgrap.backends.cpu_quota import CpuQuota
+
+    pod = CpuQuota(2.5, "/cg/pod", 1)
+    # alone under 2.5 cores on 16: two threads, not 16
+    assert threads_for_rank([list(range(16))], 0, [pod]) == 2
+    # two ranks under the one quota: one thread each; under quotas of their own: two each
+    assert threads_for_rank([list(range(16))] * 2, 1, [pod, pod]) == 1
+    assert threads_for_rank([list(range(16))] * 2, 1, [pod, CpuQuota(2.5, "/cg/other", 1)]) == 2
+    # a quota below one core still leaves one thread; a quota beyond the cores changes nothing
+    assert threads_for_rank([[0, 1]], 0, [CpuQuota(0.3, "/cg/small", 2)]) == 1
+    assert threads_for_rank([[0, 1]], 0, [CpuQuota(8.0, "/cg/big", 2)]) == 2
+    assert threads_for_rank([[0, 1]], 0, [None]) == 2
