@@ -1,0 +1,189 @@
+"""Nodes of different speeds emulated on one host with CPU quotas (issue 16's heterogeneous goal).
+
+Each rank is pinned to a core of its own and put in a cgroup of its own whose CFS quota
+gives it a share of that core (default 0.3 and 0.9: a 1:3 cluster of two nodes; three ranks
+need three cores). Then, in one run:
+
+1. `mpirun -n N bbgrap calibrate` under the quotas: each node's speed on the model as the
+   profile gives it (`simulate.profile_speeds`), against the shares set;
+2. `bbgrap compile --profile` twice: cut by the profile's speeds (the default) and evenly
+   (`--speeds 1,...,1`), both with --force-nodes;
+3. both plans run under the quotas (`bbgrap-run --trace`), alternating, ROUNDS times: the
+   latency of each and their ratio; and each plan run without quotas, where each rank's time in
+   its segments and sends over its share is the time that rank would take on its node
+   (balance: the slowest rank's over the fastest's).
+
+Needs root and a writable cgroup cpu controller (v1 `cpu` or v2 with `cpu` enabled); says so
+in one line and exits 2 otherwise. The cgroups it makes (bbgrap-quota-RANK) are removed at
+the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--period-us 5000]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+
+GROUP = "bbgrap-quota-{rank}"
+ROUNDS = 3
+
+
+def cgroup_root() -> tuple[str, int] | None:
+    """Where to make cpu cgroups: the v1 cpu hierarchy's mount, else the v2 mount with cpu on."""
+    v1 = "/sys/fs/cgroup/cpu"
+    if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")) and os.access(v1, os.W_OK):
+        return v1, 1
+    v2 = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(v2, "cgroup.subtree_control"), encoding="ascii") as fh:
+            if "cpu" in fh.read().split() and os.access(v2, os.W_OK):
+                return v2, 2
+    except OSError:
+        pass
+    return None
+
+
+def enter(share: float, period_us: int, core: int, rank: int) -> None:
+    """Put this process in its rank's cgroup with `share` of a core, pinned to `core`."""
+    found = cgroup_root()
+    assert found is not None
+    root, version = found
+    group = os.path.join(root, GROUP.format(rank=rank))
+    os.makedirs(group, exist_ok=True)
+    quota = max(1000, int(share * period_us))
+    if version == 1:
+        with open(os.path.join(group, "cpu.cfs_period_us"), "w") as fh:
+            fh.write(str(period_us))
+        with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as fh:
+            fh.write(str(quota))
+    else:
+        with open(os.path.join(group, "cpu.max"), "w") as fh:
+            fh.write(f"{quota} {period_us}")
+    with open(os.path.join(group, "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+    os.sched_setaffinity(0, {core})
+
+
+def remove_groups(ranks: int) -> None:
+    found = cgroup_root()
+    if found is None:
+        return
+    for rank in range(ranks):
+        try:
+            os.rmdir(os.path.join(found[0], GROUP.format(rank=rank)))
+        except OSError:
+            pass
+
+
+def launch(shares: Sequence[float], period_us: int, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """`mpirun -n N` of `command`, every rank entering its quota first (a share of 0: pinned only)."""
+    n = len(shares)
+    wrap = [sys.executable, os.path.abspath(__file__), "--enter", ",".join(map(str, shares)), "--period-us", str(period_us), "--"]
+    bindir = os.path.dirname(sys.executable)
+    proc = subprocess.run([os.path.join(bindir, "mpirun"), "-n", str(n), *wrap, *command], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"quota_cluster: {' '.join(command[:2])} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    return proc
+
+
+def rank_work(trace: str, ranks: int) -> tuple[float, list[float]]:
+    """The median latency (ms) of a --trace file and each rank's median time in its segments and sends."""
+    with open(trace, encoding="utf-8") as fh:
+        events = json.load(fh)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spans = {r: sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "inference" and e["pid"] == r) for r in range(ranks)}
+    latency: list[float] = []
+    work: list[list[float]] = [[] for _ in range(ranks)]
+    for k in range(len(spans[0])):
+        latency.append(max(spans[r][k][1] for r in range(ranks)) - min(spans[r][k][0] for r in range(ranks)))
+        for r in range(ranks):
+            a, b = spans[r][k]
+            work[r].append(sum(e["dur"] for e in events if e.get("cat") in ("run", "send") and e["pid"] == r and a <= e["ts"] <= b))
+    return statistics.median(latency) / 1e3, [statistics.median(w) / 1e3 for w in work]
+
+
+def main(args: argparse.Namespace) -> int:
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.cluster import read_profile
+    from bbgrap.simulate import profile_speeds
+
+    shares, n = args.shares, len(args.shares)
+    if n > len(os.sched_getaffinity(0)):
+        print(f"quota_cluster: {n} ranks need {n} cores of their own; this host gives {len(os.sched_getaffinity(0))}", file=sys.stderr)
+        return 2
+    bindir = os.path.dirname(sys.executable)
+    work = tempfile.mkdtemp(prefix="bbgrap-quota-")
+    try:
+        profile = os.path.join(work, "cluster.toml")
+        launch(shares, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile])
+        speeds = profile_speeds(import_model(args.model).graph, read_profile(profile), n)
+        ratio = [s / speeds[0] for s in speeds]
+        want = [s / shares[0] for s in shares]
+        print(f"shares set {','.join(f'{s:g}' for s in shares)} (period {args.period_us} us): speeds relative to rank 0 set "
+              f"{', '.join(f'{w:.2f}' for w in want)}, found by calibrate {', '.join(f'{r:.2f}' for r in ratio)} "
+              f"(worst {max(abs(r / w - 1) for r, w in zip(ratio, want)):.1%} off)")
+        plans = {"by the profile's speeds": [], "even": ["--speeds", ",".join(["1"] * n)]}
+        dirs = {}
+        for name, extra in plans.items():
+            dirs[name] = os.path.join(work, f"plan-{len(dirs)}")
+            subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", profile, "--force-nodes",
+                            "--quiet", "-o", dirs[name], *extra], check=True)
+        measured: dict[str, list[float]] = {name: [] for name in plans}
+        for _ in range(ROUNDS):
+            for name, plan in dirs.items():
+                trace = os.path.join(work, "trace.json")
+                launch(shares, args.period_us, [os.path.join(bindir, "bbgrap-run"), plan, "--repeat", str(args.repeat), "--quiet", "--trace", trace])
+                measured[name].append(rank_work(trace, n)[0])
+        for name, plan in dirs.items():
+            trace = os.path.join(work, "trace.json")
+            launch([0.0] * n, args.period_us, [os.path.join(bindir, "bbgrap-run"), plan, "--repeat", str(args.repeat), "--quiet", "--trace", trace])
+            _, per_rank = rank_work(trace, n)
+            on_node = [w / s for w, s in zip(per_rank, shares)]
+            print(f"{name}: under the quotas {statistics.median(measured[name]):.2f} ms (rounds {', '.join(f'{t:.2f}' for t in measured[name])}); "
+                  f"each rank's segments and sends over its share {', '.join(f'{t:.2f}' for t in on_node)} ms: "
+                  f"slowest/fastest {max(on_node) / min(on_node):.2f}")
+        names = list(dirs)
+        print(f"{names[0]} / {names[1]} under the quotas: "
+              f"{statistics.median(measured[names[0]]) / statistics.median(measured[names[1]]):.3f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        remove_groups(n)
+    return 0
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="?", help="the ONNX model")
+    p.add_argument("--shares", type=lambda s: [float(x) for x in s.split(",")], default=[0.3, 0.9],
+                   help="each rank's share of its core (default 0.3,0.9)")
+    p.add_argument("--period-us", type=int, default=5000, help="the quota's period in microseconds (default 5000; at least 1000)")
+    p.add_argument("--repeat", type=int, default=30, help="timed inferences per run (default 30)")
+    p.add_argument("--enter", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    cut = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
+    opts = parse(sys.argv[1:cut])
+    if opts.enter is not None:  # a rank: into its quota (a share of 0: pinned only), then the command after --
+        rank = int(os.environ.get("PMI_RANK", "0"))
+        share = [float(x) for x in opts.enter.split(",")][rank]
+        command = sys.argv[cut + 1:]
+        if share > 0:
+            enter(share, opts.period_us, rank, rank)
+        else:
+            os.sched_setaffinity(0, {rank})
+        os.execv(command[0], command)
+    if opts.model is None:
+        sys.exit("quota_cluster: give the model: python quota_cluster.py MODEL.onnx")
+    if cgroup_root() is None:
+        print("quota_cluster: no writable cgroup cpu controller (needs root and cgroup v1 'cpu' or v2 with cpu enabled)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(opts))
