@@ -144,7 +144,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the original model for --check (implies it); taken as given, without comparing it to the compiled one")
     p.add_argument("--repeat", type=int, default=10, help="timed inferences; latency is their median (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed inferences first (default 2)")
-    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads per rank (default: cores / ranks on the host)")
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads per rank (default: cores / ranks on the host, at most a CPU quota's whole cores)")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="execution provider (default auto: CUDA when usable)")
     p.add_argument("--iobinding", choices=("auto", "on", "off"), default="auto",
                    help="keep activations as device-bound onnxruntime values between segments (default auto: with CUDA)")

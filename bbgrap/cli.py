@@ -91,9 +91,13 @@ def _parser() -> argparse.ArgumentParser:
                        "and each of its ops and values cost more after other segments: chains of segments run through the "
                        "executor, as bbgrap-run runs them), and the "
                        "links between nodes (ping-pong); write them as a cluster profile (TOML). Run it as bbgrap-run runs a "
-                       "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node.")
+                       "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node. A rank "
+                       "under a CPU quota (a container's CPU limit) times its runs without the quota's stops and slows every "
+                       "figure by the share of its threads' time the quota leaves (cpu_share). compile --profile cuts each layer "
+                       "in proportion to the nodes' speeds on the model where they differ.")
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
-    k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores)")
+    k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores, "
+                   "at most a CPU quota's whole cores)")
     k.add_argument("--model", metavar="FILE.onnx",
                    help="also time every layer of this model on each node, in the model run whole (a few seconds more), and "
                    "how each convolution's and matmul's time scales on half its rows and half its channels: compile "

@@ -25,6 +25,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     cold_s = 0.0               # ... and each of its ops and values (s)
     send_s = 5e-06             # what posting one message costs its sender (s)
     recv_s = 0.0               # what taking one message that has arrived costs its receiver (s); 0: not measured
+    cpu_share = 1.0            # the share of its threads' time a CPU quota leaves the node; the figures above are slowed by it already
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
 model's own layers, and which file it was (a profile of another model's layers is not used for
