@@ -39,9 +39,10 @@ class CpuQuota:
     group: str  # the directory of the cgroup that sets the limit
     version: int  # 1 or 2
 
-    def threads(self) -> int:
-        """The most threads the quota keeps busy: its whole cores, at least one."""
-        return max(1, math.floor(self.cores + 1e-9))
+    def threads(self, ranks: int = 1) -> int:
+        """The most threads each of `ranks` ranks under the quota keeps busy: their share of its
+        whole cores, at least one."""
+        return max(1, math.floor(self.cores / max(ranks, 1) + 1e-9))
 
     def share(self, threads: int) -> float:
         """The share of `threads` threads' time the quota leaves them, at most 1."""

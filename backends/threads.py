@@ -12,7 +12,6 @@ library callers that also make other sessions (the frontend, the tests).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,4 +84,4 @@ def threads_for_rank(affinities: Sequence[Sequence[int]], me: int, quotas: Seque
     if quota is None:
         return threads
     under = sum(1 for q in quotas if q is not None and q.group == quota.group)
-    return min(threads, max(1, math.floor(quota.cores / max(under, 1) + 1e-9)))
+    return min(threads, quota.threads(under))
