@@ -149,14 +149,20 @@ class NodeProfile:
         """Fixed cost of one op of one of OP_KINDS."""
         return float(getattr(self, f"{kind}_op_s"))
 
+    def faster(self, speed: float, fixed: bool = True) -> NodeProfile:
+        """This node `speed` times as fast: every throughput (`*_per_s`, `weight_Bps`) times
+        `speed`, every measured layer's time over it, and with `fixed` every fixed time (`*_s`)
+        over it too; the cache and the layers' scaling as they are."""
+        changes: dict[str, Any] = {f.name: getattr(self, f.name) * speed for f in fields(self) if f.name.endswith("_per_s") or f.name.endswith("Bps")}
+        if fixed:
+            changes.update({f.name: getattr(self, f.name) / speed for f in fields(self)
+                            if f.name.endswith("_s") and not f.name.endswith("_per_s") and isinstance(getattr(self, f.name), float)})
+        return replace(self, **changes, layer_s={k: v / speed for k, v in self.layer_s.items()})
+
     def slowed(self, share: float) -> NodeProfile:
-        """This node with `share` of its time: every throughput times `share`, every time (fixed
-        costs, measured layers) over it, the cache and the layers' scaling as they are; `cpu_share`
-        records it."""
-        changes: dict[str, Any] = {f.name: getattr(self, f.name) * share for f in fields(self) if f.name.endswith("_per_s") or f.name.endswith("Bps")}
-        changes.update({f.name: getattr(self, f.name) / share for f in fields(self)
-                        if f.name.endswith("_s") and not f.name.endswith("_per_s") and isinstance(getattr(self, f.name), float)})
-        return replace(self, **changes, cpu_share=self.cpu_share * share, layer_s={k: v / share for k, v in self.layer_s.items()})
+        """This node with `share` of its time (a CPU quota's): every throughput and time as
+        `faster(share)` makes them; `cpu_share` records it."""
+        return replace(self.faster(share), cpu_share=self.cpu_share * share)
 
     def boundary_s(self, pieces: int) -> float:
         """Fixed seconds of a segment boundary where a node takes `pieces` values and concatenates
@@ -231,15 +237,7 @@ class ClusterProfile:
 def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterProfile:
     """`profile`'s first node for every node, its throughputs times the node's relative speed (the
     default profile for a cluster known only by its --speeds)."""
-    base = profile.nodes[0]
-
-    def faster(s: float) -> NodeProfile:
-        changes: dict[str, Any] = {f"{kind}_ops_per_s": base.ops_per_s(kind) * s for kind in OP_KINDS}
-        changes["weight_Bps"] = base.weight_Bps * s
-        changes["stream_ops_per_s"] = base.stream_ops_per_s * s
-        return replace(base, **changes, layer_s={k: v / s for k, v in base.layer_s.items()})
-
-    scaled = tuple(faster(s) for s in speeds)
+    scaled = tuple(profile.nodes[0].faster(s, fixed=False) for s in speeds)
     return ClusterProfile(scaled, profile.link, f"{profile.source} with speeds {','.join(f'{s:g}' for s in speeds)}")
 
 
