@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import onnx
 from bbgrap.backends.boundary import measure_boundary, measure_cold
-from bbgrap.backends.cpu_quota import WALL, BusyClock, cpu_quota
+from bbgrap.backends.cpu_quota import WALL, BusyClock, CpuQuota, cpu_quota
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
@@ -310,13 +310,13 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     return {name: scaled.get(name, 0.0) for name in layers}  # in another layer's kernel, or folded away
 
 
-def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None) -> NodeProfile:
+def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None, quota: CpuQuota | None = None) -> NodeProfile:
     """This process's node: throughput and fixed cost per kind of op, a segment boundary's costs (a
     message's too on an MPI `comm` of more than one rank: every rank at once), and with `model`
-    that model's layers (module docstring). Under a CPU quota every run is timed without the
-    quota's stops, and every time is then divided by the share of the threads' time the quota
-    leaves them (backends/cpu_quota.py): over an inference the stops slow the node by that much."""
-    quota = cpu_quota()
+    that model's layers (module docstring). Under a CPU `quota` (the process's, which its threads
+    were chosen by) every run is timed without the quota's stops, and every time is then divided
+    by the share of the threads' time the quota leaves them (backends/cpu_quota.py): over an
+    inference the stops slow the node by that much."""
     clock = BusyClock(quota, threads)
     timed = functools.partial(time_model, threads=threads, clock=clock)
     boundary = measure_boundary(threads, comm)
@@ -408,10 +408,11 @@ def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelT
     the default link. `process_pool`: on the process's one thread pool, as bbgrap-run runs (only for
     the command: it is process-wide)."""
     quiet_onnxruntime()
-    mine = threads or threads_per_rank(1, cpu_quota())
+    quota = cpu_quota()
+    mine = threads or threads_per_rank(1, quota)
     if process_pool:
         PROCESS_THREAD_POOL.start(mine)
-    node = measure_node(mine, model)
+    node = measure_node(mine, model, quota=quota)
     return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
 
 
@@ -421,11 +422,12 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
 
     quiet_onnxruntime()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), cpu_quota())))
+    quota = cpu_quota()
+    affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), quota)))
     mine = threads or threads_for_rank(affinities, local.Get_rank(), quotas)
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = measure_node(mine, model, comm)
+    node = measure_node(mine, model, comm, quota)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)
