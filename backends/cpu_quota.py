@@ -10,9 +10,10 @@ stops until the next period. Three things follow for bbgrap-run and calibrate:
 * **waiting**: a rank that spins while it waits for a message spends its quota on the wait and
   is stopped once the message is there. Under a quota bbgrap-run naps WAIT_NAP_S between its
   tests of an unfinished receive (`backends/transports.py`);
-* **calibrating**: a run that the quota stopped is timed without the stop (`BusyClock`), and the
-  node's times are then divided by the share of its threads' time the quota leaves it
-  (`CpuQuota.share`): over a run of many periods the stops make the node that much slower.
+* **calibrating**: a run that the quota stopped is timed without the stop (`BusyClock`: on one
+  thread its CPU time), and the node's times are then divided by the share of its threads' time
+  the quota leaves it (`CpuQuota.share`): over a run of many periods the stops make the node that
+  much slower.
 
 cgroup v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`, `throttled_time` in ns in `cpu.stat`) and
 v2 (`cpu.max`: "QUOTA PERIOD" or "max ...", `throttled_usec` in `cpu.stat`) are read from the
@@ -141,31 +142,42 @@ def cpu_quota(proc: str = "/proc/self") -> CpuQuota | None:
 @dataclass(frozen=True)
 class BusyClock:
     """A stopwatch that leaves out the time a quota stopped the process (a plain one without a
-    quota). The group's throttled time is summed over the CPUs it was stopped on, so a run on
-    `threads` threads, all stopped together, subtracts that over `threads`."""
+    quota). On one thread it is that thread's CPU time, which leaves out every stop and every
+    moment another process held the core (ranks emulating small nodes on one core). On more,
+    the wall clock less the stops the group's statistics book, summed over the CPUs it was
+    stopped on, so a run on `threads` threads, all stopped together, subtracts that over
+    `threads` (an onnxruntime pool's waiting threads spin, so their CPU time is no measure)."""
 
     quota: CpuQuota | None = None
     threads: int = 1
 
+    @property
+    def on_cpu_time(self) -> bool:
+        return self.quota is not None and self.threads == 1
+
     def start(self) -> tuple[float, float]:
+        if self.on_cpu_time:
+            return 0.0, time.thread_time()
         stopped = self.quota.throttled_s() if self.quota is not None else 0.0
         return time.perf_counter(), stopped
 
     def since(self, mark: tuple[float, float]) -> float:
-        """Seconds since `mark` (start's), less the stops in between; negative where the stops
-        the group's statistics gave that interval outlast it (see `best`)."""
+        """Seconds since `mark` (start's), less the stops in between; on more than one thread
+        negative where the stops the group's statistics gave that interval outlast it (see `best`)."""
+        if self.on_cpu_time:
+            return time.thread_time() - mark[1]
         now = time.perf_counter()
         if self.quota is None:
             return now - mark[0]
         return now - mark[0] - (self.quota.throttled_s() - mark[1]) / max(self.threads, 1)
 
     def best(self, times: Sequence[float]) -> float:
-        """What a run takes, from several runs' times on this clock: without a quota the fastest
-        (other work on a host only ever slows a run down). Under one, the median of those that are
-        not negative: the kernel books a group's stops in lumps, late, so one run may be charged
-        a stop of the one before it (a 1.3 ms run charged 10.5 ms) and another none of its own,
-        and the fastest would be such a run."""
-        if self.quota is None:
+        """What a run takes, from several runs' times on this clock: the fastest (other work on a
+        host only ever slows a run down), except on the booked stops of more than one thread under
+        a quota: there the median of those that are not negative, because the kernel books a
+        group's stops in lumps, late, so one run may be charged a stop of the one before it (a
+        1.3 ms run charged 10.5 ms) and another none of its own, and the fastest would be such a run."""
+        if self.quota is None or self.on_cpu_time:
             return min(times)
         kept = [t for t in times if t >= 0.0]
         return statistics.median(kept) if kept else max(times)

@@ -69,7 +69,15 @@ class Profile:
     steps: list[Step] | None = None
     inference: int = 0  # the inference the steps recorded now belong to
 
-    def record(self, op: str, k: int, t0: float, t1: float) -> None:
+    def mark(self) -> tuple[float, float]:
+        """Now, to `book` a step from: the wall clock and, where steps are recorded, the CPU time of
+        the thread that runs the steps (a system call, left out otherwise)."""
+        return time.perf_counter(), time.thread_time() if self.steps is not None else 0.0
+
+    def book(self, op: str, k: int, since: tuple[float, float]) -> None:
+        """Book one step of `op` (run/send/wait, start/finish) from `since` (`mark`'s) to now."""
+        cpu = time.thread_time() - since[1] if self.steps is not None else 0.0  # read inside the wall interval
+        t0, t1 = since[0], time.perf_counter()
         if op == "run":
             self.compute += t1 - t0
         elif op == "send":
@@ -77,7 +85,7 @@ class Profile:
         elif op == "wait":
             self.wait += t1 - t0
         if self.steps is not None:
-            self.steps.append(Step(self.inference, op, k, t0, t1))
+            self.steps.append(Step(self.inference, op, k, t0, t1, cpu))
 
     def as_ms(self, runs: int) -> dict[str, float]:
         return {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in ("compute", "wait", "send")}
@@ -88,9 +96,8 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
     """Run one node's program; yields whenever it waits for a message not yet there."""
     store = runner.values
     values: dict[str, Any] = {runner.input_values[k]: store.to_device(v) for k, v in inputs.items()}
-    clock = time.perf_counter
     for step in runner.steps:
-        t0 = clock()
+        since = profile.mark() if profile is not None else (0.0, 0.0)
         if isinstance(step, RunStep):
             k = step.segment
             transport.progress()
@@ -108,7 +115,7 @@ def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transp
                 data = transport.receive(msg)
             values[msg.value] = store.to_device(data)
         if profile is not None:
-            profile.record(step.op, k, t0, clock())
+            profile.book(step.op, k, since)
     runner_outputs = {name: store.to_host(values[v]) for name, v in runner.outputs.items()}
     inputs.clear()
     inputs.update(runner_outputs)
@@ -138,15 +145,15 @@ def run_embedded(runners: Sequence[NodeRunner], inputs: dict[str, np.ndarray],
 
 def run_node(runner: NodeRunner, transport: Transport, inputs: dict[str, np.ndarray],
                  profile: Profile | None = None) -> dict[str, np.ndarray]:
-    t0 = time.perf_counter()
+    since = profile.mark() if profile is not None else (0.0, 0.0)
     transport.start()
     if profile is not None:
-        profile.record("start", 0, t0, time.perf_counter())
+        profile.book("start", 0, since)
     result = dict(inputs)
     for _ in execute(runner, result, transport, profile):
         pass  # a blocking transport (MPI) returns every message: the program never yields
-    t0 = time.perf_counter()
+    since = profile.mark() if profile is not None else (0.0, 0.0)
     transport.finish()
     if profile is not None:
-        profile.record("finish", 0, t0, time.perf_counter())
+        profile.book("finish", 0, since)
     return result

@@ -4,7 +4,10 @@ Perfetto (ui.perfetto.dev) and chrome://tracing open as it is.
 One process per rank (its node), two tracks each: `compute` (every segment run, with the
 layers it holds, inside one event per inference) and `messages` (posting the receives,
 every send and every wait for a halo with its bytes, peer and tensor, and the completion
-of the sends at the end). Times are microseconds on rank 0's clock: every other rank's
+of the sends at the end). Every step also carries `cpu_us`, the CPU time of the thread that
+runs the rank's steps (onnxruntime's calling thread, which works and spins beside its pool):
+about the step's duration where the rank ran throughout, less where it was stopped (a CPU
+quota) or waited for a core another process held, and where a wait slept. Times are microseconds on rank 0's clock: every other rank's
 clock offset is measured against rank 0's before the run (ping-pong, the round trip with
 the smallest delay), so events of different ranks line up to within that round trip.
 `check_trace` validates a file's structure (the tests use it; the format's own viewers
@@ -28,13 +31,15 @@ COMPUTE, MESSAGES = 0, 1
 @dataclass(frozen=True)
 class Step:
     """One recorded step of one inference: op is run/send/wait, or start/finish (the
-    transport's posting of receives and completion of sends); `k` its segment or message."""
+    transport's posting of receives and completion of sends); `k` its segment or message;
+    `cpu` the CPU seconds of the thread that ran it from t0 to t1."""
 
     inference: int
     op: str
     k: int
     t0: float
     t1: float
+    cpu: float = 0.0
 
 
 def clock_offset(exchange: Callable[[float], float], clock: Callable[[], float], rounds: int = 8) -> float:
@@ -79,16 +84,17 @@ def rank_events(rank: int, node: int, steps: Sequence[Step], offset: float, laye
                        "ts": start, "dur": end - start, "args": {"inference": i}})
         for s in group:
             ev: dict[str, Any] = {"ph": "X", "pid": rank, "ts": s.t0 - offset, "dur": s.t1 - s.t0, "cat": s.op}
+            cpu = {"cpu_us": round(s.cpu * 1e6, 3)}
             if s.op == "run":
                 ev |= {"name": f"segment {s.k}", "tid": COMPUTE,
-                       "args": {"file": segment_files[s.k], "layers": list(layers[s.k]) if layers else []}}
+                       "args": {"file": segment_files[s.k], "layers": list(layers[s.k]) if layers else []} | cpu}
             elif s.op in ("send", "wait"):
                 m = messages[s.k]
                 peer = m.dst if s.op == "send" else m.src
                 ev |= {"name": f"{s.op} {'→' if s.op == 'send' else '←'} rank {peer}", "tid": MESSAGES,
-                       "args": {"message": s.k, "peer": peer, "bytes": m.nbytes, "tensor": m.tensor}}
+                       "args": {"message": s.k, "peer": peer, "bytes": m.nbytes, "tensor": m.tensor} | cpu}
             else:
-                ev |= {"name": "post receives" if s.op == "start" else "complete sends", "tid": MESSAGES, "args": {}}
+                ev |= {"name": "post receives" if s.op == "start" else "complete sends", "tid": MESSAGES, "args": cpu}
             events.append(ev)
     return events
 

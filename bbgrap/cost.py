@@ -29,6 +29,29 @@ def layer_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegist
     return ops_per_element(layer, graph, registry) * region.volume
 
 
+def padded(channels: int, block: int) -> int:
+    """`channels` rounded up to whole blocks of `block` (0 or 1: as they are)."""
+    return -(-channels // block) * block if block > 1 else channels
+
+
+def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
+    """Operations to compute `region` of the layer's output, as the CPU runs them: `layer_ops`,
+    and for an op whose kernel works its output channels in blocks (`OpTraits.channel_block`,
+    the blocked layout's convolution) a piece of some of its channels priced by those channels
+    rounded up to whole blocks, over the whole layer's own rounding (the throughputs a node is
+    measured at already hold that: a whole layer is priced as before). What the planners and the
+    simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
+    ops = layer_ops(layer, graph, region, registry)
+    block = (registry or default_registry()).traits(layer.op_type, layer.domain).channel_block
+    shape = graph.tensors[layer.outputs[0]].shape
+    if block <= 1 or len(shape) != 4 or region.empty or not region.is_box:
+        return ops
+    whole, part = shape[1], len(region.interval(1))
+    if part in (0, whole):
+        return ops
+    return ops * (padded(part, block) / part) / (padded(whole, block) / whole)
+
+
 def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -> float:
     """The share of the layer's constant inputs (its weights, a bias) a node reading `needs` (one
     region per input, None: not read) reads; 1 for a layer without constant inputs. A cut along

@@ -18,8 +18,8 @@ on its own clock:
   `recv_s` (taking a message that has arrived: the MPI test that completes it; bbgrap-run
   counts it as waiting, and so does the prediction).
 
-The operations of a layer's op are bbgrap/cost.py's for the region the node computes (a
-recomputed halo included); a crop, a concat or another op lowering added costs one "other"
+The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
+(a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a crop, a concat or another op lowering added costs one "other"
 operation per element it writes; an op onnxruntime fuses into the convolution before it
 costs nothing; every value a segment takes or gives costs one "other" operation per element
 (handed from one onnxruntime session to the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest rank's end.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile
-from bbgrap.cost import layer_ops, weight_bytes, weight_share
+from bbgrap.cost import layer_ops, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -173,7 +173,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
             part = graph.partitions[layer.name]
-            here = layer_ops(layer, graph, part.emitted(node), registry)
+            here = run_ops(layer, graph, part.emitted(node), registry)
             ops[kind] += here
             works.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node]),
                                    weight_bytes(layer, graph)))

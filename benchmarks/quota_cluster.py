@@ -1,21 +1,24 @@
 """Nodes of different speeds emulated on one host with CPU quotas (issue 16's heterogeneous goal).
 
-Each rank is pinned to a core of its own and put in a cgroup of its own whose CFS quota
-gives it a share of that core (default 0.3 and 0.9: a 1:3 cluster of two nodes; three ranks
-need three cores). Then, in one run:
+Each rank is pinned to a core (its own by default; `--cores` may put several on one) and put in
+a cgroup of its own whose CFS quota gives it a share of that core (default 0.3 and 0.9: a 1:3
+cluster of two nodes). Ranks that share a core need shares that sum to at most 1, so that each
+still gets its whole share: `--shares 0.3,0.9,0.3 --cores 0,1,0` is a 1:3:1 cluster on two
+cores. Then, in one run:
 
 1. `mpirun -n N bbgrap calibrate` under the quotas: each node's speed on the model as the
    profile gives it (`simulate.profile_speeds`), against the shares set;
 2. `bbgrap compile --profile` twice: cut by the profile's speeds (the default) and evenly
    (`--speeds 1,...,1`), both with --force-nodes;
 3. both plans run under the quotas (`bbgrap-run --trace`), alternating, ROUNDS times: the
-   latency of each and their ratio; and each plan run without quotas, where each rank's time in
-   its segments and sends over its share is the time that rank would take on its node
-   (balance: the slowest rank's over the fastest's).
+   latency of each and their ratio; and each rank's CPU time in its segments and sends (the
+   trace's `cpu_us`, which leaves out the quota's stops and the other ranks on its core) over
+   its share: the time that rank's work takes on its node (balance: the slowest rank's over
+   the fastest's).
 
 Needs root and a writable cgroup cpu controller (v1 `cpu` or v2 with `cpu` enabled); says so
 in one line and exits 2 otherwise. The cgroups it makes (bbgrap-quota-RANK) are removed at
-the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--period-us 5000]`.
+the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--cores 0,1] [--period-us 5000] [--layer-times] [--keep DIR]`.
 """
 
 from __future__ import annotations
@@ -81,10 +84,12 @@ def remove_groups(ranks: int) -> None:
             pass
 
 
-def launch(shares: Sequence[float], period_us: int, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """`mpirun -n N` of `command`, every rank entering its quota first (a share of 0: pinned only)."""
+def launch(shares: Sequence[float], cores: Sequence[int], period_us: int, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """`mpirun -n N` of `command`, every rank entering its quota on its core first (a share of 0:
+    pinned only)."""
     n = len(shares)
-    wrap = [sys.executable, os.path.abspath(__file__), "--enter", ",".join(map(str, shares)), "--period-us", str(period_us), "--"]
+    wrap = [sys.executable, os.path.abspath(__file__), "--enter", ",".join(map(str, shares)), "--cores", ",".join(map(str, cores)),
+            "--period-us", str(period_us), "--"]
     bindir = os.path.dirname(sys.executable)
     proc = subprocess.run([os.path.join(bindir, "mpirun"), "-n", str(n), *wrap, *command], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -93,7 +98,8 @@ def launch(shares: Sequence[float], period_us: int, command: Sequence[str]) -> s
 
 
 def rank_work(trace: str, ranks: int) -> tuple[float, list[float]]:
-    """The median latency (ms) of a --trace file and each rank's median time in its segments and sends."""
+    """The median latency (ms) of a --trace file and each rank's median CPU time (ms) in its
+    segments and sends."""
     with open(trace, encoding="utf-8") as fh:
         events = json.load(fh)
     events = events["traceEvents"] if isinstance(events, dict) else events
@@ -104,8 +110,24 @@ def rank_work(trace: str, ranks: int) -> tuple[float, list[float]]:
         latency.append(max(spans[r][k][1] for r in range(ranks)) - min(spans[r][k][0] for r in range(ranks)))
         for r in range(ranks):
             a, b = spans[r][k]
-            work[r].append(sum(e["dur"] for e in events if e.get("cat") in ("run", "send") and e["pid"] == r and a <= e["ts"] <= b))
+            work[r].append(sum(e["args"]["cpu_us"] for e in events if e.get("cat") in ("run", "send") and e["pid"] == r and a <= e["ts"] <= b))
     return statistics.median(latency) / 1e3, [statistics.median(w) / 1e3 for w in work]
+
+
+def cores_problem(shares: Sequence[float], cores: Sequence[int], usable: Sequence[int]) -> str:
+    """What is wrong with putting ranks of these shares on these cores ('' where nothing is)."""
+    if len(cores) != len(shares):
+        return f"--cores names {len(cores)} cores for {len(shares)} ranks; give one per rank (e.g. --cores {','.join(map(str, range(len(shares))))})"
+    if any(c not in usable for c in cores):
+        return f"--cores {','.join(map(str, cores))}: this process may use cores {','.join(map(str, usable))} only"
+    if any(not 0 < s <= 1 for s in shares):
+        return f"--shares {','.join(f'{s:g}' for s in shares)}: each must be above 0 and at most 1"
+    for core in set(cores):
+        total = sum(s for s, c in zip(shares, cores) if c == core)
+        if total > 1 + 1e-9:
+            return (f"the ranks on core {core} have shares summing to {total:g}: at most 1, or they slow each other down beyond "
+                    "their quotas (lower --shares or spread --cores)")
+    return ""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -115,14 +137,18 @@ def main(args: argparse.Namespace) -> int:
     from bbgrap.simulate import profile_speeds
 
     shares, n = args.shares, len(args.shares)
-    if n > len(os.sched_getaffinity(0)):
-        print(f"quota_cluster: {n} ranks need {n} cores of their own; this host gives {len(os.sched_getaffinity(0))}", file=sys.stderr)
+    cores = args.cores if args.cores is not None else list(range(n))
+    problem = cores_problem(shares, cores, sorted(os.sched_getaffinity(0)))
+    if problem:
+        print(f"quota_cluster: {problem}", file=sys.stderr)
         return 2
     bindir = os.path.dirname(sys.executable)
-    work = tempfile.mkdtemp(prefix="bbgrap-quota-")
+    work_dir = args.keep or tempfile.mkdtemp(prefix="bbgrap-quota-")
+    os.makedirs(work_dir, exist_ok=True)
     try:
-        profile = os.path.join(work, "cluster.toml")
-        launch(shares, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile])
+        profile = os.path.join(work_dir, "cluster.toml")
+        launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile,
+                                               *(["--model", args.model] if args.layer_times else [])])
         speeds = profile_speeds(import_model(args.model).graph, read_profile(profile), n)
         ratio = [s / speeds[0] for s in speeds]
         want = [s / shares[0] for s in shares]
@@ -130,30 +156,31 @@ def main(args: argparse.Namespace) -> int:
               f"{', '.join(f'{w:.2f}' for w in want)}, found by calibrate {', '.join(f'{r:.2f}' for r in ratio)} "
               f"(worst {max(abs(r / w - 1) for r, w in zip(ratio, want)):.1%} off)")
         plans = {"by the profile's speeds": [], "even": ["--speeds", ",".join(["1"] * n)]}
-        dirs = {}
+        dirs: dict[str, str] = {}
         for name, extra in plans.items():
-            dirs[name] = os.path.join(work, f"plan-{len(dirs)}")
+            dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")
             subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", profile, "--force-nodes",
                             "--quiet", "-o", dirs[name], *extra], check=True)
         measured: dict[str, list[float]] = {name: [] for name in plans}
+        work: dict[str, list[list[float]]] = {name: [] for name in plans}
         for _ in range(ROUNDS):
             for name, plan in dirs.items():
-                trace = os.path.join(work, "trace.json")
-                launch(shares, args.period_us, [os.path.join(bindir, "bbgrap-run"), plan, "--repeat", str(args.repeat), "--quiet", "--trace", trace])
-                measured[name].append(rank_work(trace, n)[0])
-        for name, plan in dirs.items():
-            trace = os.path.join(work, "trace.json")
-            launch([0.0] * n, args.period_us, [os.path.join(bindir, "bbgrap-run"), plan, "--repeat", str(args.repeat), "--quiet", "--trace", trace])
-            _, per_rank = rank_work(trace, n)
-            on_node = [w / s for w, s in zip(per_rank, shares)]
+                trace = os.path.join(work_dir, f"trace-{os.path.basename(plan)}.json")
+                launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), plan, "--repeat", str(args.repeat), "--quiet", "--trace", trace])
+                latency, per_rank = rank_work(trace, n)
+                measured[name].append(latency)
+                work[name].append(per_rank)
+        for name in dirs:
+            on_node = [statistics.median(w[r] for w in work[name]) / shares[r] for r in range(n)]
             print(f"{name}: under the quotas {statistics.median(measured[name]):.2f} ms (rounds {', '.join(f'{t:.2f}' for t in measured[name])}); "
-                  f"each rank's segments and sends over its share {', '.join(f'{t:.2f}' for t in on_node)} ms: "
+                  f"each rank's CPU time in segments and sends over its share {', '.join(f'{t:.2f}' for t in on_node)} ms: "
                   f"slowest/fastest {max(on_node) / min(on_node):.2f}")
         names = list(dirs)
         print(f"{names[0]} / {names[1]} under the quotas: "
               f"{statistics.median(measured[names[0]]) / statistics.median(measured[names[1]]):.3f}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work_dir, ignore_errors=True)
         remove_groups(n)
     return 0
 
@@ -163,8 +190,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("model", nargs="?", help="the ONNX model")
     p.add_argument("--shares", type=lambda s: [float(x) for x in s.split(",")], default=[0.3, 0.9],
                    help="each rank's share of its core (default 0.3,0.9)")
+    p.add_argument("--cores", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="the core each rank is pinned to (default: rank i on core i); ranks sharing a core need shares summing to at most 1")
     p.add_argument("--period-us", type=int, default=5000, help="the quota's period in microseconds (default 5000; at least 1000)")
     p.add_argument("--repeat", type=int, default=30, help="timed inferences per run (default 30)")
+    p.add_argument("--layer-times", action="store_true", help="calibrate with --model: each layer's time and scaling measured on "
+                   "every rank, not only each op kind's")
+    p.add_argument("--keep", metavar="DIR", help="keep the profile (cluster.toml), the plans (plan-0: by the profile's speeds, "
+                   "plan-1: even) and each plan's last trace in DIR")
     p.add_argument("--enter", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -175,11 +208,12 @@ if __name__ == "__main__":
     if opts.enter is not None:  # a rank: into its quota (a share of 0: pinned only), then the command after --
         rank = int(os.environ.get("PMI_RANK", "0"))
         share = [float(x) for x in opts.enter.split(",")][rank]
+        core = opts.cores[rank]
         command = sys.argv[cut + 1:]
         if share > 0:
-            enter(share, opts.period_us, rank, rank)
+            enter(share, opts.period_us, core, rank)
         else:
-            os.sched_setaffinity(0, {rank})
+            os.sched_setaffinity(0, {core})
         os.execv(command[0], command)
     if opts.model is None:
         sys.exit("quota_cluster: give the model: python quota_cluster.py MODEL.onnx")

@@ -31,7 +31,7 @@ from typing import Callable, ClassVar
 from bbgrap.passes.naive_partition import CHANNELS, channel_cut, partition_layer
 
 from bbgrap.config import Config
-from bbgrap.cost import layer_ops
+from bbgrap.cost import layer_ops, run_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, Movement, SearchStats, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
@@ -144,12 +144,13 @@ class LayerCutCost:
                 data += need.volume - (need.intersect(have).volume if not have.empty else 0)
         ops = layer_ops(self.layer, self.graph, local.emitted, self.registry)
         over = ops - layer_ops(self.layer, self.graph, out, self.registry)
-        return NodeCost(ops / self.speeds[node], data, over)
+        return NodeCost(run_ops(self.layer, self.graph, local.emitted, self.registry) / self.speeds[node], data, over)
 
     def candidate_cuts(self, threshold: float) -> set[int]:
         """The cut positions that matter, for a layer whose band is too wide to search position by
         position: per boundary between nodes j-1 and j, inside the positions the band allows it,
-        the speed-proportional cut rounded down and up, and where the layer's reads cross an edge
+        the speed-proportional cut rounded down and up (and to whole blocks, for the channels of an
+        op that runs them in blocks: `OpTraits.channel_block`), and where the layer's reads cross an edge
         of what its producers' cuts left on those two nodes or begin or end reading an input
         (a Concat's inputs): the first position from which node j's reads start at or after
         the edge, the last up to which node j-1's reads end at or before it. A node's received
@@ -158,6 +159,7 @@ class LayerCutCost:
         compared after the search."""
         extent, speeds = self.extent, self.speeds
         band = size_band(extent, speeds, threshold)
+        block = self.registry.traits(self.layer.op_type, self.layer.domain).channel_block if self.axis == CHANNELS else 0
         total = sum(Fraction(s) for s in speeds)
         reads: dict[tuple[int, int], list[ShapeMap | None]] = {}  # output rows [a, b) -> what they read, per input
 
@@ -177,6 +179,8 @@ class LayerCutCost:
                 continue
             ideal = extent * sum(Fraction(s) for s in speeds[:j]) / total
             out.update(min(hi, max(lo, p)) for p in (math.floor(ideal), math.ceil(ideal)))
+            if block > 1:  # and the whole blocks of channels around it
+                out.update(min(hi, max(lo, p)) for p in (math.floor(ideal / block) * block, math.ceil(ideal / block) * block))
             if hi == lo:
                 continue
             for k, t in enumerate(self.layer.inputs):

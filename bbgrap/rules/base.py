@@ -61,6 +61,11 @@ class Local:
         return self.computes if self.emits is None else self.emits
 
 
+# onnxruntime's blocked layout holds channels in blocks of 16 on a CPU with AVX-512 and of 8 with
+# AVX2; a plan is compiled before its nodes are known, and a multiple of 16 is one of 8 too
+NCHWC_BLOCK = 16
+
+
 class Layout(enum.Enum):
     """How onnxruntime's CPU provider treats an op in its blocked NCHWc layout (what lowering
     must know to keep a crop between two such ops inside the layout)."""
@@ -87,12 +92,18 @@ class OpTraits:
     segment of such ops is folded into the segment before it). `layout`: see `Layout`.
     `fuses_into_conv`: onnxruntime folds it into the convolution that produces its input
     (Conv+BatchNormalization into the weights, Conv+activation, Conv+Add in the blocked
-    layout), so it takes no time of its own (the simulator's cost of a segment)."""
+    layout), so it takes no time of its own (the simulator's cost of a segment).
+    `channel_block`: its CPU kernel works its output channels in blocks of this many, padding
+    the last (the blocked layout's convolution: a piece of 66 channels runs as long as one of
+    80, one of 64 a third less; docs/benchmarks.md, session 18), so a piece is priced by its
+    channels rounded up to whole blocks and a cut of its channels prefers whole blocks
+    (`cost.run_ops`); 0: in proportion to its channels."""
 
     alias: bool = False
     moves_data: bool = False
     layout: Layout = Layout.PLAIN
     fuses_into_conv: bool = False
+    channel_block: int = 0
 
 
 class RegionRule(ABC):

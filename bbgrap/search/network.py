@@ -70,10 +70,10 @@ import numpy as np
 
 from bbgrap.cluster import ClusterProfile
 from bbgrap.config import PLANNERS
-from bbgrap.cost import layer_ops, weight_bytes, weight_share
+from bbgrap.cost import run_ops, weight_bytes, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
-from bbgrap.passes.naive_partition import partition_layer, replicated, shared_axes, split_sizes
+from bbgrap.passes.naive_partition import channel_grain, partition_layer, replicated, shared_axes, split_sizes
 from bbgrap.rules.registry import RuleRegistry
 from bbgrap.simulate import op_kind, whole_ops
 
@@ -102,7 +102,7 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
     shape = graph.tensors[layer.outputs[0]].shape
     axes = sorted(a for a in rule.axes(layer, graph) if a < len(shape))
     for axis in shared_axes(graph, layer, registry):
-        out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds), registry))
+        out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds, channel_grain(shape, axis)), registry))
     out.append(partition_layer(graph, layer, None, None, registry))
     # after the layer whole on node 0, which it ties with where no node but 0 reads the layer:
     # the planners keep the first of equal choices, and this one does more work in all
@@ -255,7 +255,7 @@ class NetworkCost:
             nbytes = weight_bytes(layer, self.graph)
             times = [0.0] * self.nodes
             for n in part.active_nodes():
-                ops = layer_ops(layer, self.graph, part.emitted(n), self.registry)
+                ops = run_ops(layer, self.graph, part.emitted(n), self.registry)
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]),
                                                            nbytes)
             got = self._compute[key] = tuple(times)

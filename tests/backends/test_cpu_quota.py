@@ -4,6 +4,7 @@ clock that leaves the quota's stops out, and a node slowed by the share the quot
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -73,12 +74,24 @@ def test_the_busy_clock_leaves_out_the_stops_booked_between_start_and_since(tmp_
     assert WALL.since(WALL.start()) >= 0.0
 
 
-def test_best_is_the_fastest_without_a_quota_and_the_median_of_the_sound_runs_under_one(tmp_path: Path) -> None:
+def test_on_one_thread_under_a_quota_the_busy_clock_is_the_threads_cpu_time(tmp_path: Path) -> None:
+    group = tmp_path / "g"
+    write(group, cpu__stat="throttled_time 0\n")
+    clock = BusyClock(CpuQuota(0.5, str(group), 1), threads=1)
+    assert clock.on_cpu_time and not WALL.on_cpu_time and not BusyClock(CpuQuota(0.5, str(group), 1), threads=2).on_cpu_time
+    mark = clock.start()
+    (group / "cpu.stat").write_text("throttled_time 4000000000\n")  # booked stops do not count here
+    time.sleep(0.05)  # nor time off the CPU: sleeping, stopped, or waiting for a core another process holds
+    assert 0.0 <= clock.since(mark) < 0.02
+
+
+def test_best_is_the_fastest_but_the_median_of_the_sound_runs_on_booked_stops(tmp_path: Path) -> None:
     times = [3.0, 1.0, -9.0, 2.0, 5.0]
     assert WALL.best(times) == -9.0  # (a plain clock never gives a negative time)
     assert WALL.best([3.0, 1.0, 2.0]) == 1.0
-    assert BusyClock(CpuQuota(0.5, str(tmp_path), 1)).best(times) == 2.5
-    assert BusyClock(CpuQuota(0.5, str(tmp_path), 1)).best([-1.0, -2.0]) == -1.0
+    assert BusyClock(CpuQuota(0.5, str(tmp_path), 1), threads=1).best([3.0, 1.0, 2.0]) == 1.0  # CPU time
+    assert BusyClock(CpuQuota(0.5, str(tmp_path), 1), threads=2).best(times) == 2.5
+    assert BusyClock(CpuQuota(0.5, str(tmp_path), 1), threads=2).best([-1.0, -2.0]) == -1.0
 
 
 def test_a_slowed_node_takes_every_time_over_its_share_and_keeps_it_in_its_toml(tmp_path: Path) -> None:

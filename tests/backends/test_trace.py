@@ -78,6 +78,10 @@ def test_trace_has_every_step_in_order_and_adds_up(tmp_path, resnet50_plan: str,
             # them, which a busy host can stretch: no tighter bound holds on a shared machine)
             covered = sum(e["dur"] for e in steps)
             assert 0.5 * inference["dur"] <= covered <= inference["dur"] * (1 + 1e-6) + 1.0
+            # each step's CPU time, of the one thread that ran it: at most its duration, and the
+            # segments' real work shows in it
+            assert all(0.0 <= e["args"]["cpu_us"] <= e["dur"] + 1.0 for e in steps)
+            assert sum(e["args"]["cpu_us"] for e in runs) > 0.0
     rank0 = statistics.median(e[0]["dur"] for e in steps_by_inference(trace, 0).values()) / 1e3
     if mode == "mpi":  # rank 0's inferences are what bbgrap-run reports as its latency
         assert rank0 == pytest.approx(result["latency_ms"], rel=0.05)

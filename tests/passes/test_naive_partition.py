@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from bbgrap.frontends.onnx import import_proto
-from bbgrap.passes.naive_partition import NaivePartition, replicated, spare_order, split_sizes
+from bbgrap.passes.naive_partition import NaivePartition, channel_grain, replicated, spare_order, split_sizes
 from graphs import conv_chain
 from hypothesis import given
 from hypothesis import strategies as st
@@ -30,12 +30,36 @@ def test_speed_proportional_split() -> None:
     assert split_sizes(112, [1, 3, 1]) == [23, 67, 22]  # 22.4, 67.2, 22.4: largest remainders first, ties to the lower node
 
 
-@given(st.integers(0, 500), st.lists(st.floats(0.1, 10), min_size=1, max_size=8))
-def test_split_sizes_sum_and_fairness(extent: int, speeds: list[float]) -> None:
-    sizes = split_sizes(extent, speeds)
+def test_uneven_speeds_cut_channels_in_whole_blocks_of_the_blocked_layout() -> None:
+    """66 of 256 channels run as long as 80 (onnxruntime's blocked convolution pads the last block
+    of 16): a speed-proportional cut of channels takes whole blocks where every node still gets one;
+    equal speeds, rows, and an extent not made of blocks are cut as before."""
+    assert split_sizes(256, [1, 2.9]) == [66, 190]
+    assert split_sizes(256, [1, 2.9], 16) == [64, 192]
+    assert split_sizes(512, [1, 3.14, 1.01], 16) == [96, 320, 96]
+    assert split_sizes(48, [1, 2.9], 16) == [16, 32]
+    assert split_sizes(16, [1, 3], 16) == [4, 12]  # one block: node 0 would get none
+    assert split_sizes(200, [1, 3], 16) == [50, 150]  # not whole blocks
+    assert split_sizes(256, [1, 1, 1], 16) == split_sizes(256, [1, 1, 1]) == [86, 85, 85]
+    assert channel_grain((1, 256, 14, 14), 1) == 16 and channel_grain((1, 256, 14, 14), 2) == 1
+    assert channel_grain((1, 196, 768), 1) == 1  # tokens, not channels
+
+
+def test_a_channel_cut_for_uneven_speeds_is_in_whole_blocks() -> None:
+    graph = import_proto(conv_chain([3, 1], channels=64, height=6)).graph
+    g = NaivePartition(2, Direction.C, speeds=(1.0, 2.9)).call(graph).graph
+    assert [[r.shape[1] for r in g.partitions[c].out] for c in ("conv0", "conv1")] == [[16, 48], [16, 48]]  # not 16.4, 47.6 -> 17, 47
+    assert check_invariants(g) == []
+
+
+@given(st.integers(0, 500), st.lists(st.floats(0.1, 10), min_size=1, max_size=8), st.sampled_from([1, 8, 16]))
+def test_split_sizes_sum_and_fairness(extent: int, speeds: list[float], grain: int) -> None:
+    sizes = split_sizes(extent, speeds, grain)
     assert sum(sizes) == extent and min(sizes) >= 0
     for s, v in zip(sizes, speeds):
-        assert abs(s - extent * v / sum(speeds)) < 1 + 1e-9
+        assert abs(s - extent * v / sum(speeds)) < grain + 1e-9
+    if sizes != split_sizes(extent, speeds):  # in whole grains, every node one at least
+        assert all(s % grain == 0 and s > 0 for s in sizes)
 
 
 def test_narrow_layer_is_split_over_fewer_nodes() -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from bbgrap.frontends.onnx import import_model
+from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
 
 from bbgrap import zoo
 from bbgrap.compiler import pipeline
-from bbgrap.config import Config
+from bbgrap.config import Config, Direction
 from bbgrap.pass_manager import PassManager
 
 
@@ -136,6 +137,10 @@ def test_wide_bands_are_searched_on_the_cuts_that_matter(tmp_path) -> None:
     assert search._grid_step(graph, graph.layers[1], 2) > 1  # a band of 80 to 120 rows: wide
     cost = LayerCutCost(graph, graph.layers[1], 2, (1.0,) * 4, Config().objective, dict(graph.partitions), default_registry())
     assert cost.candidate_cuts(20.0) == {99, 100, 101, 199, 200, 201, 299, 300, 301}
+    # along a blocked convolution's channels also the whole blocks around the ideal cut (512 * 1 / 3.9 = 131.3)
+    chain = NaivePartition(2, Direction.C, speeds=(1.0, 2.9)).call(import_proto(conv_chain([3, 3], channels=512, height=4, width=4)).graph).graph
+    cost = LayerCutCost(chain, chain.layers[1], 1, (1.0, 2.9), Config().objective, dict(chain.partitions), default_registry())
+    assert {131, 132, 128, 144} <= cost.candidate_cuts(20.0)
 
     dim = 512
     mlp = build_model([helper.make_node("LayerNormalization", ["x", "s", "b"], ["n"], axis=-1, epsilon=1e-5),
