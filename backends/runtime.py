@@ -157,7 +157,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--trace", metavar="FILE.json",
                    help="write the timed inferences as a Chrome trace-event file (Perfetto, chrome://tracing): per rank, "
-                   "every segment run with its layers, every send and wait with bytes and peer, clocks aligned to rank 0's")
+                   "every segment run with its layers, every send and wait with bytes and peer, each step with the CPU time "
+                   "of the thread that ran it (cpu_us: less than its duration where the rank was stopped or off its core), "
+                   "clocks aligned to rank 0's")
     p.add_argument("--trace-ops", action="store_true",
                    help="with --trace: add onnxruntime's own per-op profile of the last timed inference on a track of its "
                    "own (profiling slows every inference a little)")
