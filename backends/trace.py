@@ -7,9 +7,10 @@ every send and every wait for a halo with its bytes, peer and tensor, and the co
 of the sends at the end). Every step also carries `cpu_us`, the CPU time of the thread that
 runs the rank's steps (onnxruntime's calling thread, which works and spins beside its pool):
 about the step's duration where the rank ran throughout, less where it was stopped (a CPU
-quota) or waited for a core another process held, and where a wait slept. Times are microseconds on rank 0's clock: every other rank's
-clock offset is measured against rank 0's before the run (ping-pong, the round trip with
-the smallest delay), so events of different ranks line up to within that round trip.
+quota) or waited for a core another process held, and where a wait slept. Times are
+microseconds on rank 0's clock: every other rank's clock offset is measured against rank 0's
+before the run (ping-pong, the round trip with the smallest delay), so events of different
+ranks line up to within that round trip.
 `check_trace` validates a file's structure (the tests use it; the format's own viewers
 accept more than it does).
 """

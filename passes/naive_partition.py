@@ -65,7 +65,9 @@ def split_sizes(extent: int, speeds: Sequence[float], grain: int = 1) -> list[in
 
 def channel_grain(shape: Sequence[int], axis: int | None) -> int:
     """The grain a cut of `axis` of an activation of `shape` takes (`split_sizes`): the blocked
-    layout's block along the channels of an NCHW tensor, else 1."""
+    layout's block along the channels of an NCHW tensor, else 1. Every op's, not only a
+    convolution's (`OpTraits.channel_block`, which prices a piece): the layers of a chain are cut
+    alike, so the activations and additions between two convolutions move nothing."""
     return NCHWC_BLOCK if axis == CHANNELS and len(shape) == 4 else 1
 
 
