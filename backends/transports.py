@@ -7,6 +7,7 @@ signals. Both fit executor.Transport.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +50,13 @@ def poll(request: Any, nap: float = 0.0) -> None:
     that is gone. Test makes the same progress Wait would (MPICH's Wait polls too); `nap`
     seconds of sleep between tests where the wait is not timed and may be long (setup, rank 0
     reporting), so a waiting rank leaves the cores to the ranks still working."""
-    while not request.Test():
+    poll_until(request.Test, nap)
+
+
+def poll_until(done: Callable[[], bool], nap: float = 0.0) -> None:
+    """Call `done` (an MPI test) until it is true, with `nap` seconds of sleep between calls
+    (0: spin), as `poll` waits."""
+    while not done():
         if nap:
             time.sleep(nap)
 
@@ -104,8 +111,6 @@ class MPITransport:
     def finish(self) -> None:
         from mpi4py import MPI
 
-        while not MPI.Request.Testall(self.send_requests):  # polled, as in poll
-            if self.nap:
-                time.sleep(self.nap)
+        poll_until(lambda: bool(MPI.Request.Testall(self.send_requests)), self.nap)
         self.send_requests.clear()
         self.keep.clear()
