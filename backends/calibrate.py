@@ -131,9 +131,9 @@ def timed_run(sess: Any, feeds: Mapping[str, np.ndarray], clock: BusyClock = WAL
 
 
 def fastest_run(sess: Any, feeds: Mapping[str, np.ndarray], runs: int, seconds: float, clock: BusyClock = WALL) -> float:
-    """The fastest of at least `runs` runs that go on for at least `seconds` (under a CPU quota their
-    median: `BusyClock.best`): a small model's dozen runs take a few milliseconds, which one busy
-    moment of a shared host covers whole."""
+    """The fastest of at least `runs` runs that go on for at least `seconds` (`BusyClock.best`: on the
+    stops a quota books for more than one thread, their median): a small model's dozen runs take
+    a few milliseconds, which one busy moment of a shared host covers whole."""
     times = [timed_run(sess, feeds, clock) for _ in range(runs)]
     while sum(max(t, 0.0) for t in times) < seconds:
         times.append(timed_run(sess, feeds, clock))
@@ -143,7 +143,8 @@ def fastest_run(sess: Any, feeds: Mapping[str, np.ndarray], runs: int, seconds: 
 def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL) -> tuple[float, tuple[int, ...]]:
     """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up by three runs):
     the fastest of `repeat` on `clock`, since other work on the host only ever slows a run down
-    (under a CPU quota their median: `BusyClock.best`); and the shape of its first output."""
+    (`BusyClock.best`: on the stops a quota books for more than one thread, their median); and the
+    shape of its first output."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])

@@ -20,10 +20,11 @@ on its own clock:
 
 The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
 (a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a
-crop, a concat or another op lowering added costs one "other" operation per element it writes; an op onnxruntime fuses into the convolution before it
-costs nothing; every value a segment takes or gives costs one "other" operation per element
-(handed from one onnxruntime session to the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest rank's end.
-Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
+crop, a concat or another op lowering added costs one "other" operation per element it writes;
+an op onnxruntime fuses into the convolution before it costs nothing; every value a segment
+takes or gives costs one "other" operation per element (handed from one onnxruntime session to
+the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest
+rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
 """
 
 from __future__ import annotations
