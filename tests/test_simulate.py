@@ -282,33 +282,25 @@ def test_compile_falls_back_to_fewer_nodes_where_more_are_predicted_slower(small
     assert plain.compiled.prediction is None
 
 
-def times_faster(node: NodeProfile, s: float) -> NodeProfile:
-    """`node` with every throughput times `s` and every fixed time over `s`: each layer `s` times faster."""
-    return replace(node, conv_ops_per_s=node.conv_ops_per_s * s, depthwise_ops_per_s=node.depthwise_ops_per_s * s,
-                   matmul_ops_per_s=node.matmul_ops_per_s * s, other_ops_per_s=node.other_ops_per_s * s, weight_Bps=node.weight_Bps * s,
-                   conv_op_s=node.conv_op_s / s, depthwise_op_s=node.depthwise_op_s / s, matmul_op_s=node.matmul_op_s / s,
-                   other_op_s=node.other_op_s / s)
-
-
 def test_profile_speeds_are_the_slowest_nodes_time_for_the_model_over_each_nodes(small_model: str) -> None:
     from bbgrap.frontends.onnx import import_model
 
     graph = import_model(small_model).graph
     base = NodeProfile()
-    mixed = ClusterProfile((base, times_faster(base, 3.0), base))
+    mixed = ClusterProfile((base, base.faster(3.0), base))
     assert profile_speeds(graph, mixed, 3) == (1.0, 3.0, 1.0)
     assert profile_speeds(graph, mixed, 4) == (1.0, 3.0, 1.0, 1.0)  # the last node listed stands for the rest
     # like nodes a little apart (calibrate's noise) are equal: even cuts, band pools
-    near = ClusterProfile((base, times_faster(base, 1 + EQUAL_SPEEDS / 2)))
+    near = ClusterProfile((base, base.faster(1 + EQUAL_SPEEDS / 2)))
     assert profile_speeds(graph, near, 2) == (1.0, 1.0)
-    assert profile_speeds(graph, ClusterProfile((base, times_faster(base, 1 + 2 * EQUAL_SPEEDS))), 2) == (1.0, 1.4)
+    assert profile_speeds(graph, ClusterProfile((base, base.faster(1 + 2 * EQUAL_SPEEDS))), 2) == (1.0, 1.4)
 
 
 def test_compile_cuts_in_proportion_to_the_profiles_speeds_unless_speeds_are_given(small_model: str, tmp_path) -> None:
     from helpers import assert_exact
 
     base = NodeProfile()
-    profile = ClusterProfile((base, times_faster(base, 3.0), base))
+    profile = ClusterProfile((base, base.faster(3.0), base))
     said: list[str] = []
     plan = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plan"), profile=profile, force_nodes=True,
                          recompute=False, log=said.append)
