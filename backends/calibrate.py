@@ -388,7 +388,7 @@ def describe(profile: ClusterProfile) -> str:
     """A few lines for the terminal: each node's throughputs and fixed costs, the link."""
     lines = []
     for n, p in enumerate(profile.nodes):
-        lines.append(f"node {n}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
+        lines.append(f"node {n}{f' ({p.host})' if p.host else ''}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
@@ -413,7 +413,7 @@ def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelT
     mine = threads or threads_per_rank(1, quota)
     if process_pool:
         PROCESS_THREAD_POOL.start(mine)
-    node = measure_node(mine, model, quota=quota)
+    node = replace(measure_node(mine, model, quota=quota), host=os.uname().nodename)
     return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
 
 
@@ -428,7 +428,7 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
     mine = threads or threads_for_rank(affinities, local.Get_rank(), quotas)
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = measure_node(mine, model, comm, quota)
+    node = replace(measure_node(mine, model, comm, quota), host=os.uname().nodename)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)

@@ -187,8 +187,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(summary(plan, args.output))
         if plan.compiled.prediction is not None:
             print(prediction_text(plan.compiled.prediction))
-        print(f"run it: mpirun -n {plan.nodes} bbgrap-run {'' if args.output == 'bbgrap-plan' else args.output}".rstrip())
+        print(run_line(plan, args.output))
     return 0
+
+
+def run_line(plan: Plan, output: str) -> str:
+    """compile's last line: the command that runs the plan, naming its nodes' hosts (mpich's
+    `-hosts`, in rank order) where the plan runs on some of the profile's nodes only and calibrate
+    recorded them on more than one host."""
+    pred = plan.compiled.prediction
+    hosts = ""
+    if pred is not None and pred.profile_nodes != tuple(range(pred.nodes)) and all(pred.hosts) and len(set(pred.hosts)) > 1:
+        hosts = f" -hosts {','.join(pred.hosts)}"
+    return f"run it: mpirun -n {plan.nodes}{hosts} bbgrap-run {'' if output == 'bbgrap-plan' else output}".rstrip()
 
 
 def prediction_text(pred: PredictionRecord) -> str:
@@ -205,7 +216,11 @@ def prediction_text(pred: PredictionRecord) -> str:
                      f"({pred.candidates_ms[requested]:.3f} ms vs {pred.candidates_ms[pred.nodes]:.3f} ms"
                      f"{f'; one node {pred.one_node_ms:.3f} ms' if pred.nodes != 1 else ''}); "
                      f"compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
-    elif requested > 1 and pred.speedup <= 1.0:
+    if pred.profile_nodes != tuple(range(pred.nodes)):
+        named = ", ".join(f"{n}{f' ({h})' if h else ''}" for n, h in zip(pred.profile_nodes, pred.hosts))
+        lines.append(f"its {pred.nodes} node(s) are the profile's fastest: node(s) {named}; start rank k of "
+                     f"mpirun on the k-th of them")
+    if pred.nodes == requested and requested > 1 and pred.speedup <= 1.0:
         lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.latency_ms:.3f} ms vs "
                      f"{pred.one_node_ms:.3f} ms); kept {requested} as --force-nodes asks")
     return "\n".join(lines)
@@ -284,7 +299,7 @@ def summary(plan: Plan, where: str) -> str:
                      "(bbgrap-run turns them off, at some cost in speed)")
     if info["opaque"]:
         ops = sorted({o["op_type"] for o in info["opaque"]})
-        lines.append(f"opaque layers (computed whole on node 0): {len(info['opaque'])} ({', '.join(ops)})")
+        lines.append(f"opaque layers (no region rule: each computed whole on one node): {len(info['opaque'])} ({', '.join(ops)})")
     whole = sorted(info["whole"], key=lambda w: -w["share"])
     if whole:
         top = "; ".join(f"{w['name']} ({w['op_type']}, {100 * w['share']:.1f} %: {w['reason']})" for w in whole[:3])

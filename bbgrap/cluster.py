@@ -8,6 +8,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     bandwidth_Bps = 1e9        # bytes per second once it flows
 
     [[node]]                   # one table per node (MPI rank), in rank order
+    host = "node-a"            # the host calibrate measured it on ("" or absent: not recorded)
     conv_ops_per_s = 2.5e10    # operations per second (bbgrap/cost.py's count) of a dense convolution
     depthwise_ops_per_s = 5e9  # ... of a depthwise convolution (one channel per group, or a few: simulate.FEW_PER_GROUP)
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
@@ -72,6 +73,7 @@ MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_s
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
+HOST = "host"  # a node's host name (NodeProfile.host)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class NodeProfile:
     # the share of its threads' time a CPU quota (a container's CPU limit) leaves the node, which
     # every time here is already divided by (`slowed`; 1: no quota)
     cpu_share: float = 1.0
+    # the host name the node was calibrated on (compile names the hosts a plan for fewer nodes runs on); "": not recorded
+    host: str = ""
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
     # how some of them scale along rows and channels (`Scaling`); a measured layer without: in proportion to its operations
@@ -233,6 +237,10 @@ class ClusterProfile:
         """Node n's profile (the last one listed where the profile lists fewer)."""
         return self.nodes[min(n, len(self.nodes) - 1)]
 
+    def subset(self, nodes: tuple[int, ...]) -> ClusterProfile:
+        """The cluster of these of its nodes, in this order (a plan for fewer nodes than the profile's)."""
+        return replace(self, nodes=tuple(self.node(n) for n in nodes))
+
 
 def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterProfile:
     """`profile`'s first node for every node, its throughputs times the node's relative speed (the
@@ -269,12 +277,15 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     where = f"node[{k}]"
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
-    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING)}
+    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST)}
+    host = table.get(HOST, "")
+    if not isinstance(host, str):
+        raise BBGrapError(f"{source}: '{where}.{HOST}' must be a string, the node's host name")
     layers = table.get(LAYERS, {})
     if not isinstance(layers, dict):
         raise BBGrapError(f"{source}: '{where}.{LAYERS}' must be a table of layer name = seconds")
     times = {name: _number(source, f"{where}.{LAYERS}", json.dumps(name), v, positive=False) for name, v in layers.items()}
-    return NodeProfile(**_table(source, where, rest, NodeProfile), layer_s=times,
+    return NodeProfile(**_table(source, where, rest, NodeProfile), host=host, layer_s=times,
                        layer_scaling=_scaling(source, f"{where}.{SCALING}", table.get(SCALING, {}), times))
 
 
@@ -339,7 +350,8 @@ def profile_toml(profile: ClusterProfile, comment: str = "") -> str:
         lines += ["[model]", f"sha256 = {json.dumps(profile.model_sha256)}", f"path = {json.dumps(profile.model_path, ensure_ascii=False)}", ""]
     lines += ["[link]", *(f"{f.name} = {getattr(profile.link, f.name)!r}" for f in fields(LinkProfile))]
     for node in profile.nodes:
-        lines += ["", "[[node]]", *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile) if f.name not in ("layer_s", "layer_scaling"))]
+        lines += ["", "[[node]]", *([f"{HOST} = {json.dumps(node.host, ensure_ascii=False)}"] if node.host else []),
+                  *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile) if f.name not in (HOST, "layer_s", "layer_scaling"))]
         # a TOML basic string is JSON's, with characters beyond ASCII written as they are
         if node.layer_s:
             lines += [f"[node.{LAYERS}]", *(f"{json.dumps(k, ensure_ascii=False)} = {v!r}" for k, v in node.layer_s.items())]

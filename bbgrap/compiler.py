@@ -134,10 +134,19 @@ class Partitioned:
         return self.prediction.latency
 
 
-def for_nodes(cfg: Config, nodes: int) -> Config:
-    """`cfg` for another node count (the first `nodes` speeds; custom per-node sizes dropped), for
+def fastest_nodes(speeds: Sequence[float], count: int) -> tuple[int, ...]:
+    """The `count` fastest of the nodes of these speeds, in node order (of equal speeds the first):
+    the nodes a plan for fewer nodes than the cluster's runs on. A node left out only makes the
+    plan wait where it is slower than the ones kept."""
+    return tuple(sorted(sorted(range(len(speeds)), key=lambda n: (-speeds[n], n))[:count]))
+
+
+def for_nodes(cfg: Config, nodes: tuple[int, ...]) -> Config:
+    """`cfg` for these of its nodes (their speeds and memory; custom per-node sizes dropped), for
     comparing the plan with plans for fewer nodes."""
-    return replace(cfg, nodes=nodes, speeds=cfg.speeds[:nodes], memory_mb=cfg.memory_mb[:nodes], custom=tuple(c for c in cfg.custom if c.sizes is None))
+    return replace(cfg, nodes=len(nodes), speeds=tuple(cfg.speeds[n] for n in nodes) if cfg.speeds else (),
+                   memory_mb=tuple(cfg.memory_mb[n] for n in nodes) if cfg.memory_mb else (),
+                   custom=tuple(c for c in cfg.custom if c.sizes is None))
 
 
 def choose_nodes(latencies: Mapping[int, float], margin: float = PLANNER_MARGIN) -> int:
@@ -151,19 +160,21 @@ def choose_nodes(latencies: Mapping[int, float], margin: float = PLANNER_MARGIN)
     return best
 
 
-def prediction_record(profile: ClusterProfile, requested: int, chosen: int, plans: Mapping[int, Partitioned]) -> PredictionRecord:
-    """What compile --profile predicted, for the plan's manifest."""
-    pred, one = plans[chosen].prediction, plans[1].prediction
+def prediction_record(profile: ClusterProfile, requested: int, chosen: tuple[int, ...], plans: Mapping[int, Partitioned]) -> PredictionRecord:
+    """What compile --profile predicted, for the plan's manifest; `chosen`: the profile's nodes the plan runs on."""
+    pred, one = plans[len(chosen)].prediction, plans[1].prediction
     assert pred is not None and one is not None
     return PredictionRecord(
         profile=f"{profile.source}, with this model's layer times" if any(n.layer_s for n in profile.nodes) else profile.source,
         requested_nodes=requested,
-        nodes=chosen,
+        nodes=len(chosen),
         latency_ms=round(pred.latency * 1e3, 4),
         ranks=tuple(RankPrediction(round(r.compute * 1e3, 4), round(r.wait * 1e3, 4), round(r.total * 1e3, 4)) for r in pred.ranks),
         one_node_ms=round(one.latency * 1e3, 4),
         speedup=one.latency / pred.latency if pred.latency > 0 else 1.0,
         candidates_ms={n: round(p.prediction.latency * 1e3, 4) for n, p in sorted(plans.items()) if p.prediction},
+        profile_nodes=chosen,
+        hosts=tuple(profile.node(n).host for n in chosen),
     )
 
 
@@ -256,7 +267,7 @@ def compile_model(
     requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
 
-    def finish(graph: Graph, manager: PassManager) -> Partitioned:
+    def finish(graph: Graph, manager: PassManager, profile: ClusterProfile | None) -> Partitioned:
         step("lower", 0, 1)
         programs, messages = lower(graph, registry)
         step("lower", 1, 1)
@@ -266,8 +277,8 @@ def compile_model(
         names = {p.name for p in passes}
         return PassManager(passes, dump_after=[d for d in dump if d in names], dump=dump_ir(dump_dir)).run(graph)
 
-    def partitioned(c: Config, dump: Sequence[str] = ()) -> Partitioned:
-        """The plan for `c`. With a whole-network planner the passes before it run once, and the
+    def partitioned(c: Config, profile: ClusterProfile | None, dump: Sequence[str] = ()) -> Partitioned:
+        """The plan for `c` on the nodes of `profile` (None: no prediction). With a whole-network planner the passes before it run once, and the
         rest twice, with and without it (without it in a forked child where there is a second
         core: bbgrap/forked.py; only its prediction comes back, and the plan is made again here
         where it is kept). With a measured `profile`, where the pipeline ends with recompute-halos
@@ -291,8 +302,8 @@ def compile_model(
         def grown(before: Graph, done: Sequence[Pass], dump: Sequence[str]) -> Partitioned:
             """`before` (the graph after the passes `done`) through recompute-halos where the pipeline has it, lowered."""
             if not grows:
-                return finish(before, PassManager(done))
-            return finish(run(passes[-1:], before, dump), PassManager([*done, passes[-1]]))
+                return finish(before, PassManager(done), profile)
+            return finish(run(passes[-1:], before, dump), PassManager([*done, passes[-1]]), profile)
 
         def recompute_judged(kept: Partitioned, before: Graph, done: Sequence[Pass]) -> Partitioned:
             """`kept` (recompute-halos' plan of `before`, each operation priced by its kind and a
@@ -309,13 +320,13 @@ def compile_model(
             from bbgrap.passes.recompute_halos import RecomputeHalos
 
             # where a pass recomputed nothing its graph is `before` itself: that plan is lowered once
-            plain = kept if kept.graph is before else finish(before, PassManager(done))
+            plain = kept if kept.graph is before else finish(before, PassManager(done), profile)
             by_kind = passes[-1]
             assert isinstance(by_kind, RecomputeHalos)
             assert profile is not None  # (checked above; mypy does not narrow a closure's variable)
             alike_pass = replace(by_kind, kind_weights=(), receive=receive_cost(profile, boundary=False))
             alike_graph = run([alike_pass], before, ())
-            alike = plain if alike_graph is before else finish(alike_graph, PassManager([*done, alike_pass]))
+            alike = plain if alike_graph is before else finish(alike_graph, PassManager([*done, alike_pass]), profile)
             t_kind, t_alike, t_without = latency(kept), latency(alike), latency(plain)
             pricing = "by kind" if t_kind <= t_alike else "alike"
             grown_plan, t_with = (kept, t_kind) if pricing == "by kind" else (alike, t_alike)
@@ -359,18 +370,26 @@ def compile_model(
             f"kept {kept}")
         return replace(logged(planned if kept == c.planner else greedy_judged()), planner=record)
 
-    plans = {cfg.nodes: partitioned(cfg, dump_after)}
-    chosen = cfg.nodes
+    plans = {cfg.nodes: partitioned(cfg, profile, dump_after)}
+    chosen = tuple(range(cfg.nodes))  # the profile's nodes the plan runs on
+
+    def fewer(n: int) -> Partitioned:
+        """The plan for the `n` fastest nodes (`fastest_nodes`)."""
+        assert profile is not None
+        which = fastest_nodes(cfg.node_speeds(), n)
+        return partitioned(for_nodes(cfg, which), profile.subset(which))
+
     if profile is not None:
         if 1 not in plans:
-            plans[1] = partitioned(for_nodes(cfg, 1))
+            plans[1] = fewer(1)
         if not force_nodes and choose_nodes({1: plans[1].latency, cfg.nodes: plans[cfg.nodes].latency}) != cfg.nodes:
             for n in range(2, cfg.nodes):
-                plans[n] = partitioned(for_nodes(cfg, n))
-            chosen = choose_nodes({n: p.latency for n, p in plans.items()})
-        if chosen != cfg.nodes:
+                plans[n] = fewer(n)
+            chosen = fastest_nodes(cfg.node_speeds(), choose_nodes({n: p.latency for n, p in plans.items()}))
+        if len(chosen) != cfg.nodes:
             cfg = for_nodes(cfg, chosen)
-    graph, manager, programs, messages = plans[chosen].graph, plans[chosen].manager, plans[chosen].programs, plans[chosen].messages
+    kept = plans[len(chosen)]
+    graph, manager, programs, messages = kept.graph, kept.manager, kept.programs, kept.messages
     compiled = CompileRecord(
         direction=cfg.direction,
         threshold=cfg.threshold,
@@ -382,9 +401,9 @@ def compile_model(
         # the model compiled, for `bbgrap-run --check` (which refuses another file at that path)
         source=Source(os.path.abspath(model), file_sha256(model)),
         prediction=prediction_record(profile, requested, chosen, plans) if profile is not None else None,
-        planner=plans[chosen].planner,
+        planner=kept.planner,
         memory=memory_record(graph, cfg.memory_mb),
-        recompute=plans[chosen].recompute,
+        recompute=kept.recompute,
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"

@@ -480,7 +480,9 @@ class RankPrediction:
 class PredictionRecord:
     """What `compile --profile` predicted (bbgrap/simulate.py): the profile, the node count asked
     for and the one compiled, the plan's latency and each rank's time, one node's latency, the
-    speed-up, and the latency of every node count it simulated."""
+    speed-up, the latency of every node count it simulated, and which of the profile's nodes the
+    plan's are (the fastest where it has fewer: `compiler.fastest_nodes`), with their host names
+    where calibrate recorded them ("" where not)."""
 
     profile: str
     requested_nodes: int
@@ -490,12 +492,15 @@ class PredictionRecord:
     one_node_ms: float
     speedup: float
     candidates_ms: Mapping[int, float]
+    profile_nodes: tuple[int, ...]
+    hosts: tuple[str, ...]
 
     def to_json(self) -> Json:
         return {"profile": self.profile, "requested_nodes": self.requested_nodes, "nodes": self.nodes,
                 "plan": {"nodes": self.nodes, "latency_ms": self.latency_ms, "ranks": [r.to_json() for r in self.ranks]},
                 "one_node_ms": self.one_node_ms, "speedup": self.speedup,
-                "candidates_ms": {str(n): ms for n, ms in sorted(self.candidates_ms.items())}}
+                "candidates_ms": {str(n): ms for n, ms in sorted(self.candidates_ms.items())},
+                "profile_nodes": list(self.profile_nodes), "hosts": list(self.hosts)}
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> PredictionRecord:
@@ -503,9 +508,17 @@ class PredictionRecord:
         plan = _object(_take(rec, where, "plan", lambda v: isinstance(v, dict), "an object"), _path(where, "plan"))
         candidates = _take(rec, where, "candidates_ms", lambda v: isinstance(v, dict) and all(
             k.isdigit() and _is_number(ms) for k, ms in v.items()), "an object of node counts and latencies")
-        return cls(_str(rec, where, "profile"), _int(rec, where, "requested_nodes", positive=True), _int(rec, where, "nodes", positive=True),
+        nodes = _int(rec, where, "nodes", positive=True)
+        # plans written before these were recorded ran on the profile's first nodes
+        profile_nodes = tuple(_take(rec, where, "profile_nodes", lambda v: isinstance(v, list) and len(v) == nodes and all(
+            _is_int(n) and n >= 0 for n in v), f"a list of {nodes} node numbers")) if "profile_nodes" in rec else tuple(range(nodes))
+        hosts = _strs(rec, where, "hosts") if "hosts" in rec else ("",) * nodes
+        if len(hosts) != nodes:
+            raise PlanSchemaError(f"'{_path(where, 'hosts')}' does not hold one host name for each of the {nodes} nodes")
+        return cls(_str(rec, where, "profile"), _int(rec, where, "requested_nodes", positive=True), nodes,
                    _number(plan, _path(where, "plan"), "latency_ms"), _records(plan, _path(where, "plan"), "ranks", RankPrediction.from_json),
-                   _number(rec, where, "one_node_ms"), _number(rec, where, "speedup"), {int(k): float(ms) for k, ms in candidates.items()})
+                   _number(rec, where, "one_node_ms"), _number(rec, where, "speedup"), {int(k): float(ms) for k, ms in candidates.items()},
+                   profile_nodes, hosts)
 
 
 def planner_stats_from_json(value: Any, where: str) -> PlannerStats:

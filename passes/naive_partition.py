@@ -4,8 +4,8 @@ Even split (eq. 3.1, the remainder dealt to the two end nodes first: `spare_orde
 or proportional to the node speeds; per-layer custom partitions from the config
 override both. Each node's needed input regions come from the op's region rule
 (eq. 3.2–3.6). A layer that cannot be cut in the requested direction is cut along
-channels if its rule allows, else computed whole on node 0; a layer narrower than
-the node count is split over fewer nodes.
+channels if its rule allows, else computed whole on the fastest node (`fastest_node`: node 0
+where speeds are equal); a layer narrower than the node count is split over fewer nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.base import NCHWC_BLOCK
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
-WHOLE_NODE = 0  # where layers that cannot be cut are computed
+WHOLE_NODE = 0  # where layers that cannot be cut are computed where the nodes are equally fast
 CHANNELS = 1  # the channel axis of an NCHW tensor
 
 
@@ -36,6 +36,12 @@ def spare_order(n: int) -> list[int]:
     (7 rows on 4 nodes: 2, 2, 2, 1, its halos on top); dealt to the ends first they even out
     own rows plus halo rows (2, 2, 1, 2). On two nodes, both ends, nothing changes."""
     return [0, n - 1, *range(1, n - 1)] if n > 1 else [0]
+
+
+def fastest_node(speeds: Sequence[float]) -> int:
+    """Where a layer computed whole runs: the first of the fastest nodes (WHOLE_NODE where every
+    node is as fast). Every other node waits for such a layer, so it runs where it ends soonest."""
+    return max(range(len(speeds)), key=lambda n: (speeds[n], -n)) if speeds else WHOLE_NODE
 
 
 def split_sizes(extent: int, speeds: Sequence[float], grain: int = 1) -> list[int]:
@@ -80,13 +86,14 @@ def regions_from_sizes(shape: Sequence[int], axis: int, sizes: Sequence[int]) ->
     return out
 
 
-def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequence[int] | None, registry: RuleRegistry) -> LayerPartition:
-    """The layer cut into `sizes` along `axis`, or whole on WHOLE_NODE when axis is None."""
+def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequence[int] | None, registry: RuleRegistry,
+                    whole: int = WHOLE_NODE) -> LayerPartition:
+    """The layer cut into `sizes` along `axis`, or whole on node `whole` when axis is None."""
     shape = graph.tensors[layer.outputs[0]].shape
     n_inputs = len(layer.inputs)
     if axis is None or sizes is None:
         outs = [ShapeMap.empty_like(len(shape))] * graph.nodes
-        outs[WHOLE_NODE] = ShapeMap.full(shape)
+        outs[whole] = ShapeMap.full(shape)
     else:
         outs = regions_from_sizes(shape, axis, sizes)
     rule = registry.get(layer)
@@ -113,7 +120,7 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
             if any(need is not None and need.empty for need in local.needs):
                 # the node's rows read nothing of an input (windows wholly inside a huge
                 # padding): a local op cannot read an empty region, so the layer is computed whole
-                return partition_layer(graph, layer, None, None, registry)
+                return partition_layer(graph, layer, None, None, registry, whole)
             needs.append(local.needs)
             computes.append(local.computes)
             attrs.append(dict(local.attrs))
@@ -257,5 +264,5 @@ class NaivePartition(Pass):
                 sizes = list(c.sizes)
             elif axis is not None:
                 sizes = split_sizes(shape[axis], speeds, channel_grain(shape, axis))
-            partitions[layer.name] = partition_layer(graph, layer, axis, sizes, self.registry)
+            partitions[layer.name] = partition_layer(graph, layer, axis, sizes, self.registry, fastest_node(speeds))
         return PassResult(graph.replace(partitions=partitions), True)

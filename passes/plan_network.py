@@ -2,7 +2,7 @@
 
 It starts from the plan the per-layer search (or naive-partition) made, offers each layer
 its candidates (that cut, the speed-proportional cut along every axis its rule allows, the
-layer whole on node 0, and for heft, ga and map-elites the layer whole on each other node), and takes
+layer whole on the fastest node, and for heft, ga and map-elites the layer whole on each other node), and takes
 the choice of the named planner: `dp` minimises
 
     S(x) = Σ_L max_n (compute(L, x_L, n) + receive(L, x_L, x_producers, n)) + output gather
@@ -47,7 +47,7 @@ class PlanNetwork(Pass):
 
     def call(self, graph: Graph) -> PassResult:
         offered = [layer_candidates(graph, layer, graph.partitions[layer.name], self.speeds, self.registry, layer.name in self.fixed,
-                                    placements=self.planner != "dp")  # the DP never chooses a placement away from node 0
+                                    placements=self.planner != "dp")  # the DP never places a layer away from the fastest node
                    for layer in graph.layers]
         candidates = [c for c, _ in offered]
         cost = NetworkCost(graph, candidates, [k for _, k in offered], self.profile, self.registry)

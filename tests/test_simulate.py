@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from onnx import helper
 from onnx_builder import build_model
 
 from bbgrap import zoo
+from bbgrap.cli import run_line
 from bbgrap.cluster import (
     DEFAULT_PROFILE,
     ClusterProfile,
@@ -24,7 +26,7 @@ from bbgrap.cluster import (
     with_speeds,
     write_profile,
 )
-from bbgrap.compiler import choose_nodes, compile_model
+from bbgrap.compiler import choose_nodes, compile_model, fastest_nodes
 from bbgrap.config import Config
 from bbgrap.cost import receive_cost
 from bbgrap.ir import BBGrapError, Graph
@@ -134,7 +136,7 @@ def test_exchanges_in_both_directions_do_not_deadlock_and_a_missing_send_does() 
 
 
 def test_profile_toml_round_trip_and_nodes_past_the_list(tmp_path) -> None:
-    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10, cold_s=2.5e-7, cold_segment_s=1.1e-6, recv_s=5e-7)),
+    profile = ClusterProfile((NODE, NodeProfile(conv_ops_per_s=3e10, cold_s=2.5e-7, cold_segment_s=1.1e-6, recv_s=5e-7, host="gpu-07 \u00e9")),
                              LinkProfile(1e-5, 2.5e9))
     path = str(tmp_path / "cluster.toml")
     write_profile(path, profile, "a comment\non two lines")
@@ -227,6 +229,7 @@ def test_layer_times_of_another_model_are_not_used(small_model: str, tmp_path) -
     ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nc = 1.0\n[node.scaling]\nc = [0.5, 1.5]\n' % ("0" * 64), "two slopes from 0 to 1"),
     ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nc = 1.0\n[node.scaling]\nd = [0.5, 1.0]\n' % ("0" * 64), "without a time"),
     ("[[node]]\nscaling = 3\n", "'node\\[0\\].scaling' must be a table"),
+    ("[[node]]\nhost = 3\n", "'node\\[0\\].host' must be a string"),
 ])
 def test_bad_profiles_are_one_line_naming_the_key(tmp_path, text: str, problem: str) -> None:
     path = tmp_path / "bad.toml"
@@ -280,6 +283,54 @@ def test_compile_falls_back_to_fewer_nodes_where_more_are_predicted_slower(small
     assert forced.nodes == 3 and forced.compiled.prediction is not None and forced.compiled.prediction.speedup < 1
     plain = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plain"))
     assert plain.compiled.prediction is None
+
+
+def test_fastest_nodes_are_kept_in_node_order_the_first_of_equals_first() -> None:
+    assert fastest_nodes((1.0, 3.0, 1.0), 1) == (1,)
+    assert fastest_nodes((1.0, 3.0, 2.0), 2) == (1, 2)
+    assert fastest_nodes((2.0, 1.0, 2.0, 1.0), 2) == (0, 2)
+    assert fastest_nodes((1.0,) * 4, 3) == (0, 1, 2)
+
+
+def test_a_plan_for_fewer_nodes_runs_on_the_fastest_and_says_which(small_model: str, tmp_path, capsys) -> None:
+    """A 1:1:3 cluster whose link costs a second: one node, and that is node 2, the fast one (the
+    plan before this ran on node 0, three times slower); the prediction names it and its host,
+    and compile's run line starts the rank there."""
+    from bbgrap.cli import main
+
+    base = NodeProfile()
+    profile = ClusterProfile((replace(base, host="a"), replace(base, host="b"), replace(base.faster(3.0), host="c")),
+                             LinkProfile(latency_s=1.0, bandwidth_Bps=1e9))
+    plan = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plan"), profile=profile)
+    pred = plan.compiled.prediction
+    assert plan.nodes == 1 and pred is not None and pred.profile_nodes == (2,) and pred.hosts == ("c",)
+    slow_one = compile_model(small_model, Config(nodes=1), str(tmp_path / "slow"), profile=profile.subset((0,))).compiled.prediction
+    assert slow_one is not None and math.isclose(pred.one_node_ms * 3, slow_one.latency_ms, rel_tol=0.05)
+    assert read_manifest(str(tmp_path / "plan")).compiled.prediction == pred
+    path = tmp_path / "cluster.toml"
+    write_profile(str(path), profile)
+    assert main(["compile", small_model, "--nodes", "3", "-o", str(tmp_path / "cli"), "--profile", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "the profile's fastest: node(s) 2 (c)" in out and "mpirun -n 1 bbgrap-run" in out
+    two = ClusterProfile((replace(base, host="a"), replace(base.faster(2.0), host="b"), replace(base.faster(3.0), host="c")),
+                         LinkProfile(latency_s=1e-3, bandwidth_Bps=1e9))
+    forced = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "forced"), profile=two, force_nodes=True)
+    assert forced.compiled.prediction is not None and forced.compiled.prediction.profile_nodes == (0, 1, 2)
+    assert run_line(forced, "forced") == "run it: mpirun -n 3 bbgrap-run forced"
+
+
+def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_several() -> None:
+    from bbgrap.plan_schema import PredictionRecord
+
+    def line(nodes: tuple[int, ...], hosts: tuple[str, ...]) -> str:
+        pred = PredictionRecord("p", 3, len(nodes), 1.0, (), 2.0, 2.0, {}, nodes, hosts)
+        plan = SimpleNamespace(nodes=len(nodes), compiled=SimpleNamespace(prediction=pred))
+        return run_line(plan, "bbgrap-plan")  # type: ignore[arg-type]
+
+    assert line((1, 2), ("b", "c")) == "run it: mpirun -n 2 -hosts b,c bbgrap-run"
+    assert line((1, 2), ("h", "h")) == "run it: mpirun -n 2 bbgrap-run"  # one host: ranks, not hosts, tell them apart
+    assert line((1, 2), ("b", "")) == "run it: mpirun -n 2 bbgrap-run"  # a host not recorded
+    assert line((0, 1), ("a", "b")) == "run it: mpirun -n 2 bbgrap-run"  # the first nodes: as mpirun starts them
 
 
 def test_profile_speeds_are_the_slowest_nodes_time_for_the_model_over_each_nodes(small_model: str) -> None:

@@ -73,7 +73,7 @@ from bbgrap.config import PLANNERS
 from bbgrap.cost import run_ops, weight_bytes, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
-from bbgrap.passes.naive_partition import channel_grain, partition_layer, replicated, shared_axes, split_sizes
+from bbgrap.passes.naive_partition import channel_grain, fastest_node, partition_layer, replicated, shared_axes, split_sizes
 from bbgrap.rules.registry import RuleRegistry
 from bbgrap.simulate import op_kind, whole_ops
 
@@ -90,11 +90,12 @@ def pooled_vector(shape: Sequence[int]) -> bool:
 def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds: Sequence[float],
                      registry: RuleRegistry, fixed: bool, placements: bool = True) -> tuple[list[LayerPartition], int]:
     """The cuts a planner may choose for `layer` (module docstring), the current one first, the
-    layer whole on node 0 and, for a `pooled_vector`, whole on every node, then, with
-    `placements`, the layer whole on each other node; and how many come before those placements
-    (the DP chooses among these only: a layer placed away from node 0 pays off where branches run
-    side by side, which its objective does not credit, so it is not offered them: on 16 nodes
-    making them was half the plan-network pass)."""
+    layer whole on the fastest node (`fastest_node`: node 0 where speeds are equal) and, for a
+    `pooled_vector`, whole on every node, then, with `placements`, the layer whole on each other
+    node; and how many come before those placements (the DP chooses among these only: a layer
+    placed away from the fastest node pays off where branches run side by side, which its
+    objective does not credit, so it is not offered them: on 16 nodes making them was half the
+    plan-network pass)."""
     out = [current]
     rule = registry.get(layer)
     if fixed or rule is None or len(layer.outputs) > 1:
@@ -103,14 +104,15 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
     axes = sorted(a for a in rule.axes(layer, graph) if a < len(shape))
     for axis in shared_axes(graph, layer, registry):
         out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds, channel_grain(shape, axis)), registry))
-    out.append(partition_layer(graph, layer, None, None, registry))
-    # after the layer whole on node 0, which it ties with where no node but 0 reads the layer:
+    fastest = fastest_node(speeds)
+    out.append(partition_layer(graph, layer, None, None, registry, fastest))
+    # after the layer whole on one node, which it ties with where no other node reads the layer:
     # the planners keep the first of equal choices, and this one does more work in all
     if pooled_vector(shape) and (every := replicated(graph, layer, speeds, registry)) is not None:
         out.append(every)
     cuts = len(out)
     if placements and axes and graph.nodes > 1:  # whole on node k: every row along a cut axis to k
-        for k in range(1, graph.nodes):
+        for k in (k for k in range(graph.nodes) if k != fastest):
             sizes = [0] * graph.nodes
             sizes[k] = shape[axes[0]]
             out.append(partition_layer(graph, layer, axes[0], sizes, registry))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import pytest
 from bbgrap.frontends.onnx import import_proto
 from bbgrap.passes.naive_partition import NaivePartition, channel_grain, replicated, spare_order, split_sizes
 from graphs import conv_chain
+from helpers import assert_exact, compile_plan, save
 from hypothesis import given
 from hypothesis import strategies as st
+from onnx import helper
+from onnx_builder import graph_of, model_of, value_info
 
 from bbgrap.config import CustomPartition, Direction
 from bbgrap.invariants import check_invariants
@@ -149,4 +154,33 @@ def test_a_layer_emitting_more_than_it_computes_narrower_than_the_node_count_is_
     plan = compile_plan(path, str(tmp_path / "plan"), nodes=6)
     up = next(r for r in plan.compiled.layer_table if r.name == "up")
     assert [p.range is not None for p in up.per_node] == [True] * 4 + [False] * 2
+    assert_exact(str(tmp_path / "plan"))
+
+
+def _opaque_between_convs(last: bool) -> onnx.ModelProto:
+    """x → Conv → LpNormalization (no region rule) → [Conv →] y."""
+    w = np.random.default_rng(3).standard_normal((4, 4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="head"),
+             helper.make_node("LpNormalization", ["c"], ["y" if last else "z"], axis=2, p=2, name="mix")]
+    if not last:
+        nodes.append(helper.make_node("Conv", ["z", "w"], ["y"], pads=[1, 1, 1, 1], name="tail"))
+    return model_of(graph_of(nodes, [value_info("x", (1, 4, 6, 8))], [value_info("y", (1, 4, 6, 8))], {"w": w}), full_check=True)
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_layer_computed_whole_runs_on_the_fastest_node(tmp_path, last: bool) -> None:
+    """Every node waits for a layer computed whole: on 1:3 nodes it runs on node 1, the first of
+    the fastest (node 0 where the speeds are equal), exactly also where it gives the model's
+    output, which node 0 gathers."""
+    model = _opaque_between_convs(last)
+    graph = import_proto(model).graph
+    for speeds, node in [((1.0, 3.0), 1), ((1.0, 1.0), 0), ((2.0, 1.0, 2.0), 0), ((1.0, 2.0, 2.0), 1)]:
+        g = NaivePartition(len(speeds), Direction.H, speeds=speeds).call(graph).graph
+        part = g.partitions["mix"]
+        assert part.axis is None and part.active_nodes() == [node], speeds
+        check_invariants(g)
+    path = save(model, str(tmp_path))
+    plan = compile_plan(path, str(tmp_path / "plan"), nodes=2, speeds=(1.0, 3.0), search=True)
+    mix = next(row for row in plan.compiled.layer_table if row.name == "mix")
+    assert mix.whole is not None and mix.whole.node == 1 and mix.per_node[0].flops == 0
     assert_exact(str(tmp_path / "plan"))
