@@ -172,9 +172,11 @@ def main(args: argparse.Namespace) -> int:
                 work[name].append(per_rank)
         for name in dirs:
             on_node = [statistics.median(w[r] for w in work[name]) / shares[r] for r in range(n)]
+            busy = [t for t in on_node if t > 0]  # a rank the plan gives no segment does no work: not a node of the balance
+            idle = ", ".join(str(r) for r, t in enumerate(on_node) if t <= 0)
             print(f"{name}: under the quotas {statistics.median(measured[name]):.2f} ms (rounds {', '.join(f'{t:.2f}' for t in measured[name])}); "
                   f"each rank's CPU time in segments and sends over its share {', '.join(f'{t:.2f}' for t in on_node)} ms: "
-                  f"slowest/fastest {max(on_node) / min(on_node):.2f}")
+                  f"slowest/fastest {max(busy) / min(busy):.2f}{f' (idle: rank {idle})' if idle else ''}")
         names = list(dirs)
         print(f"{names[0]} / {names[1]} under the quotas: "
               f"{statistics.median(measured[names[0]]) / statistics.median(measured[names[1]]):.3f}")
