@@ -34,22 +34,24 @@ def padded(channels: int, block: int) -> int:
     return -(-channels // block) * block if block > 1 else channels
 
 
-def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
-    """Operations to compute `region` of the layer's output, as the CPU runs them: `layer_ops`,
-    and for an op whose kernel works its output channels in blocks (`OpTraits.channel_block`,
-    the blocked layout's convolution) a piece of some of its channels priced by those channels
+def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None, filters: bool = True) -> float:
+    """Operations to compute `region` of the layer's output, as the CPU runs them: `layer_ops`;
+    for an op whose kernel works its output channels in blocks (`OpTraits.channel_block`, the
+    blocked layout's convolution) a piece of some of its channels priced by those channels
     rounded up to whole blocks, over the whole layer's own rounding (the throughputs a node is
-    measured at already hold that: a whole layer is priced as before). What the planners and the
+    measured at already hold that); and for an op whose pieces each read their filters again
+    (`OpTraits.weight_ops`) that many operations per byte of the filters of the piece's output
+    channels, whatever its rows (without `filters`: not those). What the planners and the
     simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
     ops = layer_ops(layer, graph, region, registry)
-    block = (registry or default_registry()).traits(layer.op_type, layer.domain).channel_block
+    traits = (registry or default_registry()).traits(layer.op_type, layer.domain)
     shape = graph.tensors[layer.outputs[0]].shape
-    if block <= 1 or len(shape) != 4 or region.empty or not region.is_box:
+    if len(shape) != 4 or region.empty or not region.is_box:
         return ops
     whole, part = shape[1], len(region.interval(1))
-    if part in (0, whole):
-        return ops
-    return ops * (padded(part, block) / part) / (padded(whole, block) / whole)
+    if traits.channel_block > 1 and part != whole:
+        ops *= (padded(part, traits.channel_block) / part) / (padded(whole, traits.channel_block) / whole)
+    return ops + traits.weight_ops * weight_bytes(layer, graph) * part / whole if filters else ops
 
 
 def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -> float:

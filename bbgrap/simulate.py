@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile
-from bbgrap.cost import layer_ops, run_ops, weight_bytes, weight_share
+from bbgrap.cost import run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -221,8 +221,9 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
 
 
 def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) -> float:
-    """The operations of the layer's whole output."""
-    return layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), registry)
+    """The operations of the layer's whole output, as the CPU runs them (`run_ops`: a piece's
+    share of the layer is its run_ops over these)."""
+    return run_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), registry)
 
 
 # nodes within this much of the fastest on a model are taken as equal: calibrate's noise between like nodes
