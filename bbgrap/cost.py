@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -34,24 +36,35 @@ def padded(channels: int, block: int) -> int:
     return -(-channels // block) * block if block > 1 else channels
 
 
-def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None, filters: bool = True) -> float:
+def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None, reads: bool = True) -> float:
     """Operations to compute `region` of the layer's output, as the CPU runs them: `layer_ops`;
     for an op whose kernel works its output channels in blocks (`OpTraits.channel_block`, the
     blocked layout's convolution) a piece of some of its channels priced by those channels
     rounded up to whole blocks, over the whole layer's own rounding (the throughputs a node is
-    measured at already hold that); and for an op whose pieces each read their filters again
-    (`OpTraits.weight_ops`) that many operations per byte of the filters of the piece's output
-    channels, whatever its rows (without `filters`: not those). What the planners and the
-    simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
+    measured at already hold that); and with `reads`, for an op whose pieces pay for what they
+    read (`OpTraits.read_ops`), that many operations per byte the piece reads of its inputs by
+    its rule (`bytes_read`: a convolution's filters of its channels, its input of its rows). What
+    the planners and the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
+    registry = registry or default_registry()
     ops = layer_ops(layer, graph, region, registry)
-    traits = (registry or default_registry()).traits(layer.op_type, layer.domain)
+    traits = registry.traits(layer.op_type, layer.domain)
     shape = graph.tensors[layer.outputs[0]].shape
     if len(shape) != 4 or region.empty or not region.is_box:
         return ops
     whole, part = shape[1], len(region.interval(1))
     if traits.channel_block > 1 and part != whole:
         ops *= (padded(part, traits.channel_block) / part) / (padded(whole, traits.channel_block) / whole)
-    return ops + traits.weight_ops * weight_bytes(layer, graph) * part / whole if filters else ops
+    return ops + traits.read_ops * bytes_read(layer, graph, region, registry) if reads and traits.read_ops else ops
+
+
+def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> int:
+    """Bytes of its inputs (activations and weights) the layer's local op reads to compute `region`
+    of its output, by its rule's regions (0 for a layer without a rule)."""
+    rule = (registry or default_registry()).get(layer)
+    if rule is None or region.empty:
+        return 0
+    needs = rule.local(layer, graph, region).needs
+    return sum(need.volume * np.dtype(graph.tensors[t].dtype).itemsize for t, need in zip(layer.inputs, needs) if t and need is not None)
 
 
 def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -> float:

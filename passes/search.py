@@ -144,10 +144,10 @@ class LayerCutCost:
                 data += need.volume - (need.intersect(have).volume if not have.empty else 0)
         ops = layer_ops(self.layer, self.graph, local.emitted, self.registry)
         over = ops - layer_ops(self.layer, self.graph, out, self.registry)
-        # not the filters each piece reads again: they favour a channel cut, whose gathers and
-        # boundaries downstream this layer's objective does not see (the planners and the
-        # simulator price both)
-        return NodeCost(run_ops(self.layer, self.graph, local.emitted, self.registry, filters=False) / self.speeds[node], data, over)
+        # not what each piece reads (`run_ops`' reads): the filters every piece of rows reads again
+        # favour a channel cut, whose gathers and boundaries downstream this layer's objective does
+        # not see (the planners and the simulator price both)
+        return NodeCost(run_ops(self.layer, self.graph, local.emitted, self.registry, reads=False) / self.speeds[node], data, over)
 
     def candidate_cuts(self, threshold: float) -> set[int]:
         """The cut positions that matter, for a layer whose band is too wide to search position by

@@ -65,12 +65,12 @@ class Local:
 # AVX2; a plan is compiled before its nodes are known, and a multiple of 16 is one of 8 too
 NCHWC_BLOCK = 16
 
-# what each byte of a convolution's filters costs a piece, in operations: each piece of the layer
-# reads the filters of its output channels again from beyond the core's cache, however few rows
-# it computes (a 3 x 3 convolution of 256 channels on a 14-wide map, one core: about 195 us per
-# piece for its 2.4 MB of filters, about 16 operations per byte at the core's 190 Gop/s; of 512
-# channels on a 7-wide map about 12: docs/benchmarks.md, session 19)
-CONV_WEIGHT_OPS = 12.0
+# what each byte a piece of a convolution reads costs it, in operations: every piece reads the
+# filters of its output channels and the input of its rows from beyond the core's cache, so a cut
+# along rows reads every filter again per piece and a cut along channels the whole input (a 3 x 3
+# convolution of 256 channels on 14 x 14, one core at 190-215 Gop/s: 150-200 us more per piece of
+# rows than its operations, about 100 us per piece of 64 channels; docs/benchmarks.md, session 19)
+CONV_READ_OPS = 12.0
 
 
 class Layout(enum.Enum):
@@ -104,17 +104,18 @@ class OpTraits:
     the last (the blocked layout's convolution: a piece of 66 channels runs as long as one of
     80, one of 64 a third less; docs/benchmarks.md, session 18), so a piece is priced by its
     channels rounded up to whole blocks and a cut of its channels prefers whole blocks
-    (`cost.run_ops`); 0: in proportion to its channels. `weight_ops`: operations' worth of time
-    each byte of its constant inputs costs each piece that reads it (a convolution's filters,
-    read again by every piece from beyond the core's cache: a piece of few rows costs more per
-    row than a large one; `cost.run_ops`); 0: nothing beyond its operations."""
+    (`cost.run_ops`); 0: in proportion to its channels. `read_ops`: operations' worth of time
+    each byte a piece reads of its inputs (by its rule's regions: a convolution's filters of the
+    piece's channels and input of its rows) costs it beyond its operations, read from beyond the
+    core's cache: a piece of few rows costs more per row than a large one, and one of few
+    channels more per channel (`cost.run_ops`); 0: nothing beyond its operations."""
 
     alias: bool = False
     moves_data: bool = False
     layout: Layout = Layout.PLAIN
     fuses_into_conv: bool = False
     channel_block: int = 0
-    weight_ops: float = 0.0
+    read_ops: float = 0.0
 
 
 class RegionRule(ABC):

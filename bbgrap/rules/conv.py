@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import CONV_WEIGHT_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, shape
+from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -53,4 +53,4 @@ class ConvRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Conv"], ConvRule(), OpTraits(layout=Layout.BLOCKED, channel_block=NCHWC_BLOCK, weight_ops=CONV_WEIGHT_OPS))
+    registry.register(["Conv"], ConvRule(), OpTraits(layout=Layout.BLOCKED, channel_block=NCHWC_BLOCK, read_ops=CONV_READ_OPS))
