@@ -42,9 +42,8 @@ def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry
     blocked layout's convolution) a piece of some of its channels priced by those channels
     rounded up to whole blocks, over the whole layer's own rounding (the throughputs a node is
     measured at already hold that); and with `reads`, for an op whose pieces pay for what they
-    read (`OpTraits.read_ops`), that many operations per byte the piece reads of its inputs by
-    its rule (`bytes_read`: a convolution's filters of its channels, its input of its rows). What
-    the planners and the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
+    read (`OpTraits.read_ops`), that many operations per byte of `extra_reads`. What the planners
+    and the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
     registry = registry or default_registry()
     ops = layer_ops(layer, graph, region, registry)
     traits = registry.traits(layer.op_type, layer.domain)
@@ -54,17 +53,38 @@ def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry
     whole, part = shape[1], len(region.interval(1))
     if traits.channel_block > 1 and part != whole:
         ops *= (padded(part, traits.channel_block) / part) / (padded(whole, traits.channel_block) / whole)
-    return ops + traits.read_ops * bytes_read(layer, graph, region, registry) if reads and traits.read_ops else ops
+    return ops + traits.read_ops * extra_reads(layer, graph, region, registry) if reads and traits.read_ops else ops
 
 
-def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> int:
-    """Bytes of its inputs (activations and weights) the layer's local op reads to compute `region`
-    of its output, by its rule's regions (0 for a layer without a rule)."""
+def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> tuple[int, int]:
+    """Bytes of its weights (constant inputs) and of its activations the layer's local op reads to
+    compute `region` of its output, by its rule's regions ((0, 0) for a layer without a rule)."""
     rule = (registry or default_registry()).get(layer)
     if rule is None or region.empty:
-        return 0
-    needs = rule.local(layer, graph, region).needs
-    return sum(need.volume * np.dtype(graph.tensors[t].dtype).itemsize for t, need in zip(layer.inputs, needs) if t and need is not None)
+        return 0, 0
+    weights = activations = 0
+    for t, need in zip(layer.inputs, rule.local(layer, graph, region).needs):
+        if t and need is not None:
+            nbytes = need.volume * np.dtype(graph.tensors[t].dtype).itemsize
+            if t in graph.constants:
+                weights += nbytes
+            else:
+                activations += nbytes
+    return weights, activations
+
+
+def extra_reads(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
+    """Bytes a piece computing `region` reads beyond what its kind's throughput holds: its weights
+    (a node's throughput is measured on convolutions whose few filters stay in the core's cache; a
+    model's do not, and every piece of rows reads all of them again), and the activations it reads
+    beyond its share of the operations (a piece of a convolution's output channels reads every
+    input channel; one of rows only its rows, and a depthwise one of channels only its channels,
+    as the whole layer does, which the throughput holds)."""
+    weights, activations = bytes_read(layer, graph, region, registry)
+    full = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
+    whole = layer_ops(layer, graph, full, registry)
+    share = layer_ops(layer, graph, region, registry) / whole if whole else 1.0
+    return weights + max(0.0, activations - share * bytes_read(layer, graph, full, registry)[1])
 
 
 def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -> float:

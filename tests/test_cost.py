@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from bbgrap.frontends.onnx import import_proto
 from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
+from onnx import helper
 
 from bbgrap.cost import bytes_read, layer_ops, padded, run_ops
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.plan import read_manifest
 from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK
+from tests.rules.helpers import build_model
 
 
 def test_padded_rounds_up_to_whole_blocks() -> None:
@@ -18,28 +21,35 @@ def test_padded_rounds_up_to_whole_blocks() -> None:
     assert padded(66, 1) == padded(66, 0) == 66
 
 
-def reads(graph: Graph, channels: int, rows: int) -> float:
-    """What a piece of a 3 x 3 'same' convolution of conv_chain (no bias) pays for what it reads, in
-    operations: the filters of `channels` output channels and every input channel of `rows` rows."""
+def filters(graph: Graph, channels: int) -> float:
+    """What reading the filters of `channels` output channels of conv_chain's 3 x 3 convolutions (no
+    bias) costs a piece, in operations."""
+    return CONV_READ_OPS * 4 * channels * graph.tensors["x"].shape[1] * 9
+
+
+def inputs(graph: Graph, rows: float) -> float:
+    """What reading `rows` rows of every input channel costs a piece, in operations."""
     _, c, _, w = graph.tensors["x"].shape
-    return CONV_READ_OPS * 4 * (channels * c * 9 + c * rows * w)
+    return CONV_READ_OPS * 4 * c * rows * w
 
 
 def test_a_piece_of_a_convolutions_channels_is_priced_by_whole_blocks() -> None:
     """A blocked convolution runs 66 of 256 channels as long as 80: its piece costs 80/66 of its
     operations; a piece of whole blocks, a cut of rows and the whole layer what they count; each
-    piece pays for what it reads besides."""
+    piece pays for reading its filters, and for the input it reads beyond its share besides."""
     graph = import_proto(conv_chain([3, 3], channels=256, height=8, relu_after=True)).graph
     conv = next(layer for layer in graph.layers if layer.name == "conv0")
     full = ShapeMap.full(graph.tensors[conv.outputs[0]].shape)
     assert NCHWC_BLOCK == 16
     for channels, factor in ((66, 80 / 66), (64, 1.0), (190, 192 / 190), (1, 16.0)):
         piece = full.with_axis(1, Interval(0, channels))
-        assert run_ops(conv, graph, piece) == pytest.approx(layer_ops(conv, graph, piece) * factor + reads(graph, channels, 8))
-    rows = full.with_axis(2, Interval(0, 3))  # reads input rows 0-3 (the 'same' padding above row 0)
-    assert run_ops(conv, graph, rows) == pytest.approx(layer_ops(conv, graph, rows) + reads(graph, 256, 4))
-    assert run_ops(conv, graph, full) == pytest.approx(layer_ops(conv, graph, full) + reads(graph, 256, 8))
+        assert run_ops(conv, graph, piece) == pytest.approx(
+            layer_ops(conv, graph, piece) * factor + filters(graph, channels) + inputs(graph, 8 * (1 - channels / 256)))
+    rows = full.with_axis(2, Interval(0, 3))  # reads input rows 0-3 (the 'same' padding above row 0): one beyond its 3 of 8
+    assert run_ops(conv, graph, rows) == pytest.approx(layer_ops(conv, graph, rows) + filters(graph, 256) + inputs(graph, 1))
+    assert run_ops(conv, graph, full) == pytest.approx(layer_ops(conv, graph, full) + filters(graph, 256))
     assert run_ops(conv, graph, rows, reads=False) == layer_ops(conv, graph, rows)
+    assert bytes_read(conv, graph, rows) == (4 * 256 * 256 * 9, 4 * 256 * 4 * 5)
     relu = next(layer for layer in graph.layers if layer.op_type == "Relu")
     piece = ShapeMap.full(graph.tensors[relu.outputs[0]].shape).with_axis(1, Interval(0, 66))
     assert run_ops(relu, graph, piece) == layer_ops(relu, graph, piece)  # runs its elements as they are, pays nothing for reads
@@ -50,24 +60,29 @@ def test_the_whole_layers_own_rounding_is_already_in_its_throughput() -> None:
     conv = graph.layers[0]
     full = ShapeMap.full(graph.tensors[conv.outputs[0]].shape)
     half = full.with_axis(1, Interval(0, 12))  # 12 run as 16: half of the whole's 32
-    assert run_ops(conv, graph, half) == pytest.approx(layer_ops(conv, graph, full) / 2 + reads(graph, 12, 8))
+    assert run_ops(conv, graph, half) == pytest.approx(layer_ops(conv, graph, full) / 2 + filters(graph, 12) + inputs(graph, 4))
 
 
-def test_every_piece_reads_its_filters_and_its_input_rows_so_small_pieces_cost_more_per_row_and_channel() -> None:
-    """Two pieces of rows read the filters twice (and the two rows between them twice); two pieces
-    of channels read the input twice. The simulator and the planners see a small piece of a heavy
-    layer cost more per row, or per channel, than a large one."""
+def test_small_pieces_of_rows_or_channels_cost_more_per_row_or_channel_and_a_depthwise_ones_do_not() -> None:
+    """Two pieces of rows read the filters twice (and the rows between them twice); two pieces of
+    channels read the input twice. The simulator and the planners see a small piece of a heavy
+    layer cost more per row, or per channel, than a large one. A depthwise convolution's piece of
+    channels reads only its channels' input: its share, held in its throughput."""
     graph = import_proto(conv_chain([3], channels=256, height=14, width=14)).graph
     conv = graph.layers[0]
     full = ShapeMap.full(graph.tensors[conv.outputs[0]].shape)
     top, rest = full.with_axis(2, Interval(0, 3)), full.with_axis(2, Interval(3, 14))
     left, right = full.with_axis(1, Interval(0, 64)), full.with_axis(1, Interval(64, 256))
     whole = run_ops(conv, graph, full)
-    assert run_ops(conv, graph, top) + run_ops(conv, graph, rest) == pytest.approx(whole + reads(graph, 256, 2))
-    assert run_ops(conv, graph, left) + run_ops(conv, graph, right) == pytest.approx(whole + reads(graph, 0, 14))
+    assert run_ops(conv, graph, top) + run_ops(conv, graph, rest) == pytest.approx(whole + filters(graph, 256) + inputs(graph, 2))
+    assert run_ops(conv, graph, left) + run_ops(conv, graph, right) == pytest.approx(whole + inputs(graph, 14))
     assert run_ops(conv, graph, top) / 3 > 1.05 * run_ops(conv, graph, rest) / 11
-    assert run_ops(conv, graph, left) / 64 > 1.01 * run_ops(conv, graph, right) / 192
-    assert bytes_read(conv, graph, top) == 4 * (256 * 256 * 9 + 256 * 4 * 14)
+    assert run_ops(conv, graph, left) / 64 > 1.02 * run_ops(conv, graph, right) / 192
+    depthwise = import_proto(build_model([helper.make_node("Conv", ["x", "w"], ["y"], group=64, pads=[1, 1, 1, 1])], {"x": [1, 64, 14, 14]},
+                                         {"w": np.ones((64, 1, 3, 3), np.float32)}, ["y"], 17)).graph
+    dw = depthwise.layers[0]
+    piece = ShapeMap.full(depthwise.tensors["y"].shape).with_axis(1, Interval(0, 16))
+    assert run_ops(dw, depthwise, piece) == pytest.approx(layer_ops(dw, depthwise, piece) + CONV_READ_OPS * 4 * 16 * 9)
 
 
 def test_nodes_of_different_speeds_cut_a_convolutions_channels_in_whole_blocks_and_run_exactly(tmp_path) -> None:
@@ -99,4 +114,4 @@ def test_the_per_layer_search_leaves_the_reads_out_and_the_simulator_prices_them
     full = ShapeMap.full(graph.tensors[conv.outputs[0]].shape)
     cost = LayerCutCost(graph, conv, 2, (1.0, 1.0), Config().objective, dict(graph.partitions), default_registry())
     assert cost.node_cost(0, 0, 3).work == pytest.approx(layer_ops(conv, graph, full.with_axis(2, Interval(0, 3))))
-    assert whole_ops(conv, graph) == pytest.approx(layer_ops(conv, graph, full) + reads(graph, 256, 14))
+    assert whole_ops(conv, graph) == pytest.approx(layer_ops(conv, graph, full) + filters(graph, 256))

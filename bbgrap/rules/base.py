@@ -65,11 +65,12 @@ class Local:
 # AVX2; a plan is compiled before its nodes are known, and a multiple of 16 is one of 8 too
 NCHWC_BLOCK = 16
 
-# what each byte a piece of a convolution reads costs it, in operations: every piece reads the
-# filters of its output channels and the input of its rows from beyond the core's cache, so a cut
-# along rows reads every filter again per piece and a cut along channels the whole input (a 3 x 3
-# convolution of 256 channels on 14 x 14, one core at 190-215 Gop/s: 150-200 us more per piece of
-# rows than its operations, about 100 us per piece of 64 channels; docs/benchmarks.md, session 19)
+# what each byte a piece of a convolution reads beyond its throughput costs it, in operations
+# (`cost.extra_reads`): every piece reads the filters of its output channels from beyond the core's
+# cache, so a cut along rows reads every filter again per piece, and a piece of channels reads the
+# whole input (a 3 x 3 convolution of 256 channels on 14 x 14, one core at 190-215 Gop/s: 150-200 us
+# more per piece of rows than its operations, about 100 us per piece of 64 channels;
+# docs/benchmarks.md, session 19)
 CONV_READ_OPS = 12.0
 
 
@@ -105,10 +106,10 @@ class OpTraits:
     80, one of 64 a third less; docs/benchmarks.md, session 18), so a piece is priced by its
     channels rounded up to whole blocks and a cut of its channels prefers whole blocks
     (`cost.run_ops`); 0: in proportion to its channels. `read_ops`: operations' worth of time
-    each byte a piece reads of its inputs (by its rule's regions: a convolution's filters of the
-    piece's channels and input of its rows) costs it beyond its operations, read from beyond the
-    core's cache: a piece of few rows costs more per row than a large one, and one of few
-    channels more per channel (`cost.run_ops`); 0: nothing beyond its operations."""
+    each byte a piece reads beyond what its kind's throughput holds costs it (`cost.extra_reads`:
+    a convolution's filters of the piece's channels, and input beyond its share): a piece of few
+    rows costs more per row than a large one, and one of few channels more per channel
+    (`cost.run_ops`); 0: nothing beyond its operations."""
 
     alias: bool = False
     moves_data: bool = False
