@@ -219,8 +219,10 @@ def prediction_text(pred: PredictionRecord) -> str:
                      f"compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
     if pred.profile_nodes != tuple(range(pred.nodes)):
         named = ", ".join(f"{n}{f' ({h})' if h else ''}" for n, h in zip(pred.profile_nodes, pred.hosts))
-        lines.append(f"its {pred.nodes} node(s) are the profile's fastest: node(s) {named}; start rank k of "
-                     f"mpirun on the k-th of them")
+        if pred.nodes == 1:
+            lines.append(f"its node is the profile's fastest, node {named}: run its rank there")
+        else:
+            lines.append(f"its {pred.nodes} nodes are the profile's fastest, nodes {named}: run rank k on the k-th of them")
     if pred.nodes == requested and requested > 1 and pred.speedup <= 1.0:
         lines.append(f"predicted: {requested} nodes are not faster than 1 ({pred.latency_ms:.3f} ms vs "
                      f"{pred.one_node_ms:.3f} ms); kept {requested} as --force-nodes asks")

@@ -14,7 +14,7 @@ from onnx import helper
 from onnx_builder import build_model
 
 from bbgrap import zoo
-from bbgrap.cli import run_line
+from bbgrap.cli import prediction_text, run_line
 from bbgrap.cluster import (
     DEFAULT_PROFILE,
     ClusterProfile,
@@ -311,7 +311,7 @@ def test_a_plan_for_fewer_nodes_runs_on_the_fastest_and_says_which(small_model: 
     write_profile(str(path), profile)
     assert main(["compile", small_model, "--nodes", "3", "-o", str(tmp_path / "cli"), "--profile", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "the profile's fastest: node(s) 2 (c)" in out and "mpirun -n 1 bbgrap-run" in out
+    assert "its node is the profile's fastest, node 2 (c): run its rank there" in out and "mpirun -n 1 bbgrap-run" in out
     two = ClusterProfile((replace(base, host="a"), replace(base.faster(2.0), host="b"), replace(base.faster(3.0), host="c")),
                          LinkProfile(latency_s=1e-3, bandwidth_Bps=1e9))
     forced = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "forced"), profile=two, force_nodes=True)
@@ -331,6 +331,8 @@ def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_severa
     assert line((1, 2), ("h", "h")) == "run it: mpirun -n 2 bbgrap-run"  # one host: ranks, not hosts, tell them apart
     assert line((1, 2), ("b", "")) == "run it: mpirun -n 2 bbgrap-run"  # a host not recorded
     assert line((0, 1), ("a", "b")) == "run it: mpirun -n 2 bbgrap-run"  # the first nodes: as mpirun starts them
+    two = PredictionRecord("p", 3, 2, 1.0, (), 2.0, 2.0, {2: 1.0, 3: 1.1}, (1, 2), ("b", "c"))
+    assert "its 2 nodes are the profile's fastest, nodes 1 (b), 2 (c): run rank k on the k-th of them" in prediction_text(two)
 
 
 def test_profile_speeds_are_the_slowest_nodes_time_for_the_model_over_each_nodes(small_model: str) -> None:
