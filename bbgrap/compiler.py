@@ -136,8 +136,8 @@ class Partitioned:
 
 def fastest_nodes(speeds: Sequence[float], count: int) -> tuple[int, ...]:
     """The `count` fastest of the nodes of these speeds, in node order (of equal speeds the first):
-    the nodes a plan for fewer nodes than the cluster's runs on. A node left out only makes the
-    plan wait where it is slower than the ones kept."""
+    the nodes a plan for fewer nodes than the cluster's runs on, leaving out the slowest, which
+    every other node would wait for."""
     return tuple(sorted(sorted(range(len(speeds)), key=lambda n: (-speeds[n], n))[:count]))
 
 
