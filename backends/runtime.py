@@ -285,15 +285,26 @@ def memory_baseline_mb() -> float:
     return peak_memory_mb()
 
 
+def misplaced_ranks(plan: Plan, hosts: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(rank, its host, the host its node was calibrated on) for each rank of a plan cut for nodes of
+    different speeds that runs on another host than its node's (compile --profile records the
+    hosts where calibrate did): the plan is still exact, but its cuts follow that node's speed."""
+    pred = plan.compiled.prediction
+    if pred is None or len(set(plan.compiled.speeds)) <= 1:
+        return []
+    return [(r, mine, meant) for r, (mine, meant) in enumerate(zip(hosts, pred.hosts)) if meant and mine != meant]
+
+
 def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
            peak_mb: list[float], baseline_mb: list[float], profiles: list[dict[str, float]] | None = None,
            crowded: tuple[int, int] | None = None,
-           shared_gpus: tuple[int, int] | None = None) -> int:
+           shared_gpus: tuple[int, int] | None = None, misplaced: Sequence[tuple[int, str, str]] = ()) -> int:
     """Print (or --json) the result; `peak_mb`: each rank's peak resident memory, `baseline_mb` its
     memory before it loaded its part of the plan (one entry each: all nodes
     in this process); `crowded` = (ranks, cores) where more threads than cores share a host,
-    `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one."""
+    `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one, `misplaced`: the ranks on
+    other hosts than their nodes' (`misplaced_ranks`)."""
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     memory = plan.compiled.memory
@@ -332,6 +343,7 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         result["profile_ms"] = profiles  # per rank, per inference: compute, wait, send
     result["oversubscribed"] = crowded is not None
     result["shared_gpus"] = shared_gpus is not None
+    result["misplaced_ranks"] = [r for r, _, _ in misplaced]
     if args.json:
         print(json.dumps(result))
     elif not args.quiet:
@@ -352,6 +364,10 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         if shared_gpus is not None:
             print(f"note: {shared_gpus[0]} ranks share {shared_gpus[1]} GPU(s) on this host (rank k uses GPU k mod "
                   f"{shared_gpus[1]}), so they take turns on them: the latency of {plan.nodes} separate GPUs would be lower")
+        if misplaced:
+            where = ", ".join(f"rank {r} on {mine} (its node: {meant})" for r, mine, meant in misplaced)
+            print(f"note: the plan is cut for nodes of different speeds, and {where}: the result is exact, but the cuts "
+                  f"follow the calibrated nodes' speeds (start rank k on the k-th host compile named)")
     if not ok:
         print(f"bbgrap-run: error: result differs from the {'model' if args.check else 'reference'} by {rel_err:.3g} "
               f"> --tolerance {args.tolerance:g}", file=sys.stderr)
@@ -471,6 +487,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
     quota = cpu_quota()
     affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), quota)))
+    hosts = allgather(comm, os.uname().nodename)
     error: str | None = None
     plan: Plan | None = None
     inputs: dict[str, np.ndarray] = {}
@@ -550,7 +567,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         try:
             sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
             status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, peak_mb, baseline_mb, profiles, crowded,
-                            (local.Get_size(), devices) if sharing > 1 else None)
+                            (local.Get_size(), devices) if sharing > 1 else None, misplaced_ranks(plan, hosts))
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)
             status = 2

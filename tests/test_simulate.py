@@ -319,6 +319,36 @@ def test_a_plan_for_fewer_nodes_runs_on_the_fastest_and_says_which(small_model: 
     assert run_line(forced, "forced") == "run it: mpirun -n 3 bbgrap-run forced"
 
 
+def test_bbgrap_run_notes_ranks_on_other_hosts_than_their_nodes_where_speeds_differ(small_model: str, tmp_path, capsys) -> None:
+    from bbgrap.backends.runtime import misplaced_ranks
+
+    base = NodeProfile()
+    mixed = ClusterProfile((replace(base, host="a"), replace(base.faster(3.0), host="b")))
+    plan = compile_model(small_model, Config(nodes=2, planner="greedy"), str(tmp_path / "mixed"), profile=mixed, force_nodes=True)
+    assert plan.compiled.speeds == (1.0, 3.0)
+    assert misplaced_ranks(plan, ["a", "b"]) == []
+    assert misplaced_ranks(plan, ["b", "a"]) == [(0, "b", "a"), (1, "a", "b")]
+    like = ClusterProfile((replace(base, host="a"), replace(base, host="b")))
+    even = compile_model(small_model, Config(nodes=2, planner="greedy"), str(tmp_path / "even"), profile=like, force_nodes=True)
+    assert misplaced_ranks(even, ["x", "y"]) == []  # like nodes: any host will do
+    unnamed = compile_model(small_model, Config(nodes=2, planner="greedy"), str(tmp_path / "unnamed"),
+                            profile=ClusterProfile((base, base.faster(3.0))), force_nodes=True)
+    assert misplaced_ranks(unnamed, ["x", "y"]) == []  # hosts not recorded
+    # bbgrap-run's report: one note line naming them, and the ranks in --json
+    from argparse import Namespace
+
+    import numpy as np
+    from bbgrap.backends.runtime import report
+
+    out = {"y": np.ones(1, np.float32)}
+    args = Namespace(plan=str(tmp_path / "mixed"), output=None, json=False, quiet=False, check=False, tolerance=1e-4)
+    assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], misplaced=[(1, "a", "b")]) == 0
+    assert "note: the plan is cut for nodes of different speeds, and rank 1 on a (its node: b)" in capsys.readouterr().out
+    assert report(Namespace(**{**vars(args), "json": True}), plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0],
+                  misplaced=[(1, "a", "b")]) == 0
+    assert '"misplaced_ranks": [1]' in capsys.readouterr().out
+
+
 def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_several() -> None:
     from bbgrap.plan_schema import PredictionRecord
 
