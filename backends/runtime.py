@@ -344,6 +344,8 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
     result["oversubscribed"] = crowded is not None
     result["shared_gpus"] = shared_gpus is not None
     result["misplaced_ranks"] = [r for r, _, _ in misplaced]
+    pred = plan.compiled.prediction
+    result["predicted_ms"] = pred.latency_ms if pred is not None else None  # compile --profile's prediction
     if args.json:
         print(json.dumps(result))
     elif not args.quiet:
@@ -353,9 +355,17 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         print(f"{plan.model}: {plan.nodes} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
               f"{result['layout']} between segments")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
+        if pred is not None and ranks > 1:
+            print(f"predicted {pred.latency_ms:.2f} ms by compile --profile ({pred.profile}): measured / predicted "
+                  f"{result['latency_ms'] / max(pred.latency_ms, 1e-9):.2f}")
+        elif pred is not None:
+            print(f"predicted {pred.latency_ms:.2f} ms on {plan.nodes} separate nodes by compile --profile ({pred.profile}); "
+                  "this process runs them one after another")
         for r, prof in enumerate(profiles or []):
+            predicted = (f"; predicted compute {pred.ranks[r].compute:.2f} ms, wait {pred.ranks[r].wait:.2f} ms"
+                         if pred is not None and r < len(pred.ranks) else "")
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms, "
-                  f"peak memory {peak_mb[r]:.0f} MB ({plan_memory(r, r)})")
+                  f"peak memory {peak_mb[r]:.0f} MB ({plan_memory(r, r)}){predicted}")
         if not profiles:
             print(f"peak memory {peak_mb[0]:.0f} MB (this process, every node it runs: {plan_memory(0, None)})")
         if crowded is not None:

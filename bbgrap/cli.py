@@ -186,8 +186,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(summary(plan, args.output))
-        if plan.compiled.prediction is not None:
-            print(prediction_text(plan.compiled.prediction))
         print(run_line(plan, args.output))
     return 0
 
@@ -252,6 +250,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
         "memory": plan.compiled.memory.to_json() if plan.compiled.memory is not None else None,
         "recompute": plan.compiled.recompute.to_json() if plan.compiled.recompute is not None else None,
+        "prediction": plan.compiled.prediction.to_json() if plan.compiled.prediction is not None else None,
     }
 
 
@@ -327,6 +326,8 @@ def summary(plan: Plan, where: str) -> str:
         )
     if plan.compiled.recompute is not None:
         lines.append(plan.compiled.recompute.summary())
+    if plan.compiled.prediction is not None:
+        lines.append(prediction_text(plan.compiled.prediction))
     return "\n".join(lines)
 
 

@@ -342,11 +342,25 @@ def test_bbgrap_run_notes_ranks_on_other_hosts_than_their_nodes_where_speeds_dif
 
     out = {"y": np.ones(1, np.float32)}
     args = Namespace(plan=str(tmp_path / "mixed"), output=None, json=False, quiet=False, check=False, tolerance=1e-4)
-    assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], misplaced=[(1, "a", "b")]) == 0
-    assert "note: the plan is cut for nodes of different speeds, and rank 1 on a (its node: b)" in capsys.readouterr().out
+    ranks = [{"compute": 0.5, "wait": 0.2, "send": 0.0}] * 2
+    assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], ranks, misplaced=[(1, "a", "b")]) == 0
+    said = capsys.readouterr().out
+    assert "note: the plan is cut for nodes of different speeds, and rank 1 on a (its node: b)" in said
+    # and the prediction beside the measurement: the latency's, each rank's
+    pred = plan.compiled.prediction
+    assert pred is not None
+    assert f"predicted {pred.latency_ms:.2f} ms by compile --profile" in said and "measured / predicted" in said
+    assert f"; predicted compute {pred.ranks[1].compute:.2f} ms, wait {pred.ranks[1].wait:.2f} ms" in said
+    assert report(args, plan, out, out, [1e-3], 1, [], 0, [1.0], [0.0]) == 0
+    assert "on 2 separate nodes by compile --profile" in capsys.readouterr().out  # one process: no ratio
     assert report(Namespace(**{**vars(args), "json": True}), plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0],
                   misplaced=[(1, "a", "b")]) == 0
-    assert '"misplaced_ranks": [1]' in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert '"misplaced_ranks": [1]' in said and f'"predicted_ms": {pred.latency_ms}' in said
+    # inspect shows what compile predicted
+    from bbgrap.cli import inspect_json, summary
+
+    assert prediction_text(pred) in summary(plan, "mixed") and inspect_json(plan)["prediction"] == pred.to_json()
 
 
 def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_several() -> None:
