@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
-from bbgrap.ir import Graph, Layer, ShapeMap
+from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
@@ -74,17 +74,20 @@ def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegis
 
 
 def extra_reads(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
-    """Bytes a piece computing `region` reads beyond what its kind's throughput holds: its weights
-    (a node's throughput is measured on convolutions whose few filters stay in the core's cache; a
-    model's do not, and every piece of rows reads all of them again), and the activations it reads
-    beyond its share of the operations (a piece of a convolution's output channels reads every
-    input channel; one of rows only its rows, and a depthwise one of channels only its channels,
-    as the whole layer does, which the throughput holds)."""
+    """Bytes a piece computing `region` (of an NCHW output) reads beyond what its kind's throughput
+    holds: its weights (a node's throughput is measured on convolutions whose few filters stay in
+    the core's cache; a model's do not, and every piece of rows reads all of them again), and the
+    activations a piece of some output channels reads beyond its share of those of all of them
+    (a convolution's piece of channels reads every input channel; a depthwise one only its own,
+    as the whole layer does, and a piece of rows only its rows with their window's: what the
+    throughput holds)."""
     weights, activations = bytes_read(layer, graph, region, registry)
-    full = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
-    whole = layer_ops(layer, graph, full, registry)
-    share = layer_ops(layer, graph, region, registry) / whole if whole else 1.0
-    return weights + max(0.0, activations - share * bytes_read(layer, graph, full, registry)[1])
+    channels = graph.tensors[layer.outputs[0]].shape[1]
+    part = len(region.interval(1))
+    if part == channels:
+        return float(weights)
+    every = bytes_read(layer, graph, region.with_axis(1, Interval(0, channels)), registry)[1]
+    return weights + max(0.0, activations - part / channels * every)
 
 
 def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -> float:

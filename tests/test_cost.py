@@ -45,8 +45,8 @@ def test_a_piece_of_a_convolutions_channels_is_priced_by_whole_blocks() -> None:
         piece = full.with_axis(1, Interval(0, channels))
         assert run_ops(conv, graph, piece) == pytest.approx(
             layer_ops(conv, graph, piece) * factor + filters(graph, channels) + inputs(graph, 8 * (1 - channels / 256)))
-    rows = full.with_axis(2, Interval(0, 3))  # reads input rows 0-3 (the 'same' padding above row 0): one beyond its 3 of 8
-    assert run_ops(conv, graph, rows) == pytest.approx(layer_ops(conv, graph, rows) + filters(graph, 256) + inputs(graph, 1))
+    rows = full.with_axis(2, Interval(0, 3))  # reads input rows 0-3 (its window's), which the throughput holds
+    assert run_ops(conv, graph, rows) == pytest.approx(layer_ops(conv, graph, rows) + filters(graph, 256))
     assert run_ops(conv, graph, full) == pytest.approx(layer_ops(conv, graph, full) + filters(graph, 256))
     assert run_ops(conv, graph, rows, reads=False) == layer_ops(conv, graph, rows)
     assert bytes_read(conv, graph, rows) == (4 * 256 * 256 * 9, 4 * 256 * 4 * 5)
@@ -64,8 +64,7 @@ def test_the_whole_layers_own_rounding_is_already_in_its_throughput() -> None:
 
 
 def test_small_pieces_of_rows_or_channels_cost_more_per_row_or_channel_and_a_depthwise_ones_do_not() -> None:
-    """Two pieces of rows read the filters twice (and the rows between them twice); two pieces of
-    channels read the input twice. The simulator and the planners see a small piece of a heavy
+    """Two pieces of rows read the filters twice; two pieces of channels read the input twice. The simulator and the planners see a small piece of a heavy
     layer cost more per row, or per channel, than a large one. A depthwise convolution's piece of
     channels reads only its channels' input: its share, held in its throughput."""
     graph = import_proto(conv_chain([3], channels=256, height=14, width=14)).graph
@@ -74,7 +73,7 @@ def test_small_pieces_of_rows_or_channels_cost_more_per_row_or_channel_and_a_dep
     top, rest = full.with_axis(2, Interval(0, 3)), full.with_axis(2, Interval(3, 14))
     left, right = full.with_axis(1, Interval(0, 64)), full.with_axis(1, Interval(64, 256))
     whole = run_ops(conv, graph, full)
-    assert run_ops(conv, graph, top) + run_ops(conv, graph, rest) == pytest.approx(whole + filters(graph, 256) + inputs(graph, 2))
+    assert run_ops(conv, graph, top) + run_ops(conv, graph, rest) == pytest.approx(whole + filters(graph, 256))
     assert run_ops(conv, graph, left) + run_ops(conv, graph, right) == pytest.approx(whole + inputs(graph, 14))
     assert run_ops(conv, graph, top) / 3 > 1.05 * run_ops(conv, graph, rest) / 11
     assert run_ops(conv, graph, left) / 64 > 1.02 * run_ops(conv, graph, right) / 192
