@@ -69,6 +69,12 @@ def split_sizes(extent: int, speeds: Sequence[float], grain: int = 1) -> list[in
     return sizes
 
 
+def axis_sizes(shape: Sequence[int], axis: int, speeds: Sequence[float]) -> list[int]:
+    """The speed-proportional (or even) sizes per node of a cut of `axis` of an output of `shape`,
+    in the grain that axis takes (`split_sizes`, `channel_grain`)."""
+    return split_sizes(shape[axis], speeds, channel_grain(shape, axis))
+
+
 def channel_grain(shape: Sequence[int], axis: int | None) -> int:
     """The grain a cut of `axis` of an activation of `shape` takes (`split_sizes`): the blocked
     layout's block along the channels of an NCHW tensor, else 1. Every op's, not only a
@@ -137,7 +143,7 @@ def channel_cut(graph: Graph, layer: Layer, speeds: Sequence[float], registry: R
     shape = graph.tensors[layer.outputs[0]].shape
     if rule is None or len(shape) < 2 or CHANNELS not in rule.axes(layer, graph) or shape[CHANNELS] < graph.nodes:
         return None
-    return partition_layer(graph, layer, CHANNELS, split_sizes(shape[CHANNELS], speeds, channel_grain(shape, CHANNELS)), registry)
+    return partition_layer(graph, layer, CHANNELS, axis_sizes(shape, CHANNELS, speeds), registry)
 
 
 def replicated(graph: Graph, layer: Layer, speeds: Sequence[float], registry: RuleRegistry) -> LayerPartition | None:
@@ -155,7 +161,7 @@ def replicated(graph: Graph, layer: Layer, speeds: Sequence[float], registry: Ru
     shape = graph.tensors[layer.outputs[0]].shape
     whole = rule.local(layer, graph, ShapeMap.full(shape))
     n = graph.nodes
-    return LayerPartition(axes[0], tuple(regions_from_sizes(shape, axes[0], split_sizes(shape[axes[0]], speeds, channel_grain(shape, axes[0])))),
+    return LayerPartition(axes[0], tuple(regions_from_sizes(shape, axes[0], axis_sizes(shape, axes[0], speeds))),
                           (whole.needs,) * n, (whole.computes,) * n, (dict(whole.attrs),) * n, (dict(whole.inputs),) * n,
                           LayerPartition.compact_emits([whole.emits] * n))
 
@@ -185,7 +191,7 @@ def aligned_axis(graph: Graph, layer: Layer, partitions: Mapping[str, LayerParti
         if axis == skip:
             continue
         shape = graph.tensors[layer.outputs[0]].shape
-        part = partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds, channel_grain(shape, axis)), registry)
+        part = partition_layer(graph, layer, axis, axis_sizes(shape, axis, speeds), registry)
         if part.axis is not None and all(
                 need is not None and not need.empty and source.out[n].contains(need)
                 for k, source in cut for n, need in enumerate(needs[k] for needs in part.needs)):
@@ -247,6 +253,7 @@ class NaivePartition(Pass):
     def call(self, graph: Graph) -> PassResult:
         graph = graph.replace(nodes=self.nodes)
         speeds = self.speeds or (1.0,) * self.nodes
+        whole = fastest_node(speeds)  # where a layer that is not cut runs
         custom = {c.layer: c for c in self.custom}
         partitions: dict[str, LayerPartition] = {}
         for layer in graph.layers:
@@ -263,6 +270,6 @@ class NaivePartition(Pass):
                     )
                 sizes = list(c.sizes)
             elif axis is not None:
-                sizes = split_sizes(shape[axis], speeds, channel_grain(shape, axis))
-            partitions[layer.name] = partition_layer(graph, layer, axis, sizes, self.registry, fastest_node(speeds))
+                sizes = axis_sizes(shape, axis, speeds)
+            partitions[layer.name] = partition_layer(graph, layer, axis, sizes, self.registry, whole)
         return PassResult(graph.replace(partitions=partitions), True)

@@ -73,7 +73,7 @@ from bbgrap.config import PLANNERS
 from bbgrap.cost import run_ops, weight_bytes, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
-from bbgrap.passes.naive_partition import channel_grain, fastest_node, partition_layer, replicated, shared_axes, split_sizes
+from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
 from bbgrap.simulate import op_kind, whole_ops
 
@@ -103,7 +103,7 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
     shape = graph.tensors[layer.outputs[0]].shape
     axes = sorted(a for a in rule.axes(layer, graph) if a < len(shape))
     for axis in shared_axes(graph, layer, registry):
-        out.append(partition_layer(graph, layer, axis, split_sizes(shape[axis], speeds, channel_grain(shape, axis)), registry))
+        out.append(partition_layer(graph, layer, axis, axis_sizes(shape, axis, speeds), registry))
     fastest = fastest_node(speeds)
     out.append(partition_layer(graph, layer, None, None, registry, fastest))
     # after the layer whole on one node, which it ties with where no other node reads the layer:
