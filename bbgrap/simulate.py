@@ -30,7 +30,7 @@ rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -152,12 +152,14 @@ def value_elements(graph: Graph, value: str) -> int:
         return 0
 
 
-def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry | None = None) -> SegmentWork:
+def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry | None = None,
+                 whole: Mapping[str, float] | None = None) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
     one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
     into the convolution before it (`OpTraits.fuses_into_conv`), and one per element of every value the
     segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
-    blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`)."""
+    blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`). `whole`: each
+    layer's `whole_ops` by name, where the caller has them (every segment of a plan needs them)."""
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
@@ -176,8 +178,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             part = graph.partitions[layer.name]
             here = run_ops(layer, graph, part.emitted(node), registry)
             ops[kind] += here
-            works.append(LayerWork(layer.name, kind, here, whole_ops(layer, graph, registry), weight_share(layer, graph, part.needs[node]),
-                                   weight_bytes(layer, graph)))
+            of_whole = whole[layer.name] if whole is not None else whole_ops(layer, graph, registry)
+            works.append(LayerWork(layer.name, kind, here, of_whole, weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph)))
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -206,12 +208,13 @@ class SimStep:
 def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleRegistry | None = None) -> list[list[SimStep]]:
     """Lowered programs as the simulator's steps (a node's segments `after_others` where it has more than one)."""
     out: list[list[SimStep]] = []
+    whole = {layer.name: whole_ops(layer, graph, registry) for layer in graph.layers}
     for program in programs:
         steps: list[SimStep] = []
         several = sum(step.op == "run" for step in program.steps) > 1
         for step in program.steps:
             if step.op == "run":
-                work = segment_work(graph, program.node, step.seg, registry)
+                work = segment_work(graph, program.node, step.seg, registry, whole)
                 steps.append(SimStep("run", work=replace(work, after_others=True) if several else work))
             else:
                 m = step.msg
@@ -237,11 +240,11 @@ def profile_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: 
     (`NodeProfile.layer_time`), over this node's, to two decimals. All 1.0 where every node is
     within EQUAL_SPEEDS of the fastest: like nodes calibrated a few percent apart keep what equal
     speeds allow (even cuts, band pools)."""
+    work = [(layer.name, op_kind(layer, graph), whole_ops(layer, graph, registry), weight_bytes(layer, graph)) for layer in graph.layers]
     times = []
     for n in range(nodes):
         p = profile.node(n)
-        times.append(math.fsum(p.layer_time(layer.name, op_kind(layer, graph), ops, ops, 1.0, weight_bytes(layer, graph))
-                               for layer in graph.layers for ops in (whole_ops(layer, graph, registry),)))
+        times.append(math.fsum(p.layer_time(name, kind, ops, ops, 1.0, nbytes) for name, kind, ops, nbytes in work))
     if max(times) <= (1 + EQUAL_SPEEDS) * min(times):
         return (1.0,) * nodes
     return tuple(round(max(times) / t, 2) for t in times)

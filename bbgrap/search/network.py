@@ -245,6 +245,7 @@ class NetworkCost:
                                     if t and t in producers and graph.is_activation(t)))
         self.outputs = [tuple(t for t in layer.outputs if t in graph.outputs) for layer in graph.layers]
         self.kinds = [op_kind(layer, graph) for layer in graph.layers]
+        self.whole = [whole_ops(layer, graph, self.registry) for layer in graph.layers]
 
     # tables -----------------------------------------------------------------------------------
     def compute(self, i: int, c: int) -> tuple[float, ...]:
@@ -253,7 +254,7 @@ class NetworkCost:
         got = self._compute.get(key)
         if got is None:
             layer, part, kind = self.graph.layers[i], self.candidates[i][c], self.kinds[i]
-            whole = whole_ops(layer, self.graph, self.registry)
+            whole = self.whole[i]
             nbytes = weight_bytes(layer, self.graph)
             times = [0.0] * self.nodes
             for n in part.active_nodes():
