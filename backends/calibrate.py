@@ -312,7 +312,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
 
 
 def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None, quota: CpuQuota | None = None) -> NodeProfile:
-    """This process's node: throughput and fixed cost per kind of op, a segment boundary's costs (a
+    """This process's node (on this host): throughput and fixed cost per kind of op, a segment boundary's costs (a
     message's too on an MPI `comm` of more than one rank: every rank at once), and with `model`
     that model's layers (module docstring). Under a CPU `quota` (the process's, which its threads
     were chosen by) every run is timed without the quota's stops, and every time is then divided
@@ -348,7 +348,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         fields["recv_s"] = boundary.recv_s
     cold = measure_cold(threads, fields["weight_Bps"])
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
-    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, layer_s=layers, layer_scaling=scaling)
+    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, host=os.uname().nodename, layer_s=layers,
+                       layer_scaling=scaling)
     return node.slowed(quota.share(threads)) if quota is not None else node
 
 
@@ -413,8 +414,7 @@ def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelT
     mine = threads or threads_per_rank(1, quota)
     if process_pool:
         PROCESS_THREAD_POOL.start(mine)
-    node = replace(measure_node(mine, model, quota=quota), host=os.uname().nodename)
-    return replace(DEFAULT_PROFILE, nodes=(node,), source="bbgrap calibrate (1 node)")
+    return replace(DEFAULT_PROFILE, nodes=(measure_node(mine, model, quota=quota),), source="bbgrap calibrate (1 node)")
 
 
 def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = None) -> ClusterProfile | None:
@@ -428,7 +428,7 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
     mine = threads or threads_for_rank(affinities, local.Get_rank(), quotas)
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = replace(measure_node(mine, model, comm, quota), host=os.uname().nodename)
+    node = measure_node(mine, model, comm, quota)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)
