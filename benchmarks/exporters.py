@@ -12,6 +12,7 @@ failed export or compile is a row, not a skip.
   python benchmarks/exporters.py                               # the default models, nodes 2 and 4
   python benchmarks/exporters.py --models all --nodes 2 4 16   # every torchvision model
   python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
+  python benchmarks/exporters.py --files exported/*.onnx --nodes 2 4 16   # files exported before (no torch)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -248,6 +250,41 @@ def figures(plan: Plan) -> dict[str, Any]:
             "whole_ops": sorted({r.op_type for r in whole})}
 
 
+def survey(path: str, base: dict[str, Any], args: argparse.Namespace, work: str, emit: Callable[..., None]) -> list[dict[str, Any]]:
+    """One ONNX file compiled for each of `args.nodes` and run in this process: a row per node count
+    (a failed compile or run is a row saying so)."""
+    rows: list[dict[str, Any]] = []
+    for nodes in args.nodes:
+        plan_dir = os.path.join(work, f"plan-{base['model']}-{base['exporter']}-{nodes}")
+        cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search)
+        row: dict[str, Any] = base | {"nodes": nodes}
+        try:
+            t0 = time.perf_counter()
+            plan = compile_model(path, cfg, plan_dir)
+            row["compile_s"] = time.perf_counter() - t0
+        except Exception as e:
+            row["error"] = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+            rows.append(row)
+            emit(base["model"], base["exporter"], nodes, "-", "-", "-", "-", "-", "-", "-", "  " + row["error"])
+            continue
+        row |= figures(plan)
+        try:
+            row["max_rel_error"] = check(plan_dir)
+            row["ok"] = bool(row["max_rel_error"] <= TOLERANCE)
+        except Exception as e:
+            row["error"] = f"run failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+            row["max_rel_error"], row["ok"] = None, False
+        rows.append(row)
+        whole_ops = ",".join(row["whole_ops"][:4]) + (",..." if len(row["whole_ops"]) > 4 else "")
+        note = row.get("error") or (f"  whole: {whole_ops}" if whole_ops else "")
+        rel = row["max_rel_error"]
+        emit(base["model"], base["exporter"], nodes, f"{row['compile_s']:.2f}", "-" if rel is None else f"{rel:.1e}",
+             "yes" if row["ok"] else "NO", f"{row['flops_max_min']:.3f}", f"{100 * row['whole_flops_share']:.1f} %",
+             f"{100 * row['largest_whole_share']:.1f} %", f"{row['whole_layers']}/{row['layers']}", note)
+        shutil.rmtree(plan_dir, ignore_errors=True)  # a 16-node plan of a large model is hundreds of MB
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=None,
@@ -259,8 +296,24 @@ def main() -> int:
     p.add_argument("--threshold", type=float, default=20.0)
     p.add_argument("--direction", default="h")
     p.add_argument("--search", default="exact")
+    p.add_argument("--files", nargs="+", default=None, metavar="ONNX",
+                   help="compile these ONNX files (exported before, named MODEL-EXPORTER.onnx or any name) "
+                        "instead of exporting models: needs no torch")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    table = Table([("model", "<20"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
+                   ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("largest", ">8"), ("whole layers", ">13"), ("  note", "<")])
+    emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
+    rows: list[dict[str, Any]] = []
+    if args.files:
+        with tempfile.TemporaryDirectory(prefix="bbgrap-exporters-") as work:
+            for path in args.files:
+                stem = os.path.splitext(os.path.basename(path))[0]
+                name, _, exporter = stem.rpartition("-") if stem.rsplit("-", 1)[-1] in EXPORTERS else (stem, "", "file")
+                rows += survey(path, {"model": name, "exporter": exporter}, args, work, emit)
+        if args.json:
+            print(json.dumps({"threshold": args.threshold, "rows": rows}, indent=1))
+        return 0
     try:
         import torch
     except ImportError:
@@ -270,10 +323,6 @@ def main() -> int:
     models = (list(TORCHVISION_ALL) if args.models == ["all"] else args.models
               or (list(TORCHVISION_DEFAULT) if torchvision is not None else list(HANDWRITTEN)))
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
-    rows: list[dict[str, Any]] = []
-    table = Table([("model", "<20"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
-                   ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("largest", ">8"), ("whole layers", ">13"), ("  note", "<")])
-    emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
     with tempfile.TemporaryDirectory(prefix="bbgrap-exporters-") as work:
         for name in models:
             model, resolution = build(name, torchvision, args.resolution)
@@ -289,33 +338,7 @@ def main() -> int:
                     rows.append(base | {"nodes": None, "error": note})
                     emit(name, exporter, "-", "-", "-", "-", "-", "-", "-", "-", "  " + note)
                     continue
-                for nodes in args.nodes:
-                    plan_dir = os.path.join(work, f"plan-{name}-{exporter}-{nodes}")
-                    cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search)
-                    row: dict[str, Any] = base | {"nodes": nodes}
-                    try:
-                        t0 = time.perf_counter()
-                        plan = compile_model(path, cfg, plan_dir)
-                        row["compile_s"] = time.perf_counter() - t0
-                    except Exception as e:
-                        row["error"] = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
-                        rows.append(row)
-                        emit(name, exporter, nodes, "-", "-", "-", "-", "-", "-", "-", "  " + row["error"])
-                        continue
-                    row |= figures(plan)
-                    try:
-                        row["max_rel_error"] = check(plan_dir)
-                        row["ok"] = bool(row["max_rel_error"] <= TOLERANCE)
-                    except Exception as e:
-                        row["error"] = f"run failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
-                        row["max_rel_error"], row["ok"] = None, False
-                    rows.append(row)
-                    whole_ops = ",".join(row["whole_ops"][:4]) + (",..." if len(row["whole_ops"]) > 4 else "")
-                    note = row.get("error") or (f"  whole: {whole_ops}" if whole_ops else "")
-                    rel = row["max_rel_error"]
-                    emit(name, exporter, nodes, f"{row['compile_s']:.2f}", "-" if rel is None else f"{rel:.1e}",
-                         "yes" if row["ok"] else "NO", f"{row['flops_max_min']:.3f}", f"{100 * row['whole_flops_share']:.1f} %",
-                         f"{100 * row['largest_whole_share']:.1f} %", f"{row['whole_layers']}/{row['layers']}", note)
+                rows += survey(path, base, args, work, emit)
     if args.json:
         print(json.dumps({"torch": torch.__version__, "threshold": args.threshold, "rows": rows}, indent=1))
     return 0
