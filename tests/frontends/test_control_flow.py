@@ -111,9 +111,10 @@ def test_scalar_condition_runs_exactly(tmp_path) -> None:
 
 
 def test_weight_before_a_received_input_stays_with_its_op(tmp_path) -> None:
-    """Einsum(W, c) (no region rule: computed whole on node 0) receives half of `c` from
-    node 1: the wait for it must not split the op from its weight W, bound first (found by
-    the fuzz test, with an If whose constant condition came before a captured tensor)."""
+    """Einsum(W, c) cut along its rows i reads every row j of `c`, so each node receives the other's
+    half of `c`: the wait for it must not split the op from its weight W, bound first (found by
+    the fuzz test, with an If whose constant condition came before a captured tensor, when Einsum
+    had no rule and ran whole on node 0)."""
     mat = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
     model = _model([helper.make_node("Einsum", ["mat", "c"], ["z"], equation="ij,ncjk->ncik")], {"mat": mat})
     path = save(model, str(tmp_path))
