@@ -346,6 +346,7 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
     result["misplaced_ranks"] = [r for r, _, _ in misplaced]
     pred = plan.compiled.prediction
     result["predicted_ms"] = pred.latency_ms if pred is not None else None  # compile --profile's prediction
+    result["prediction"] = pred.to_json() if pred is not None else None  # all of it: each rank's, the profile (calibrate --refine)
     if args.json:
         print(json.dumps(result))
     elif not args.quiet:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from bbgrap import package_version
 from bbgrap.config import DIRECTIONS, PLANNERS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
-from bbgrap.paths import file_target_problem, new_dir_problem, written_whole
+from bbgrap.paths import file_target_problem, new_dir_problem, same_file, written_whole
 from bbgrap.plan_schema import Plan, PredictionRecord
 from bbgrap.progress import Progress
 
@@ -95,7 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                        "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node. A rank "
                        "under a CPU quota (a container's CPU limit) times its runs without the quota's stops and slows every "
                        "figure by the share of its threads' time the quota leaves (cpu_share). compile --profile cuts each layer "
-                       "in proportion to the nodes' speeds on the model where they differ.")
+                       "in proportion to the nodes' speeds on the model where they differ. With --refine RUN.json --profile FILE it "
+                       "measures nothing: it corrects FILE by a run of a plan compiled with it (bbgrap-run --json), each "
+                       "node's figures scaled by its rank's measured time over the predicted one.")
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
     k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores, "
                    "at most a CPU quota's whole cores)")
@@ -106,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
                    "profile records the file's hash; for another model it falls back to the kinds)")
     k.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="with --model: fix a symbolic input shape, as compile's (repeatable)")
+    k.add_argument("--refine", metavar="RUN.json",
+                   help="measure nothing: correct --profile FILE by a run of a plan compiled with it "
+                   "(mpirun -n N bbgrap-run PLAN --json > RUN.json): each node's figures are scaled by its rank's "
+                   "measured time in its segments and sends over the time compile predicted, and written to -o; "
+                   "compile --profile with the result cuts each layer in the proportions the nodes showed")
+    k.add_argument("--profile", metavar="FILE", help="with --refine: the profile the run's plan was compiled with")
 
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
                        description="Write a standard architecture with random weights (no download).")
@@ -363,6 +371,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from bbgrap.backends.runtime import env_rank
 
     problem = file_target_problem(args.output, "-o", "cluster.toml")
+    if problem is None and (args.refine is None) != (args.profile is None):
+        problem = ("--refine RUN.json needs --profile FILE, the profile its plan was compiled with" if args.profile is None
+                   else "--profile only matters with --refine RUN.json; drop it to measure the nodes")
+    if problem is None and args.refine is not None and (args.model or args.threads is not None or args.input_shape):
+        problem = "--refine measures nothing; drop --model, --threads and --input-shape, or drop --refine to measure"
+    if problem is None and args.profile is not None and os.path.exists(args.output) and same_file(args.output, args.profile):
+        problem = (f"-o {args.output} is the --profile being refined, which would be lost; write the refined one to "
+                   "another file, e.g. -o refined.toml")
     if problem is None and args.threads is not None and args.threads < 1:
         problem = f"--threads {args.threads}: give at least 1 thread"
     if problem is None and args.input_shape and not args.model:
@@ -380,11 +396,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if env_rank() == 0:  # every rank finds the same problem; one line is enough
             print(f"bbgrap: error: {problem}", file=sys.stderr)
         return 2
+    if args.refine is not None:
+        return refine_profile(args) if env_rank() == 0 else 0
     from bbgrap.backends.calibrate import run
 
     rank, text = run(args.output, args.threads, model)
     if rank == 0:
         print(text)
+    return 0
+
+
+def refine_profile(args: argparse.Namespace) -> int:
+    """calibrate --refine: the profile corrected by a measured run, written to -o (bbgrap/refine.py)."""
+    from bbgrap.cluster import read_profile, write_profile
+    from bbgrap.refine import describe, read_run, refine
+
+    profile, checks = refine(read_profile(args.profile), read_run(args.refine))
+    lines = describe(checks)
+    write_profile(args.output, profile, f"bbgrap calibrate --refine {args.refine} --profile {args.profile}\n" + "\n".join(lines))
+    print("\n".join([*lines, f"wrote {args.output}: compile --profile {args.output} cuts by these speeds"]))
     return 0
 
 

@@ -21,6 +21,14 @@ def file_target_problem(path: str, flag: str, example: str) -> str | None:
     return None
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (where both exist; else whether they are the same path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
 def new_dir_problem(path: str, flag: str, shown: str) -> str | None:
     """Why directory `path`, which does not exist yet, could not be made: its nearest existing
     ancestor is a file or is not writable (None: it can be). `shown` is the path as the user gave it."""

@@ -301,7 +301,7 @@ def main() -> int:
                         "instead of exporting models: needs no torch")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    table = Table([("model", "<20"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
+    table = Table([("model", "<28"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
                    ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("largest", ">8"), ("whole layers", ">13"), ("  note", "<")])
     emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
     rows: list[dict[str, Any]] = []

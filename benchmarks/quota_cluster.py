@@ -14,11 +14,14 @@ cores. Then, in one run:
    latency of each and their ratio; and each rank's CPU time in its segments and sends (the
    trace's `cpu_us`, which leaves out the quota's stops and the other ranks on its core) over
    its share: the time that rank's work takes on its node (balance: the slowest rank's over
-   the fastest's).
+   the fastest's);
+4. with `--refine`, first: the plan cut by the profile's speeds run once under the quotas
+   (`bbgrap-run --json`), the profile refined by that run (`bbgrap calibrate --refine`), and a
+   third plan compiled with the refined profile, which the rounds of step 3 run too.
 
 Needs root and a writable cgroup cpu controller (v1 `cpu` or v2 with `cpu` enabled); says so
 in one line and exits 2 otherwise. The cgroups it makes (bbgrap-quota-RANK) are removed at
-the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--cores 0,1] [--period-us 5000] [--layer-times] [--keep DIR]`.
+the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--cores 0,1] [--period-us 5000] [--layer-times] [--refine] [--keep DIR]`.
 """
 
 from __future__ import annotations
@@ -161,8 +164,20 @@ def main(args: argparse.Namespace) -> int:
             dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")
             subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", profile, "--force-nodes",
                             "--quiet", "-o", dirs[name], *extra], check=True)
-        measured: dict[str, list[float]] = {name: [] for name in plans}
-        work: dict[str, list[list[float]]] = {name: [] for name in plans}
+        if args.refine:  # the first plan run once under the quotas, the profile refined by that run, the plan compiled again
+            run_json, refined = os.path.join(work_dir, "run.json"), os.path.join(work_dir, "refined.toml")
+            with open(run_json, "w", encoding="utf-8") as fh:
+                fh.write(launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), dirs["by the profile's speeds"],
+                                                                "--repeat", str(args.repeat), "--json", "--quiet"]).stdout)
+            subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", profile, "-o", refined],
+                           check=True, capture_output=True)
+            speeds = profile_speeds(import_model(args.model).graph, read_profile(refined), n)
+            print(f"refined by a run of that plan: speeds relative to rank 0 {', '.join(f'{s / speeds[0]:.2f}' for s in speeds)}")
+            dirs["refined by a run"] = os.path.join(work_dir, f"plan-{len(dirs)}")
+            subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", refined, "--force-nodes",
+                            "--quiet", "-o", dirs["refined by a run"]], check=True)
+        measured: dict[str, list[float]] = {name: [] for name in dirs}
+        work: dict[str, list[list[float]]] = {name: [] for name in dirs}
         for _ in range(ROUNDS):
             for name, plan in dirs.items():
                 trace = os.path.join(work_dir, f"trace-{os.path.basename(plan)}.json")
@@ -178,8 +193,8 @@ def main(args: argparse.Namespace) -> int:
                   f"each rank's CPU time in segments and sends over its share {', '.join(f'{t:.2f}' for t in on_node)} ms: "
                   f"slowest/fastest {max(busy) / min(busy):.2f}{f' (idle: rank {idle})' if idle else ''}")
         names = list(dirs)
-        print(f"{names[0]} / {names[1]} under the quotas: "
-              f"{statistics.median(measured[names[0]]) / statistics.median(measured[names[1]]):.3f}")
+        for name in names[:1] + names[2:]:
+            print(f"{name} / {names[1]} under the quotas: {statistics.median(measured[name]) / statistics.median(measured[names[1]]):.3f}")
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -198,8 +213,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=30, help="timed inferences per run (default 30)")
     p.add_argument("--layer-times", action="store_true", help="calibrate with --model: each layer's time and scaling measured on "
                    "every rank, not only each op kind's")
+    p.add_argument("--refine", action="store_true", help="also: run the first plan once under the quotas, refine the profile "
+                   "by that run (bbgrap calibrate --refine) and compile a third plan with the refined profile")
     p.add_argument("--keep", metavar="DIR", help="keep the profile (cluster.toml), the plans (plan-0: by the profile's speeds, "
-                   "plan-1: even) and each plan's last trace in DIR")
+                   "plan-1: even, plan-2: refined), the run and refined profile of --refine, and each plan's last trace in DIR")
     p.add_argument("--enter", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
