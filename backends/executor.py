@@ -68,6 +68,10 @@ class Profile:
     send: float = 0.0
     steps: list[Step] | None = None
     inference: int = 0  # the inference the steps recorded now belong to
+    # where steps are recorded: the CPU time of the thread that runs them, in segments and in sends
+    # (a rank under a CPU quota is stopped where its quota runs out, in a segment or a wait alike)
+    compute_cpu: float = 0.0
+    send_cpu: float = 0.0
 
     def mark(self) -> tuple[float, float]:
         """Now, to `book` a step from: the wall clock and, where steps are recorded, the CPU time of
@@ -80,15 +84,20 @@ class Profile:
         t0, t1 = since[0], time.perf_counter()
         if op == "run":
             self.compute += t1 - t0
+            self.compute_cpu += cpu
         elif op == "send":
             self.send += t1 - t0
+            self.send_cpu += cpu
         elif op == "wait":
             self.wait += t1 - t0
         if self.steps is not None:
             self.steps.append(Step(self.inference, op, k, t0, t1, cpu))
 
     def as_ms(self, runs: int) -> dict[str, float]:
-        return {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in ("compute", "wait", "send")}
+        """Milliseconds per inference over `runs`: compute, wait and send on the wall clock, and where
+        steps were recorded (bbgrap-run --trace) compute_cpu and send_cpu, the thread's CPU time."""
+        keys = ("compute", "wait", "send", *(("compute_cpu", "send_cpu") if self.steps is not None else ()))
+        return {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in keys}
 
 
 def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport,

@@ -4,8 +4,9 @@ calibrate measures each node with small probes (one op kind at a time, or each l
 whole). A plan's pieces run otherwise: smaller, after other segments, beside the node's neighbours on a
 shared core or memory bus. Where a node's pieces take longer than the simulator predicted, the planner
 cut it too large a share. A run of the plan measures exactly that: each rank's time in its segments and
-sends (`bbgrap-run --json`'s `profile_ms`, the mean per inference), against the time compile predicted
-for it (the plan's `prediction`). Refining divides every figure of that rank's node by their ratio
+sends (`bbgrap-run --json`'s `profile_ms`, the mean per inference; for a node under a CPU quota its
+thread's CPU time over its share: `MeasuredRun.checks`), against the time compile predicted for it (the
+plan's `prediction`). Refining divides every figure of that rank's node by their ratio
 
     f_n = measured_n / predicted_n,     node_n' = node_n.faster(1 / f_n)
 
@@ -36,12 +37,14 @@ from bbgrap.plan_schema import PlanSchemaError, PredictionRecord
 @dataclass(frozen=True)
 class RankCheck:
     """One rank of a measured run: its node in the profile, its measured and predicted ms per inference
-    in its segments and sends, and their ratio (1 where it computed nothing)."""
+    in its segments and sends, and their ratio (1 where it computed nothing); `share`: the node's CPU
+    quota share where its measured time is its thread's CPU time over it (1: the wall clock's)."""
 
     rank: int
     node: int
     measured_ms: float
     predicted_ms: float
+    share: float = 1.0
 
     @property
     def measured(self) -> bool:
@@ -55,16 +58,36 @@ class RankCheck:
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """What refining needs of a `bbgrap-run --json` result: each rank's measured ms per inference in
-    its segments and sends, and compile's prediction for the plan."""
+    """What refining needs of a `bbgrap-run --json` result: each rank's ms per inference in its
+    segments and sends on the wall clock and, where the run was traced, its thread's CPU time in them
+    (None where not), and compile's prediction for the plan."""
 
     source: str
-    measured_ms: tuple[float, ...]
+    wall_ms: tuple[float, ...]
+    cpu_ms: tuple[float, ...] | None
     prediction: PredictionRecord
 
-    def checks(self) -> list[RankCheck]:
-        nodes = self.prediction.profile_nodes
-        return [RankCheck(r, nodes[r], self.measured_ms[r], self.prediction.ranks[r].compute) for r in range(len(self.measured_ms))]
+    def checks(self, profile: ClusterProfile) -> list[RankCheck]:
+        """Each rank against its prediction. A node under a CPU quota (`NodeProfile.cpu_share` < 1) is
+        stopped whenever its quota runs out, and a rank that waits much spends little of it: its
+        segments then run at full speed and the stops fall in its waits, where the simulator spreads
+        them over all its time. For such a node the rank's CPU time over its share is the time its work
+        takes (one thread per rank, as bbgrap-run gives a quota of less than a core); a run without it
+        (not traced) is refused."""
+        checks = []
+        for r, wall in enumerate(self.wall_ms):
+            node = self.prediction.profile_nodes[r]
+            share = profile.node(node).cpu_share
+            predicted = self.prediction.ranks[r].compute
+            if share >= 1:
+                checks.append(RankCheck(r, node, wall, predicted))
+            elif self.cpu_ms is None:
+                raise BBGrapError(f"--refine {self.source}: node {node} is under a CPU quota ({share:g} of its threads' time in "
+                                  f"{profile.source}), whose stops fall where its rank waits; run the plan with --trace FILE "
+                                  "too, so that each rank's CPU time is measured")
+            else:
+                checks.append(RankCheck(r, node, self.cpu_ms[r] / share, predicted, share))
+        return checks
 
 
 def read_run(path: str) -> MeasuredRun:
@@ -92,11 +115,15 @@ def read_run(path: str) -> MeasuredRun:
         raise BBGrapError(f"--refine {path}: {exc}; {remake}") from None
     times = data.get("profile_ms")
     ranks = prediction.nodes
-    if not isinstance(times, list) or len(times) != ranks or len(prediction.ranks) != ranks or not all(
-            isinstance(t, dict) and all(isinstance(t.get(k), (int, float)) and math.isfinite(t[k]) and t[k] >= 0
-                                        for k in ("compute", "send")) for t in times):
+
+    def has(keys: tuple[str, ...]) -> bool:
+        return isinstance(times, list) and all(isinstance(t, dict) and all(
+            isinstance(t.get(k), (int, float)) and math.isfinite(t[k]) and t[k] >= 0 for k in keys) for t in times)
+
+    if not isinstance(times, list) or len(times) != ranks or len(prediction.ranks) != ranks or not has(("compute", "send")):
         raise BBGrapError(f"--refine {path}: 'profile_ms' does not hold each of the {ranks} ranks' compute and send times; {remake}")
-    return MeasuredRun(path, tuple(float(t["compute"]) + float(t["send"]) for t in times), prediction)
+    cpu = tuple(float(t["compute_cpu"]) + float(t["send_cpu"]) for t in times) if has(("compute_cpu", "send_cpu")) else None
+    return MeasuredRun(path, tuple(float(t["compute"]) + float(t["send"]) for t in times), cpu, prediction)
 
 
 def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, list[RankCheck]]:
@@ -107,7 +134,7 @@ def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, l
     if os.path.exists(pred.profile) and not same_file(pred.profile, profile.source):
         raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {pred.profile}, not "
                           f"{profile.source}; give --profile {pred.profile}")
-    checks = run.checks()
+    checks = run.checks(profile)
     # a profile listing fewer nodes than the plan's stands for its last node on the rest (`ClusterProfile.node`):
     # each gets a table of its own, refined by its own rank
     nodes = [profile.node(n) for n in range(max(len(profile.nodes), max(pred.profile_nodes, default=0) + 1))]
@@ -120,7 +147,8 @@ def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, l
 
 def describe(checks: Sequence[RankCheck]) -> list[str]:
     """A line per rank: measured against predicted, and what its node's figures were divided by."""
-    return [f"rank {c.rank} (node {c.node}): {c.measured_ms:.2f} ms per inference in its segments and sends, "
+    return [f"rank {c.rank} (node {c.node}): {c.measured_ms:.2f} ms per inference in its segments and sends"
+            + (f" (its CPU time over its quota's share {c.share:g})" if c.share < 1 else "") + ", "
             f"{c.predicted_ms:.2f} predicted: " + (f"its node's figures slowed {c.factor:.3f}x" if c.factor >= 1
                                                    else f"its node's figures sped up {1 / c.factor:.3f}x")
             if c.measured else f"rank {c.rank} (node {c.node}): computed nothing; taken to be off as the measured ranks, in their median"

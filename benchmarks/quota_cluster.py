@@ -16,7 +16,8 @@ cores. Then, in one run:
    its share: the time that rank's work takes on its node (balance: the slowest rank's over
    the fastest's);
 4. with `--refine`, first: the plan cut by the profile's speeds run once under the quotas
-   (`bbgrap-run --json`), the profile refined by that run (`bbgrap calibrate --refine`), and a
+   (`bbgrap-run --json --trace`: each rank's CPU time, which a node under a quota is refined by),
+   the profile refined by that run (`bbgrap calibrate --refine`), and a
    third plan compiled with the refined profile, which the rounds of step 3 run too.
 
 Needs root and a writable cgroup cpu controller (v1 `cpu` or v2 with `cpu` enabled); says so
@@ -168,7 +169,8 @@ def main(args: argparse.Namespace) -> int:
             run_json, refined = os.path.join(work_dir, "run.json"), os.path.join(work_dir, "refined.toml")
             with open(run_json, "w", encoding="utf-8") as fh:
                 fh.write(launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), dirs["by the profile's speeds"],
-                                                                "--repeat", str(args.repeat), "--json", "--quiet"]).stdout)
+                                                                "--repeat", str(args.repeat), "--json", "--quiet",
+                                                                "--trace", os.path.join(work_dir, "trace-refine-run.json")]).stdout)
             subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", profile, "-o", refined],
                            check=True, capture_output=True)
             speeds = profile_speeds(import_model(args.model).graph, read_profile(refined), n)

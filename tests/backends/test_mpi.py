@@ -142,6 +142,45 @@ def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> Non
     assert not (tmp_path / "bad.toml").exists()
 
 
+def test_a_run_refines_the_profile_and_the_refined_plan_runs_exactly(tmp_path) -> None:
+    """compile --profile, mpirun bbgrap-run --json --trace, calibrate --refine, compile again: the run's
+    JSON carries the plan's prediction and each rank's CPU time, the refined nodes are the profile's
+    scaled by each rank's measured over predicted time, and the plan compiled with them is exact."""
+    from bbgrap.cluster import ClusterProfile, write_profile
+
+    model = save(zoo.build("resnet18", resolution=48, width=0.125), str(tmp_path))
+    profile = str(tmp_path / "cluster.toml")
+    write_profile(profile, ClusterProfile((NodeProfile(), NodeProfile())))
+    plan = str(tmp_path / "plan")
+
+    def compile_with(path: str, out: str) -> None:
+        done = subprocess.run([os.path.join(BIN, "bbgrap"), "compile", model, "--nodes", "2", "--profile", path, "--force-nodes",
+                               "--quiet", "-o", out], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    compile_with(profile, plan)
+    proc = mpirun(2, plan, "--json", "--repeat", "3", "--warmup", "1", "--trace", str(tmp_path / "trace.json"))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    prediction = read_manifest(plan).compiled.prediction
+    assert prediction is not None and result["prediction"] == prediction.to_json()
+    assert all(r["compute_cpu"] > 0 for r in result["profile_ms"] if r["compute"] > 0)
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    refined = str(tmp_path / "refined.toml")
+    done = subprocess.run([os.path.join(BIN, "bbgrap"), "calibrate", "--refine", str(tmp_path / "run.json"), "--profile", profile,
+                           "-o", refined], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for r, node in enumerate(read_profile(refined).nodes):
+        measured = result["profile_ms"][r]["compute"] + result["profile_ms"][r]["send"]
+        if measured > 0 and prediction.ranks[r].compute > 0:
+            assert node.conv_ops_per_s == pytest.approx(NodeProfile().conv_ops_per_s * prediction.ranks[r].compute / measured, rel=1e-3)
+    again = str(tmp_path / "again")
+    compile_with(refined, again)
+    proc = mpirun(2, again, "--json", "--repeat", "1", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ok"]
+
+
 def test_mpirun_a_plan_fitted_to_memory_without_prepacking(tmp_path) -> None:
     from tests.passes.test_fit_memory import OVERHEAD_MB, heavy_convs
 

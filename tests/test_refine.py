@@ -1,0 +1,173 @@
+"""bbgrap/refine.py: a profile corrected by a measured run (`bbgrap calibrate --refine`): the scaling of
+each node, idle ranks and unused nodes, and every bad run or flag as one line (exit 2, nothing written).
+The whole loop under real mpirun (run, refine, compile again, run exactly): tests/backends/test_mpi.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+
+import pytest
+from helpers import bbgrap, one_error_line
+
+from bbgrap.cluster import ClusterProfile, NodeProfile, read_profile, write_profile
+from bbgrap.ir import BBGrapError
+from bbgrap.plan_schema import PredictionRecord, RankPrediction
+from bbgrap.refine import MeasuredRun, read_run, refine
+
+PLAIN = NodeProfile(conv_ops_per_s=1e11, segment_s=1e-5)
+NODE = replace(PLAIN, layer_s={"conv1": 2e-3})  # with a measured layer (a profile file would need its [model] too)
+
+
+def prediction(profile: str, computes: list[float], nodes: tuple[int, ...] | None = None) -> PredictionRecord:
+    ranks = tuple(RankPrediction(c, 0.1, c + 0.1) for c in computes)
+    n = len(computes)
+    return PredictionRecord(profile, n, n, max(computes) + 0.1, ranks, 10.0, 1.0, {n: 1.0}, nodes or tuple(range(n)), ("",) * n)
+
+
+def run_json(path: str, pred: PredictionRecord | None, measured: list[tuple[float, float]], mode: str = "mpi",
+             cpu: list[float] | None = None) -> str:
+    """A bbgrap-run --json result as it writes one (the fields refining reads, and some it does not);
+    with `cpu`, each rank's CPU time in its segments, as a traced run records it."""
+    data = {"plan": "p", "nodes": len(measured), "ranks": len(measured), "mode": mode, "latency_ms": 1.0, "ok": True,
+            "profile_ms": [{"compute": c, "wait": 0.2, "send": s, **({"compute_cpu": cpu[k], "send_cpu": 0.0} if cpu else {})}
+                           for k, (c, s) in enumerate(measured)],
+            "predicted_ms": pred.latency_ms if pred else None, "prediction": pred.to_json() if pred else None}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    return path
+
+
+def test_each_node_is_scaled_by_its_ranks_measured_over_predicted_time(tmp_path) -> None:
+    profile = ClusterProfile((NODE, NODE.faster(3.0)), source=str(tmp_path / "cluster.toml"))
+    # rank 0 took twice its prediction (segments 1.9 + sends 0.1 against 1.0), rank 1 half of it
+    run = read_run(run_json(str(tmp_path / "run.json"), prediction(profile.source, [1.0, 2.0]), [(1.9, 0.1), (0.9, 0.1)]))
+    refined, checks = refine(profile, run)
+    assert [c.factor for c in checks] == pytest.approx([2.0, 0.5])
+    slow, fast = refined.nodes
+    assert slow.conv_ops_per_s == pytest.approx(NODE.conv_ops_per_s / 2) and slow.segment_s == pytest.approx(NODE.segment_s * 2)
+    assert slow.layer_s["conv1"] == pytest.approx(4e-3)  # a measured layer's time too
+    assert fast.conv_ops_per_s == pytest.approx(3 * NODE.conv_ops_per_s * 2)
+    assert refined.link == profile.link and refined.source == profile.source
+
+
+def test_a_node_the_run_says_nothing_of_takes_the_median_of_the_measured_ones(tmp_path) -> None:
+    # a one-node profile stands for every node of a 3-node plan; rank 2 computed nothing
+    profile = ClusterProfile((NODE,), source=str(tmp_path / "one.toml"))
+    run = read_run(run_json(str(tmp_path / "run.json"), prediction(profile.source, [1.0, 1.0, 0.0]), [(1.2, 0.0), (1.6, 0.0), (0.0, 0.0)]))
+    refined, checks = refine(profile, run)
+    assert len(refined.nodes) == 3
+    assert [n.conv_ops_per_s for n in refined.nodes] == pytest.approx([NODE.conv_ops_per_s / f for f in (1.2, 1.6, 1.4)])
+    assert not checks[2].measured and checks[2].factor == 1.0
+
+
+def test_a_node_under_a_cpu_quota_is_refined_by_its_cpu_time_over_its_share(tmp_path) -> None:
+    # node 0 has 0.3 of a core: its segments ran 4 ms on the wall clock (the quota's stops fell in its
+    # waits) but took 3 ms of CPU, 10 ms of its node's time; node 1 has a core of its own
+    profile = ClusterProfile((NODE.slowed(0.3), NODE), source=str(tmp_path / "cluster.toml"))
+    pred = prediction(profile.source, [5.0, 5.0])
+    refined, checks = refine(profile, read_run(run_json(str(tmp_path / "run.json"), pred, [(4.0, 0.0), (5.0, 0.0)], cpu=[3.0, 4.5])))
+    assert [c.factor for c in checks] == pytest.approx([2.0, 1.0])  # node 1 by its wall clock
+    assert refined.nodes[0].conv_ops_per_s == pytest.approx(0.3 * NODE.conv_ops_per_s / 2)
+    assert refined.nodes[0].cpu_share == pytest.approx(0.3)
+    with pytest.raises(BBGrapError, match="under a CPU quota .*--trace"):  # an untraced run has no CPU time
+        refine(profile, read_run(run_json(str(tmp_path / "wall.json"), pred, [(4.0, 0.0), (5.0, 0.0)])))
+
+
+def test_a_plan_on_other_nodes_of_the_profile_refines_those(tmp_path) -> None:
+    # a plan for 2 of 3 nodes ran on nodes 2 and 0 (the fastest): rank 0 is node 2
+    profile = ClusterProfile((NODE, NODE, NODE), source=str(tmp_path / "cluster.toml"))
+    run = read_run(run_json(str(tmp_path / "run.json"), prediction(profile.source, [1.0, 1.0], (2, 0)), [(2.0, 0.0), (1.0, 0.0)]))
+    refined, _ = refine(profile, run)
+    assert [n.conv_ops_per_s / NODE.conv_ops_per_s for n in refined.nodes] == pytest.approx([1.0, 1 / 1.5, 0.5])
+
+
+def test_a_run_of_a_plan_compiled_with_another_profile_is_refused(tmp_path) -> None:
+    other = tmp_path / "other.toml"
+    write_profile(str(other), ClusterProfile((PLAIN,)))
+    mine = tmp_path / "mine.toml"
+    write_profile(str(mine), ClusterProfile((PLAIN,)))
+    run = read_run(run_json(str(tmp_path / "run.json"), prediction(str(other), [1.0]), [(1.0, 0.0)]))
+    with pytest.raises(BBGrapError, match="compiled with the profile .*other.toml"):
+        refine(read_profile(str(mine)), run)
+    assert refine(read_profile(str(other)), run)[0].nodes[0] == read_profile(str(other)).nodes[0]  # measured as predicted
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (None, ["cannot read it"]),
+    ("not json", ["not bbgrap-run's JSON", "--json"]),
+    ('{"a": 1}', ["not bbgrap-run's JSON"]),
+    ("embedded", ["in one process", "mpirun -n N"]),
+    ("unpredicted", ["compiled without --profile"]),
+    ("short", ["'profile_ms' does not hold each of the 2 ranks'"]),
+    ("bad prediction", ["prediction"]),
+])
+def test_a_bad_run_is_one_line(tmp_path, content: str | None, words: list[str]) -> None:
+    path = str(tmp_path / "run.json")
+    pred = prediction("p.toml", [1.0, 1.0])
+    if content == "embedded":
+        run_json(path, pred, [(1.0, 0.0), (1.0, 0.0)], mode="embedded")
+    elif content == "unpredicted":
+        run_json(path, None, [(1.0, 0.0), (1.0, 0.0)])
+    elif content == "short":
+        run_json(path, pred, [(1.0, 0.0)])
+    elif content == "bad prediction":
+        run_json(path, pred, [(1.0, 0.0), (1.0, 0.0)])
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        del data["prediction"]["plan"]
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+    elif content is not None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(content)
+    with pytest.raises(BBGrapError) as err:
+        read_run(path)
+    assert "\n" not in str(err.value)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_no_rank_computing_anything_is_refused(tmp_path) -> None:
+    run = MeasuredRun("run.json", (0.0, 0.0), None, prediction("p.toml", [0.0, 0.0]))
+    with pytest.raises(BBGrapError, match="no rank computed anything"):
+        refine(ClusterProfile((NODE,), source="p.toml"), run)
+
+
+def test_calibrate_refine_writes_the_refined_profile(tmp_path) -> None:
+    profile = str(tmp_path / "cluster.toml")
+    write_profile(profile, ClusterProfile((PLAIN, PLAIN)))
+    run = run_json(str(tmp_path / "run.json"), prediction(profile, [1.0, 1.0]), [(1.25, 0.0), (0.8, 0.0)])
+    out = str(tmp_path / "refined.toml")
+    proc = bbgrap("calibrate", "--refine", run, "--profile", profile, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "slowed 1.250x" in proc.stdout and "sped up 1.250x" in proc.stdout and "wrote" in proc.stdout
+    refined = read_profile(out)
+    assert [n.conv_ops_per_s for n in refined.nodes] == pytest.approx([NODE.conv_ops_per_s / 1.25, NODE.conv_ops_per_s / 0.8])
+    assert math.isclose(read_profile(profile).nodes[0].conv_ops_per_s, NODE.conv_ops_per_s)  # the given profile untouched
+    with open(out, encoding="utf-8") as fh:
+        assert fh.readline().startswith("# bbgrap calibrate --refine")
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--refine", "RUN"], ["needs --profile"]),
+    (["--profile", "PROFILE"], ["--profile only matters with --refine"]),
+    (["--refine", "RUN", "--profile", "PROFILE", "--threads", "2"], ["measures nothing"]),
+    (["--refine", "RUN", "--profile", "PROFILE", "-o", "PROFILE"], ["would be lost", "-o refined.toml"]),
+    (["--refine", "PROFILE", "--profile", "PROFILE", "-o", "OUT"], ["not bbgrap-run's JSON"]),
+])
+def test_calibrate_refine_bad_flags_are_one_line_and_write_nothing(tmp_path, flags: list[str], words: list[str]) -> None:
+    profile = str(tmp_path / "cluster.toml")
+    write_profile(profile, ClusterProfile((PLAIN,)))
+    run = run_json(str(tmp_path / "run.json"), prediction(profile, [1.0]), [(1.0, 0.0)])
+    before = sorted(os.listdir(tmp_path))
+    with open(profile, encoding="utf-8") as fh:
+        text = fh.read()
+    out = str(tmp_path / "refined.toml")
+    proc = bbgrap("calibrate", *[{"RUN": run, "PROFILE": profile, "OUT": out}.get(f, f) for f in flags], cwd=str(tmp_path))
+    one_error_line(proc, *words)
+    assert sorted(os.listdir(tmp_path)) == before
+    with open(profile, encoding="utf-8") as fh:
+        assert fh.read() == text
