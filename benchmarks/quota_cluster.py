@@ -15,14 +15,14 @@ cores. Then, in one run:
    trace's `cpu_us`, which leaves out the quota's stops and the other ranks on its core) over
    its share: the time that rank's work takes on its node (balance: the slowest rank's over
    the fastest's);
-4. with `--refine`, first: the plan cut by the profile's speeds run once under the quotas
-   (`bbgrap-run --json --trace`: each rank's CPU time, which a node under a quota is refined by),
-   the profile refined by that run (`bbgrap calibrate --refine`), and a
-   third plan compiled with the refined profile, which the rounds of step 3 run too.
+4. with `--refine K`, before step 3, K times: the latest plan (first the one cut by the profile's
+   speeds) run once under the quotas (`bbgrap-run --json --trace`: each rank's CPU time, which a
+   node under a quota is refined by), its profile refined by that run (`bbgrap calibrate
+   --refine`), and a plan compiled with the refined profile, which the rounds of step 3 run too.
 
 Needs root and a writable cgroup cpu controller (v1 `cpu` or v2 with `cpu` enabled); says so
 in one line and exits 2 otherwise. The cgroups it makes (bbgrap-quota-RANK) are removed at
-the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--cores 0,1] [--period-us 5000] [--layer-times] [--refine] [--keep DIR]`.
+the end. Usage: `sudo python quota_cluster.py MODEL.onnx [--shares 0.3,0.9] [--cores 0,1] [--period-us 5000] [--layer-times] [--refine K] [--keep DIR]`.
 """
 
 from __future__ import annotations
@@ -165,19 +165,21 @@ def main(args: argparse.Namespace) -> int:
             dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")
             subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", profile, "--force-nodes",
                             "--quiet", "-o", dirs[name], *extra], check=True)
-        if args.refine:  # the first plan run once under the quotas, the profile refined by that run, the plan compiled again
-            run_json, refined = os.path.join(work_dir, "run.json"), os.path.join(work_dir, "refined.toml")
+        latest, latest_profile = dirs["by the profile's speeds"], profile
+        for k in range(1, args.refine + 1):  # the latest plan run once under the quotas, its profile refined by that run, compiled again
+            run_json, refined = os.path.join(work_dir, f"run-{k}.json"), os.path.join(work_dir, f"refined-{k}.toml")
             with open(run_json, "w", encoding="utf-8") as fh:
-                fh.write(launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), dirs["by the profile's speeds"],
-                                                                "--repeat", str(args.repeat), "--json", "--quiet",
-                                                                "--trace", os.path.join(work_dir, "trace-refine-run.json")]).stdout)
-            subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", profile, "-o", refined],
+                fh.write(launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), latest, "--repeat", str(args.repeat),
+                                                                "--json", "--quiet", "--trace", os.path.join(work_dir, f"trace-run-{k}.json")]).stdout)
+            subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", latest_profile, "-o", refined],
                            check=True, capture_output=True)
             speeds = profile_speeds(import_model(args.model).graph, read_profile(refined), n)
-            print(f"refined by a run of that plan: speeds relative to rank 0 {', '.join(f'{s / speeds[0]:.2f}' for s in speeds)}")
-            dirs["refined by a run"] = os.path.join(work_dir, f"plan-{len(dirs)}")
+            name = f"refined {k}x"
+            print(f"{name} (by a run of the plan before): speeds relative to rank 0 {', '.join(f'{s / speeds[0]:.2f}' for s in speeds)}")
+            latest = dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")
+            latest_profile = refined
             subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", refined, "--force-nodes",
-                            "--quiet", "-o", dirs["refined by a run"]], check=True)
+                            "--quiet", "-o", latest], check=True)
         measured: dict[str, list[float]] = {name: [] for name in dirs}
         work: dict[str, list[list[float]]] = {name: [] for name in dirs}
         for _ in range(ROUNDS):
@@ -215,10 +217,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=30, help="timed inferences per run (default 30)")
     p.add_argument("--layer-times", action="store_true", help="calibrate with --model: each layer's time and scaling measured on "
                    "every rank, not only each op kind's")
-    p.add_argument("--refine", action="store_true", help="also: run the first plan once under the quotas, refine the profile "
-                   "by that run (bbgrap calibrate --refine) and compile a third plan with the refined profile")
+    p.add_argument("--refine", type=int, default=0, metavar="K", help="also, K times: run the latest plan once under the quotas "
+                   "(the first: the one cut by the profile's speeds), refine its profile by that run (bbgrap calibrate --refine) "
+                   "and compile a plan with the refined profile (default 0)")
     p.add_argument("--keep", metavar="DIR", help="keep the profile (cluster.toml), the plans (plan-0: by the profile's speeds, "
-                   "plan-1: even, plan-2: refined), the run and refined profile of --refine, and each plan's last trace in DIR")
+                   "plan-1: even, plan-2...: refined), each run and refined profile of --refine, and each plan's last trace in DIR")
     p.add_argument("--enter", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
