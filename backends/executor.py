@@ -11,6 +11,7 @@ adds up where a node's time goes (and, for --trace, records every step).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class Profile:
     # (a rank under a CPU quota is stopped where its quota runs out, in a segment or a wait alike)
     compute_cpu: float = 0.0
     send_cpu: float = 0.0
+    # each segment's runs (by its index in the node's program): wall seconds, and where steps are recorded CPU seconds
+    segment_s: dict[int, list[float]] = field(default_factory=dict)
+    segment_cpu_s: dict[int, list[float]] = field(default_factory=dict)
 
     def mark(self) -> tuple[float, float]:
         """Now, to `book` a step from: the wall clock and, where steps are recorded, the CPU time of
@@ -85,6 +89,9 @@ class Profile:
         if op == "run":
             self.compute += t1 - t0
             self.compute_cpu += cpu
+            self.segment_s.setdefault(k, []).append(t1 - t0)
+            if self.steps is not None:
+                self.segment_cpu_s.setdefault(k, []).append(cpu)
         elif op == "send":
             self.send += t1 - t0
             self.send_cpu += cpu
@@ -93,11 +100,17 @@ class Profile:
         if self.steps is not None:
             self.steps.append(Step(self.inference, op, k, t0, t1, cpu))
 
-    def as_ms(self, runs: int) -> dict[str, float]:
+    def as_ms(self, runs: int) -> dict[str, float | list[float]]:
         """Milliseconds per inference over `runs`: compute, wait and send on the wall clock, and where
-        steps were recorded (bbgrap-run --trace) compute_cpu and send_cpu, the thread's CPU time."""
+        steps were recorded (bbgrap-run --trace) compute_cpu and send_cpu, the thread's CPU time; and
+        each segment's median run (`segments`; with steps recorded also on the CPU clock,
+        `segments_cpu`), in program order."""
         keys = ("compute", "wait", "send", *(("compute_cpu", "send_cpu") if self.steps is not None else ()))
-        return {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in keys}
+        out: dict[str, float | list[float]] = {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in keys}
+        out["segments"] = [round(statistics.median(self.segment_s[k]) * 1e3, 4) for k in sorted(self.segment_s)]
+        if self.steps is not None:
+            out["segments_cpu"] = [round(statistics.median(self.segment_cpu_s[k]) * 1e3, 4) for k in sorted(self.segment_cpu_s)]
+        return out
 
 
 def execute(runner: NodeRunner, inputs: dict[str, np.ndarray], transport: Transport,

@@ -461,19 +461,23 @@ class Source:
 
 @dataclass(frozen=True)
 class RankPrediction:
-    """One rank's predicted time per inference, in ms: in its segments, waiting, and its end."""
+    """One rank's predicted time per inference, in ms: in its segments, waiting, and its end; and each of
+    its segments' in program order (what `calibrate --refine` fits a run's segments to; empty in plans
+    written before it was recorded)."""
 
     compute: float
     wait: float
     total: float
+    segments: tuple[float, ...] = ()
 
     def to_json(self) -> Json:
-        return {"compute": self.compute, "wait": self.wait, "total": self.total}
+        return {"compute": self.compute, "wait": self.wait, "total": self.total, "segments": list(self.segments)}
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> RankPrediction:
         rec = _object(value, where)
-        return cls(_number(rec, where, "compute"), _number(rec, where, "wait"), _number(rec, where, "total"))
+        return cls(_number(rec, where, "compute"), _number(rec, where, "wait"), _number(rec, where, "total"),
+                   _numbers(rec, where, "segments") if "segments" in rec else ())
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,26 @@
 """A cluster profile corrected by a measured run of a plan compiled with it (`bbgrap calibrate --refine`).
 
 calibrate measures each node with small probes (one op kind at a time, or each layer of the model run
-whole). A plan's pieces run otherwise: smaller, after other segments, beside the node's neighbours on a
-shared core or memory bus. Where a node's pieces take longer than the simulator predicted, the planner
-cut it too large a share. A run of the plan measures exactly that: each rank's time in its segments and
-sends (`bbgrap-run --json`'s `profile_ms`, the mean per inference; for a node under a CPU quota its
-thread's CPU time over its share: `MeasuredRun.checks`), against the time compile predicted for it (the
-plan's `prediction`). Refining divides every figure of that rank's node by their ratio
+whole). A plan's pieces run otherwise: smaller, after other segments and waits, beside the node's
+neighbours on a shared core or memory bus. Where a node's pieces take longer than the simulator
+predicted, the planner cut it too large a share; where a short segment costs more than its ops, it put
+too many boundaries in. A run of the plan measures both: each segment's median time on each rank
+(`bbgrap-run --json`'s `profile_ms`; for a node under a CPU quota its thread's CPU time over its share:
+`MeasuredRun.checks`), against the time compile predicted for it (the plan's `prediction`). Per node, the
+line through its segments' (predicted, measured) times (least squares)
 
-    f_n = measured_n / predicted_n,     node_n' = node_n.faster(1 / f_n)
+    measured_k = a · predicted_k + b,     node' = node.faster(1 / a),  segment_s' = max(0, a · segment_s + b)
 
-(throughputs over f_n, fixed costs and measured layer times times f_n), so that the simulator would
-have predicted the measured time for this plan's mix of work; compiling again with the refined profile
-cuts each layer in the proportions the nodes showed. A node the run says nothing of (a rank that computed
-nothing, a node of the profile the plan did not use) is taken to be off as the measured ones are, by the
-median of their ratios: an idle node kept as it was would come out faster than every measured one only
-because it was not measured. Waiting is not a node's speed and is left out on both sides.
+scales every figure of the node by a (throughputs over a, fixed costs and measured layer times times a)
+and adds b to each segment's fixed cost, so that the simulator would have predicted the measured times
+for this plan's segments; compiling again with the refined profile cuts each layer in the proportions the
+nodes showed and weighs a boundary at what it cost. Where a rank ran fewer than MIN_FIT_SEGMENTS
+segments, their predictions do not differ, the line's slope is not positive, or the plan predates
+per-segment predictions, the node is scaled by its total measured over predicted time alone (a = that
+ratio, b = 0). A node the run says nothing of (a rank that computed nothing, a node of the profile the plan
+did not use) takes the median a and b of the measured ones: an idle node kept as it was would come out
+faster than every measured one only because it was not measured. Waiting is not a node's speed and is left
+out on both sides.
 """
 
 from __future__ import annotations
@@ -28,23 +33,44 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bbgrap.cluster import ClusterProfile
+import numpy as np
+
+from bbgrap.cluster import ClusterProfile, NodeProfile
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import same_file
 from bbgrap.plan_schema import PlanSchemaError, PredictionRecord
+
+MIN_FIT_SEGMENTS = 3  # segments a rank must have run for a line through them (else its total's ratio alone)
+LAYER_TIMES_NOTE = ", with this model's layer times"  # compile records a profile with layer times under its path so
+
+
+@dataclass(frozen=True)
+class Correction:
+    """How a node's figures change: every one scaled by `scale`, then `extra_s` added to each segment's
+    fixed cost (`segment_s`, at least 0 after it)."""
+
+    scale: float
+    extra_s: float = 0.0
+
+    def apply(self, node: NodeProfile) -> NodeProfile:
+        scaled = node.faster(1.0 / self.scale)
+        return replace(scaled, segment_s=max(0.0, scaled.segment_s + self.extra_s))
 
 
 @dataclass(frozen=True)
 class RankCheck:
     """One rank of a measured run: its node in the profile, its measured and predicted ms per inference
-    in its segments and sends, and their ratio (1 where it computed nothing); `share`: the node's CPU
-    quota share where its measured time is its thread's CPU time over it (1: the wall clock's)."""
+    in its segments and sends, and each segment's (measured: median; empty where the run or the plan
+    did not record them); `share`: the node's CPU quota share where its measured times are its thread's
+    CPU time over it (1: the wall clock's)."""
 
     rank: int
     node: int
     measured_ms: float
     predicted_ms: float
     share: float = 1.0
+    measured_segments: tuple[float, ...] = ()
+    predicted_segments: tuple[float, ...] = ()
 
     @property
     def measured(self) -> bool:
@@ -53,19 +79,40 @@ class RankCheck:
 
     @property
     def factor(self) -> float:
+        """Measured over predicted, in all (1 where it computed nothing)."""
         return self.measured_ms / self.predicted_ms if self.measured else 1.0
+
+    @property
+    def fitted(self) -> bool:
+        """Whether its segments give a line (module docstring)."""
+        m, p = self.measured_segments, self.predicted_segments
+        return len(m) == len(p) >= MIN_FIT_SEGMENTS and max(p) > min(p) and self._line()[0] > 0
+
+    def _line(self) -> tuple[float, float]:
+        """The least-squares slope and intercept (ms) of the measured segments over the predicted."""
+        slope, intercept = np.polyfit(np.asarray(self.predicted_segments), np.asarray(self.measured_segments), 1)
+        return float(slope), float(intercept)
+
+    def correction(self) -> Correction:
+        if self.fitted:
+            slope, intercept = self._line()
+            return Correction(slope, intercept / 1e3)
+        return Correction(self.factor)
 
 
 @dataclass(frozen=True)
 class MeasuredRun:
     """What refining needs of a `bbgrap-run --json` result: each rank's ms per inference in its
     segments and sends on the wall clock and, where the run was traced, its thread's CPU time in them
-    (None where not), and compile's prediction for the plan."""
+    (None where not); each segment's median on both clocks (empty where not recorded); and compile's
+    prediction for the plan."""
 
     source: str
     wall_ms: tuple[float, ...]
     cpu_ms: tuple[float, ...] | None
     prediction: PredictionRecord
+    wall_segments: tuple[tuple[float, ...], ...] = ()
+    cpu_segments: tuple[tuple[float, ...], ...] = ()
 
     def checks(self, profile: ClusterProfile) -> list[RankCheck]:
         """Each rank against its prediction. A node under a CPU quota (`NodeProfile.cpu_share` < 1) is
@@ -78,15 +125,17 @@ class MeasuredRun:
         for r, wall in enumerate(self.wall_ms):
             node = self.prediction.profile_nodes[r]
             share = profile.node(node).cpu_share
-            predicted = self.prediction.ranks[r].compute
+            predicted = self.prediction.ranks[r]
             if share >= 1:
-                checks.append(RankCheck(r, node, wall, predicted))
+                segments = self.wall_segments[r] if self.wall_segments else ()
+                checks.append(RankCheck(r, node, wall, predicted.compute, 1.0, segments, predicted.segments))
             elif self.cpu_ms is None:
                 raise BBGrapError(f"--refine {self.source}: node {node} is under a CPU quota ({share:g} of its threads' time in "
                                   f"{profile.source}), whose stops fall where its rank waits; run the plan with --trace FILE "
                                   "too, so that each rank's CPU time is measured")
             else:
-                checks.append(RankCheck(r, node, self.cpu_ms[r] / share, predicted, share))
+                segments = tuple(t / share for t in self.cpu_segments[r]) if self.cpu_segments else ()
+                checks.append(RankCheck(r, node, self.cpu_ms[r] / share, predicted.compute, share, segments, predicted.segments))
         return checks
 
 
@@ -123,7 +172,16 @@ def read_run(path: str) -> MeasuredRun:
     if not isinstance(times, list) or len(times) != ranks or len(prediction.ranks) != ranks or not has(("compute", "send")):
         raise BBGrapError(f"--refine {path}: 'profile_ms' does not hold each of the {ranks} ranks' compute and send times; {remake}")
     cpu = tuple(float(t["compute_cpu"]) + float(t["send_cpu"]) for t in times) if has(("compute_cpu", "send_cpu")) else None
-    return MeasuredRun(path, tuple(float(t["compute"]) + float(t["send"]) for t in times), cpu, prediction)
+
+    def segments(key: str) -> tuple[tuple[float, ...], ...]:
+        """Each rank's segments' medians under `key` (empty where a rank lacks them: a run of an older bbgrap-run)."""
+        got = [t.get(key) for t in times]
+        if not all(isinstance(g, list) and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in g) for g in got):
+            return ()
+        return tuple(tuple(float(x) for x in g) for g in got)
+
+    return MeasuredRun(path, tuple(float(t["compute"]) + float(t["send"]) for t in times), cpu, prediction,
+                       segments("segments"), segments("segments_cpu"))
 
 
 def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, list[RankCheck]]:
@@ -131,25 +189,32 @@ def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, l
     docstring), and the checks. Refused (one line) where the run's plan was compiled with another
     profile (where the path it was compiled with names a file here)."""
     pred = run.prediction
-    if os.path.exists(pred.profile) and not same_file(pred.profile, profile.source):
-        raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {pred.profile}, not "
-                          f"{profile.source}; give --profile {pred.profile}")
+    compiled_with = pred.profile.removesuffix(LAYER_TIMES_NOTE)
+    if os.path.exists(compiled_with) and not same_file(compiled_with, profile.source):
+        raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {compiled_with}, not "
+                          f"{profile.source}; give --profile {compiled_with}")
     checks = run.checks(profile)
     # a profile listing fewer nodes than the plan's stands for its last node on the rest (`ClusterProfile.node`):
     # each gets a table of its own, refined by its own rank
     nodes = [profile.node(n) for n in range(max(len(profile.nodes), max(pred.profile_nodes, default=0) + 1))]
-    measured = {c.node: c.factor for c in checks if c.measured}
+    measured = {c.node: c.correction() for c in checks if c.measured}
     if not measured:
         raise BBGrapError(f"--refine {run.source}: no rank computed anything in the run; nothing to refine by")
-    rest = statistics.median(measured.values())
-    return replace(profile, nodes=tuple(node.faster(1.0 / measured.get(n, rest)) for n, node in enumerate(nodes))), checks
+    rest = Correction(statistics.median(c.scale for c in measured.values()), statistics.median(c.extra_s for c in measured.values()))
+    return replace(profile, nodes=tuple(measured.get(n, rest).apply(node) for n, node in enumerate(nodes))), checks
 
 
 def describe(checks: Sequence[RankCheck]) -> list[str]:
-    """A line per rank: measured against predicted, and what its node's figures were divided by."""
-    return [f"rank {c.rank} (node {c.node}): {c.measured_ms:.2f} ms per inference in its segments and sends"
-            + (f" (its CPU time over its quota's share {c.share:g})" if c.share < 1 else "") + ", "
-            f"{c.predicted_ms:.2f} predicted: " + (f"its node's figures slowed {c.factor:.3f}x" if c.factor >= 1
-                                                   else f"its node's figures sped up {1 / c.factor:.3f}x")
-            if c.measured else f"rank {c.rank} (node {c.node}): computed nothing; taken to be off as the measured ranks, in their median"
-            for c in checks]
+    """A line per rank: measured against predicted, and how its node's figures change."""
+    lines = []
+    for c in checks:
+        head = f"rank {c.rank} (node {c.node}): "
+        if not c.measured:
+            lines.append(head + "computed nothing; taken to be off as the measured ranks, in their median")
+            continue
+        clock = f" (its CPU time over its quota's share {c.share:g})" if c.share < 1 else ""
+        fix = c.correction()
+        how = (f"its {len(c.measured_segments)} segments on a line: its node's times x{fix.scale:.3f}, "
+               f"{fix.extra_s * 1e6:+.1f} us per segment" if c.fitted else f"its node's times x{fix.scale:.3f}")
+        lines.append(head + f"{c.measured_ms:.2f} ms per inference in its segments and sends{clock}, {c.predicted_ms:.2f} predicted: {how}")
+    return lines

@@ -75,11 +75,13 @@ class SegmentWork:
 
 @dataclass(frozen=True)
 class RankTime:
-    """One rank's predicted time per inference (s): in its segments, waiting for messages, and its end."""
+    """One rank's predicted time per inference (s): in its segments, waiting for messages, and its end;
+    and each of its segments' (in program order)."""
 
     compute: float
     wait: float
     total: float
+    segments: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,7 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
     clock = [0.0] * n
     compute = [0.0] * n
     wait = [0.0] * n
+    segments: list[list[float]] = [[] for _ in range(n)]
     at = [0] * n
     arrival: dict[int, float] = {}
     link_free: dict[tuple[int, int], float] = {}
@@ -287,6 +290,7 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     dt = seconds(step.work, r, profile)
                     clock[r] += dt
                     compute[r] += dt
+                    segments[r].append(dt)
                 elif step.op == "send":
                     dt = profile.node(r).send_s
                     clock[r] += dt
@@ -306,7 +310,7 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
         if not moved:
             stuck = [r for r in range(n) if at[r] < len(steps[r])]
             raise BBGrapError(f"simulated plan deadlocked: ranks {stuck} wait for messages nobody sends")
-    return Prediction(n, tuple(RankTime(compute[r], wait[r], clock[r]) for r in range(n)))
+    return Prediction(n, tuple(RankTime(compute[r], wait[r], clock[r], tuple(segments[r])) for r in range(n)))
 
 
 def predict(graph: Graph, programs: Sequence[NodeProgram], profile: ClusterProfile, registry: RuleRegistry | None = None) -> Prediction:

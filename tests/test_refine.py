@@ -28,11 +28,12 @@ def prediction(profile: str, computes: list[float], nodes: tuple[int, ...] | Non
 
 
 def run_json(path: str, pred: PredictionRecord | None, measured: list[tuple[float, float]], mode: str = "mpi",
-             cpu: list[float] | None = None) -> str:
+             cpu: list[float] | None = None, segments_cpu: list[list[float]] | None = None) -> str:
     """A bbgrap-run --json result as it writes one (the fields refining reads, and some it does not);
-    with `cpu`, each rank's CPU time in its segments, as a traced run records it."""
+    with `cpu`, each rank's CPU time in its segments, as a traced run records it (and each segment's)."""
     data = {"plan": "p", "nodes": len(measured), "ranks": len(measured), "mode": mode, "latency_ms": 1.0, "ok": True,
-            "profile_ms": [{"compute": c, "wait": 0.2, "send": s, **({"compute_cpu": cpu[k], "send_cpu": 0.0} if cpu else {})}
+            "profile_ms": [{"compute": c, "wait": 0.2, "send": s, **({"compute_cpu": cpu[k], "send_cpu": 0.0} if cpu else {}),
+                            **({"segments": [c], "segments_cpu": segments_cpu[k]} if segments_cpu else {})}
                            for k, (c, s) in enumerate(measured)],
             "predicted_ms": pred.latency_ms if pred else None, "prediction": pred.to_json() if pred else None}
     with open(path, "w", encoding="utf-8") as fh:
@@ -51,6 +52,26 @@ def test_each_node_is_scaled_by_its_ranks_measured_over_predicted_time(tmp_path)
     assert slow.layer_s["conv1"] == pytest.approx(4e-3)  # a measured layer's time too
     assert fast.conv_ops_per_s == pytest.approx(3 * NODE.conv_ops_per_s * 2)
     assert refined.link == profile.link and refined.source == profile.source
+
+
+def test_a_ranks_segments_give_a_line_its_slope_scales_the_node_and_its_intercept_adds_to_each_segment(tmp_path) -> None:
+    # rank 0's segments each took 0.9 x their prediction and 40 us more (a short segment's fixed cost
+    # under-priced); rank 1 ran two segments only: its total's ratio alone
+    profile = ClusterProfile((NODE, NODE), source=str(tmp_path / "cluster.toml"))
+    predicted = [2.0, 0.5, 0.02, 1.0]
+    pred = PredictionRecord(profile.source, 2, 2, 4.0, (RankPrediction(3.52, 0.1, 3.62, tuple(predicted)), RankPrediction(2.0, 0.1, 2.1, (1.0, 1.0))),
+                            10.0, 1.0, {2: 4.0}, (0, 1), ("", ""))
+    measured = [0.9 * p + 0.04 for p in predicted]
+    run = MeasuredRun("run.json", (sum(measured), 3.0), None, pred, (tuple(measured), (1.5, 1.5)))
+    refined, checks = refine(profile, run)
+    assert checks[0].fitted and not checks[1].fitted
+    assert checks[0].correction().scale == pytest.approx(0.9) and checks[0].correction().extra_s == pytest.approx(40e-6)
+    assert refined.nodes[0].conv_ops_per_s == pytest.approx(NODE.conv_ops_per_s / 0.9)
+    assert refined.nodes[0].segment_s == pytest.approx(0.9 * NODE.segment_s + 40e-6)
+    assert refined.nodes[1].conv_ops_per_s == pytest.approx(NODE.conv_ops_per_s / 1.5) and refined.nodes[1].segment_s == pytest.approx(1.5 * NODE.segment_s)
+    # a line whose intercept would make the fixed cost negative stops at 0
+    cheap = replace(run, wall_segments=(tuple(p - 0.05 for p in predicted), (1.5, 1.5)))
+    assert refine(profile, cheap)[0].nodes[0].segment_s == 0.0
 
 
 def test_a_node_the_run_says_nothing_of_takes_the_median_of_the_measured_ones(tmp_path) -> None:
@@ -74,6 +95,12 @@ def test_a_node_under_a_cpu_quota_is_refined_by_its_cpu_time_over_its_share(tmp_
     assert refined.nodes[0].cpu_share == pytest.approx(0.3)
     with pytest.raises(BBGrapError, match="under a CPU quota .*--trace"):  # an untraced run has no CPU time
         refine(profile, read_run(run_json(str(tmp_path / "wall.json"), pred, [(4.0, 0.0), (5.0, 0.0)])))
+    # segment by segment: node 0's from their CPU time over its share too
+    segs = replace(pred, ranks=tuple(replace(r, segments=(3.0, 1.0, 0.5, 0.5)) for r in pred.ranks))
+    run = read_run(run_json(str(tmp_path / "segs.json"), segs, [(4.0, 0.0), (5.0, 0.0)], cpu=[3.0, 4.5],
+                            segments_cpu=[[1.8, 0.6, 0.3, 0.3], [3.0, 1.0, 0.5, 0.5]]))
+    refined, checks = refine(profile, run)
+    assert checks[0].fitted and checks[0].correction().scale == pytest.approx(2.0) and checks[0].correction().extra_s == pytest.approx(0.0, abs=1e-9)
 
 
 def test_a_plan_on_other_nodes_of_the_profile_refines_those(tmp_path) -> None:
@@ -143,7 +170,7 @@ def test_calibrate_refine_writes_the_refined_profile(tmp_path) -> None:
     out = str(tmp_path / "refined.toml")
     proc = bbgrap("calibrate", "--refine", run, "--profile", profile, "-o", out)
     assert proc.returncode == 0, proc.stderr
-    assert "slowed 1.250x" in proc.stdout and "sped up 1.250x" in proc.stdout and "wrote" in proc.stdout
+    assert "times x1.250" in proc.stdout and "times x0.800" in proc.stdout and "wrote" in proc.stdout
     refined = read_profile(out)
     assert [n.conv_ops_per_s for n in refined.nodes] == pytest.approx([NODE.conv_ops_per_s / 1.25, NODE.conv_ops_per_s / 0.8])
     assert math.isclose(read_profile(profile).nodes[0].conv_ops_per_s, NODE.conv_ops_per_s)  # the given profile untouched

@@ -170,10 +170,15 @@ def test_a_run_refines_the_profile_and_the_refined_plan_runs_exactly(tmp_path) -
     done = subprocess.run([os.path.join(BIN, "bbgrap"), "calibrate", "--refine", str(tmp_path / "run.json"), "--profile", profile,
                            "-o", refined], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    for r, node in enumerate(read_profile(refined).nodes):
-        measured = result["profile_ms"][r]["compute"] + result["profile_ms"][r]["send"]
-        if measured > 0 and prediction.ranks[r].compute > 0:
-            assert node.conv_ops_per_s == pytest.approx(NodeProfile().conv_ops_per_s * prediction.ranks[r].compute / measured, rel=1e-3)
+    from bbgrap.refine import read_run
+
+    checks = read_run(str(tmp_path / "run.json")).checks(read_profile(profile))
+    assert len(checks) == 2 and any(c.measured for c in checks)
+    for check, node in zip(checks, read_profile(refined).nodes):
+        if check.measured:  # each node as its rank's run says (its segments' line, or its total's ratio)
+            fix = check.correction()
+            assert node.conv_ops_per_s == pytest.approx(NodeProfile().conv_ops_per_s / fix.scale, rel=1e-6)
+            assert node.segment_s == pytest.approx(max(0.0, NodeProfile().segment_s * fix.scale + fix.extra_s), rel=1e-6, abs=1e-12)
     again = str(tmp_path / "again")
     compile_with(refined, again)
     proc = mpirun(2, again, "--json", "--repeat", "1", "--warmup", "1")

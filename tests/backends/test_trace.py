@@ -85,6 +85,16 @@ def test_trace_has_every_step_in_order_and_adds_up(tmp_path, resnet50_plan: str,
     rank0 = statistics.median(e[0]["dur"] for e in steps_by_inference(trace, 0).values()) / 1e3
     if mode == "mpi":  # rank 0's inferences are what bbgrap-run reports as its latency
         assert rank0 == pytest.approx(result["latency_ms"], rel=0.05)
+        for node in range(4):  # each segment's median run in --json (what calibrate --refine fits), as the trace has them
+            runs_of: dict[int, list[dict]] = {}
+            for events in steps_by_inference(trace, node).values():
+                for e in events:
+                    if e["cat"] == "run":
+                        runs_of.setdefault(int(e["name"].split()[-1]), []).append(e)
+            timed = result["profile_ms"][node]
+            assert timed["segments"] == pytest.approx([statistics.median(e["dur"] for e in runs_of[k]) / 1e3 for k in sorted(runs_of)], abs=2e-3)
+            assert timed["segments_cpu"] == pytest.approx([statistics.median(e["args"]["cpu_us"] for e in runs_of[k]) / 1e3
+                                                           for k in sorted(runs_of)], abs=2e-3)
 
 
 def test_check_trace_finds_broken_files() -> None:
