@@ -61,6 +61,7 @@ from bbgrap.plan import file_sha256, read_manifest, read_sample, verify_files
 from bbgrap.plan_schema import Plan
 from bbgrap.progress import Progress
 
+REFINE_HINT = 0.1  # a rank whose time in segments and sends is this far off its prediction: bbgrap-run says how to refine the profile
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # this process's rank, before MPI starts
 
@@ -367,6 +368,12 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
                          if pred is not None and r < len(pred.ranks) else "")
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms, "
                   f"peak memory {peak_mb[r]:.0f} MB ({plan_memory(r, r)}){predicted}")
+        off = [r for r, prof in enumerate(profiles or []) if pred is not None and r < len(pred.ranks) and pred.ranks[r].compute > 0
+               and abs((prof["compute"] + prof["send"]) / pred.ranks[r].compute - 1) > REFINE_HINT]
+        if off and pred is not None:
+            print(f"note: rank(s) {', '.join(map(str, off))} computed more than {REFINE_HINT:.0%} off the prediction; to correct "
+                  "the profile by a run: bbgrap-run --json --trace t.json > run.json, then bbgrap calibrate --refine run.json "
+                  f"--profile {pred.profile_path} -o refined.toml, and compile with --profile refined.toml")
         if not profiles:
             print(f"peak memory {peak_mb[0]:.0f} MB (this process, every node it runs: {plan_memory(0, None)})")
         if crowded is not None:

@@ -480,6 +480,10 @@ class RankPrediction:
                    _numbers(rec, where, "segments") if "segments" in rec else ())
 
 
+# what compile appends to `PredictionRecord.profile` where the profile priced the model's layers by their measured times
+LAYER_TIMES_NOTE = ", with this model's layer times"
+
+
 @dataclass(frozen=True)
 class PredictionRecord:
     """What `compile --profile` predicted (bbgrap/simulate.py): the profile, the node count asked
@@ -498,6 +502,11 @@ class PredictionRecord:
     candidates_ms: Mapping[int, float]
     profile_nodes: tuple[int, ...]
     hosts: tuple[str, ...]
+
+    @property
+    def profile_path(self) -> str:
+        """The profile file compile was given (`profile` without LAYER_TIMES_NOTE)."""
+        return self.profile.removesuffix(LAYER_TIMES_NOTE)
 
     def to_json(self) -> Json:
         return {"profile": self.profile, "requested_nodes": self.requested_nodes, "nodes": self.nodes,

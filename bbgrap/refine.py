@@ -41,7 +41,6 @@ from bbgrap.paths import same_file
 from bbgrap.plan_schema import PlanSchemaError, PredictionRecord
 
 MIN_FIT_SEGMENTS = 3  # segments a rank must have run for a line through them (else its total's ratio alone)
-LAYER_TIMES_NOTE = ", with this model's layer times"  # compile records a profile with layer times under its path so
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,7 @@ def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, l
     docstring), and the checks. Refused (one line) where the run's plan was compiled with another
     profile (where the path it was compiled with names a file here)."""
     pred = run.prediction
-    compiled_with = pred.profile.removesuffix(LAYER_TIMES_NOTE)
+    compiled_with = pred.profile_path
     if os.path.exists(compiled_with) and not same_file(compiled_with, profile.source):
         raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {compiled_with}, not "
                           f"{profile.source}; give --profile {compiled_with}")

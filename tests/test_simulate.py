@@ -351,6 +351,14 @@ def test_bbgrap_run_notes_ranks_on_other_hosts_than_their_nodes_where_speeds_dif
     assert pred is not None
     assert f"predicted {pred.latency_ms:.2f} ms by compile --profile" in said and "measured / predicted" in said
     assert f"; predicted compute {pred.ranks[1].compute:.2f} ms, wait {pred.ranks[1].wait:.2f} ms" in said
+    # a rank far off its prediction: a note says how to refine the profile by a run; none within 10 %
+    off = [{"compute": pred.ranks[0].compute * 1.05, "wait": 0.0, "send": 0.0}, {"compute": pred.ranks[1].compute * 1.3, "wait": 0.0, "send": 0.0}]
+    assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], off) == 0
+    said_off = capsys.readouterr().out
+    assert "note: rank(s) 1 computed more than 10% off the prediction" in said_off and f"--profile {pred.profile_path} " in said_off
+    close = [{"compute": pred.ranks[r].compute * f, "wait": 0.0, "send": 0.0} for r, f in ((0, 1.05), (1, 0.95))]
+    assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], close) == 0
+    assert "calibrate --refine" not in capsys.readouterr().out
     assert report(args, plan, out, out, [1e-3], 1, [], 0, [1.0], [0.0]) == 0
     assert "on 2 separate nodes by compile --profile" in capsys.readouterr().out  # one process: no ratio
     assert report(Namespace(**{**vars(args), "json": True}), plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0],
