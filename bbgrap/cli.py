@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                        "figure by the share of its threads' time the quota leaves (cpu_share). compile --profile cuts each layer "
                        "in proportion to the nodes' speeds on the model where they differ. With --refine RUN.json --profile FILE it "
                        "measures nothing: it corrects FILE by a run of a plan compiled with it (bbgrap-run --json), each "
-                       "node's figures scaled by its rank's measured time over the predicted one.")
+                       "node's figures by its segments' measured times against the predicted ones.")
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
     k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores, "
                    "at most a CPU quota's whole cores)")
@@ -110,9 +110,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --model: fix a symbolic input shape, as compile's (repeatable)")
     k.add_argument("--refine", metavar="RUN.json",
                    help="measure nothing: correct --profile FILE by a run of a plan compiled with it "
-                   "(mpirun -n N bbgrap-run PLAN --json > RUN.json): each node's figures are scaled by its rank's "
-                   "measured time in its segments and sends over the time compile predicted, and written to -o; "
-                   "compile --profile with the result cuts each layer in the proportions the nodes showed")
+                   "(mpirun -n N bbgrap-run PLAN --json --trace t.json > RUN.json; the trace gives each rank's CPU time, "
+                   "which a node under a CPU quota needs): per node, the line through its segments' predicted and "
+                   "measured times scales its figures (slope) and adds to each segment's fixed cost (intercept), "
+                   "written to -o (a new file); compile --profile with the result cuts each layer in the proportions the "
+                   "nodes showed")
     k.add_argument("--profile", metavar="FILE", help="with --refine: the profile the run's plan was compiled with")
 
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
