@@ -74,8 +74,8 @@ class Profile:
     compute_cpu: float = 0.0
     send_cpu: float = 0.0
     # each segment's runs (by its index in the node's program): wall seconds, and where steps are recorded CPU seconds
-    segment_s: dict[int, list[float]] = field(default_factory=dict)
-    segment_cpu_s: dict[int, list[float]] = field(default_factory=dict)
+    segment_runs: dict[int, list[float]] = field(default_factory=dict)
+    segment_cpu_runs: dict[int, list[float]] = field(default_factory=dict)
 
     def mark(self) -> tuple[float, float]:
         """Now, to `book` a step from: the wall clock and, where steps are recorded, the CPU time of
@@ -89,9 +89,9 @@ class Profile:
         if op == "run":
             self.compute += t1 - t0
             self.compute_cpu += cpu
-            self.segment_s.setdefault(k, []).append(t1 - t0)
+            self.segment_runs.setdefault(k, []).append(t1 - t0)
             if self.steps is not None:
-                self.segment_cpu_s.setdefault(k, []).append(cpu)
+                self.segment_cpu_runs.setdefault(k, []).append(cpu)
         elif op == "send":
             self.send += t1 - t0
             self.send_cpu += cpu
@@ -107,9 +107,9 @@ class Profile:
         `segments_cpu`), in program order."""
         keys = ("compute", "wait", "send", *(("compute_cpu", "send_cpu") if self.steps is not None else ()))
         out: dict[str, float | list[float]] = {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in keys}
-        out["segments"] = [round(statistics.median(self.segment_s[k]) * 1e3, 4) for k in sorted(self.segment_s)]
+        out["segments"] = [round(statistics.median(self.segment_runs[k]) * 1e3, 4) for k in sorted(self.segment_runs)]
         if self.steps is not None:
-            out["segments_cpu"] = [round(statistics.median(self.segment_cpu_s[k]) * 1e3, 4) for k in sorted(self.segment_cpu_s)]
+            out["segments_cpu"] = [round(statistics.median(self.segment_cpu_runs[k]) * 1e3, 4) for k in sorted(self.segment_cpu_runs)]
         return out
 
 
