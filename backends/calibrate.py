@@ -71,7 +71,7 @@ from bbgrap.backends.cpu_quota import WALL, BusyClock, CpuQuota, cpu_quota
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
-from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
+from bbgrap.backends.threads import PROCESS_THREAD_POOL, host_ranks, threads_per_rank
 from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
 from onnx import helper
@@ -423,12 +423,11 @@ def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = No
 
     quiet_onnxruntime()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    quota = cpu_quota()
-    affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), quota)))
-    mine = threads or threads_for_rank(affinities, local.Get_rank(), quotas)
+    host = host_ranks(local)
+    mine = threads or host.threads()
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = measure_node(mine, model, comm, quota)
+    node = measure_node(mine, model, comm, host.quota)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)

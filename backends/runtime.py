@@ -50,7 +50,7 @@ from bbgrap.backends.engine import (
     session_options,
 )
 from bbgrap.backends.executor import NodeRunner, Profile, run_embedded, run_node
-from bbgrap.backends.threads import PROCESS_THREAD_POOL, threads_for_rank, threads_per_rank
+from bbgrap.backends.threads import PROCESS_THREAD_POOL, host_ranks, threads_per_rank
 from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
@@ -503,8 +503,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank calls it, whatever fails below
-    quota = cpu_quota()
-    affinities, quotas = zip(*allgather(local, (sorted(os.sched_getaffinity(0)), quota)))
+    host = host_ranks(local)
     hosts = allgather(comm, os.uname().nodename)
     error: str | None = None
     plan: Plan | None = None
@@ -525,7 +524,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if error is None and plan is not None:
             verify_files(args.plan, plan, [rank])
             inputs, reference = load_inputs(args, plan)
-            threads = args.threads or threads_for_rank(affinities, local.Get_rank(), quotas)
+            threads = args.threads or host.threads()
             PROCESS_THREAD_POOL.start(threads)  # before the first session, --check's included
             if args.check:
                 reference = model_reference(args, plan, inputs) if rank == 0 else {}
@@ -554,7 +553,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if rank == 0:
             print(f"bbgrap-run: error: {next(e for e in errors if e)}", file=sys.stderr)
         return 2
-    transport = MPITransport(comm, runner, nap=WAIT_NAP_S if quota is not None else 0.0)  # spinning would spend the quota
+    transport = MPITransport(comm, runner, nap=WAIT_NAP_S if host.quota is not None else 0.0)  # spinning would spend the quota
     latencies = []
     outputs: dict[str, np.ndarray] = {}
     profile = Profile(steps=[] if args.trace else None)
@@ -580,8 +579,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)
             status = 2
     if rank == 0 and status == 0:
-        cores = len(set().union(*map(set, affinities)))  # the cores this host's ranks may use, together
-        crowded = (local.Get_size(), cores) if local.Get_size() * threads > cores else None
+        crowded = (local.Get_size(), host.cores) if local.Get_size() * threads > host.cores else None
         try:
             sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
             status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, peak_mb, baseline_mb, profiles, crowded,

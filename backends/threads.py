@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bbgrap.backends.cpu_quota import CpuQuota
+from bbgrap.backends.cpu_quota import CpuQuota, cpu_quota
+from bbgrap.backends.transports import allgather
 
 
 @dataclass
@@ -85,3 +86,32 @@ def threads_for_rank(affinities: Sequence[Sequence[int]], me: int, quotas: Seque
         return threads
     under = sum(1 for q in quotas if q is not None and q.group == quota.group)
     return min(threads, quota.threads(under))
+
+
+@dataclass(frozen=True)
+class HostRanks:
+    """The MPI ranks of this host: each one's CPU affinity and CPU quota, and which of them this is."""
+
+    affinities: tuple[tuple[int, ...], ...]
+    quotas: tuple[CpuQuota | None, ...]
+    me: int
+
+    @property
+    def quota(self) -> CpuQuota | None:
+        return self.quotas[self.me]
+
+    @property
+    def cores(self) -> int:
+        """The cores the host's ranks may use, together."""
+        return len(set().union(*map(set, self.affinities)))
+
+    def threads(self) -> int:
+        """This rank's default threads (`threads_for_rank`)."""
+        return threads_for_rank(self.affinities, self.me, self.quotas)
+
+
+def host_ranks(local: Any) -> HostRanks:
+    """This host's ranks (`HostRanks`): a collective over `local` (MPI's COMM_TYPE_SHARED
+    communicator), which every local rank calls, whatever else it finds wrong."""
+    affinities, quotas = zip(*allgather(local, (tuple(sorted(os.sched_getaffinity(0))), cpu_quota())))
+    return HostRanks(tuple(affinities), tuple(quotas), local.Get_rank())

@@ -34,3 +34,14 @@ def test_a_cpu_quota_caps_the_threads_shared_among_the_ranks_under_it() -> None:
     assert threads_for_rank([[0, 1]], 0, [CpuQuota(0.3, "/cg/small", 2)]) == 1
     assert threads_for_rank([[0, 1]], 0, [CpuQuota(8.0, "/cg/big", 2)]) == 2
     assert threads_for_rank([[0, 1]], 0, [None]) == 2
+
+
+def test_host_ranks_give_this_ranks_threads_quota_and_the_hosts_cores() -> None:
+    from bbgrap.backends.cpu_quota import CpuQuota
+    from bbgrap.backends.threads import HostRanks
+
+    pod = CpuQuota(2.5, "/cg/pod", 1)
+    host = HostRanks(((0, 1, 2, 3), (4, 5, 6, 7)), (None, pod), 1)
+    assert host.quota is pod and host.cores == 8
+    assert host.threads() == threads_for_rank(host.affinities, 1, host.quotas) == 2
+    assert HostRanks(((0, 1),) * 2, (None, None), 0).threads() == 1 and HostRanks(((0, 1),) * 2, (None, None), 0).cores == 2
