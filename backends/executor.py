@@ -11,6 +11,7 @@ adds up where a node's time goes (and, for --trace, records every step).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -69,11 +70,11 @@ class Profile:
     send: float = 0.0
     steps: list[Step] | None = None
     inference: int = 0  # the inference the steps recorded now belong to
-    # where steps are recorded: the CPU time of the thread that runs them, in segments and in sends
-    # (a rank under a CPU quota is stopped where its quota runs out, in a segment or a wait alike)
-    compute_cpu: float = 0.0
+    # where steps are recorded: the CPU time of the thread that runs them in sends (a rank under a
+    # CPU quota is stopped where its quota runs out, in a segment or a wait alike)
     send_cpu: float = 0.0
-    # each segment's runs (by its index in the node's program): wall seconds, and where steps are recorded CPU seconds
+    # each segment's runs (by its index in the node's program): wall seconds, and where steps are
+    # recorded CPU seconds (all of them: the rank's CPU time in segments)
     segment_runs: dict[int, list[float]] = field(default_factory=dict)
     segment_cpu_runs: dict[int, list[float]] = field(default_factory=dict)
 
@@ -88,7 +89,6 @@ class Profile:
         t0, t1 = since[0], time.perf_counter()
         if op == "run":
             self.compute += t1 - t0
-            self.compute_cpu += cpu
             self.segment_runs.setdefault(k, []).append(t1 - t0)
             if self.steps is not None:
                 self.segment_cpu_runs.setdefault(k, []).append(cpu)
@@ -105,8 +105,10 @@ class Profile:
         steps were recorded (bbgrap-run --trace) compute_cpu and send_cpu, the thread's CPU time; and
         each segment's median run (`segments`; with steps recorded also on the CPU clock,
         `segments_cpu`), in program order."""
-        keys = ("compute", "wait", "send", *(("compute_cpu", "send_cpu") if self.steps is not None else ()))
-        out: dict[str, float | list[float]] = {k: round(getattr(self, k) * 1e3 / max(runs, 1), 3) for k in keys}
+        per_run = {"compute": self.compute, "wait": self.wait, "send": self.send}
+        if self.steps is not None:
+            per_run |= {"compute_cpu": math.fsum(t for runs in self.segment_cpu_runs.values() for t in runs), "send_cpu": self.send_cpu}
+        out: dict[str, float | list[float]] = {k: round(v * 1e3 / max(runs, 1), 3) for k, v in per_run.items()}
         out["segments"] = [round(statistics.median(self.segment_runs[k]) * 1e3, 4) for k in sorted(self.segment_runs)]
         if self.steps is not None:
             out["segments_cpu"] = [round(statistics.median(self.segment_cpu_runs[k]) * 1e3, 4) for k in sorted(self.segment_cpu_runs)]
