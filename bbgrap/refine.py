@@ -46,10 +46,12 @@ MIN_FIT_SEGMENTS = 3  # segments a rank must have run for a line through them (e
 @dataclass(frozen=True)
 class Correction:
     """How a node's figures change: every one scaled by `scale`, then `extra_s` added to each segment's
-    fixed cost (`segment_s`, at least 0 after it)."""
+    fixed cost (`segment_s`, at least 0 after it); `fitted`: from a line through its rank's segments
+    (else its total's ratio)."""
 
     scale: float
     extra_s: float = 0.0
+    fitted: bool = False
 
     def apply(self, node: NodeProfile) -> NodeProfile:
         scaled = node.faster(1.0 / self.scale)
@@ -81,21 +83,14 @@ class RankCheck:
         """Measured over predicted, in all (1 where it computed nothing)."""
         return self.measured_ms / self.predicted_ms if self.measured else 1.0
 
-    @property
-    def fitted(self) -> bool:
-        """Whether its segments give a line (module docstring)."""
-        m, p = self.measured_segments, self.predicted_segments
-        return len(m) == len(p) >= MIN_FIT_SEGMENTS and max(p) > min(p) and self._line()[0] > 0
-
-    def _line(self) -> tuple[float, float]:
-        """The least-squares slope and intercept (ms) of the measured segments over the predicted."""
-        slope, intercept = np.polyfit(np.asarray(self.predicted_segments), np.asarray(self.measured_segments), 1)
-        return float(slope), float(intercept)
-
     def correction(self) -> Correction:
-        if self.fitted:
-            slope, intercept = self._line()
-            return Correction(slope, intercept / 1e3)
+        """Its node's correction: the line through its segments' (predicted, measured) times, least
+        squares, where they give one (module docstring), else its total's ratio."""
+        m, p = self.measured_segments, self.predicted_segments
+        if len(m) == len(p) >= MIN_FIT_SEGMENTS and max(p) > min(p):
+            slope, intercept = (float(v) for v in np.polyfit(np.asarray(p), np.asarray(m), 1))
+            if slope > 0:
+                return Correction(slope, intercept / 1e3, fitted=True)
         return Correction(self.factor)
 
 
@@ -214,6 +209,6 @@ def describe(checks: Sequence[RankCheck]) -> list[str]:
         clock = f" (its CPU time over its quota's share {c.share:g})" if c.share < 1 else ""
         fix = c.correction()
         how = (f"its {len(c.measured_segments)} segments on a line: its node's times x{fix.scale:.3f}, "
-               f"{fix.extra_s * 1e6:+.1f} us per segment" if c.fitted else f"its node's times x{fix.scale:.3f}")
+               f"{fix.extra_s * 1e6:+.1f} us per segment" if fix.fitted else f"its node's times x{fix.scale:.3f}")
         lines.append(head + f"{c.measured_ms:.2f} ms per inference in its segments and sends{clock}, {c.predicted_ms:.2f} predicted: {how}")
     return lines

@@ -64,7 +64,7 @@ def test_a_ranks_segments_give_a_line_its_slope_scales_the_node_and_its_intercep
     measured = [0.9 * p + 0.04 for p in predicted]
     run = MeasuredRun("run.json", (sum(measured), 3.0), None, pred, (tuple(measured), (1.5, 1.5)))
     refined, checks = refine(profile, run)
-    assert checks[0].fitted and not checks[1].fitted
+    assert checks[0].correction().fitted and not checks[1].correction().fitted
     assert checks[0].correction().scale == pytest.approx(0.9) and checks[0].correction().extra_s == pytest.approx(40e-6)
     assert refined.nodes[0].conv_ops_per_s == pytest.approx(NODE.conv_ops_per_s / 0.9)
     assert refined.nodes[0].segment_s == pytest.approx(0.9 * NODE.segment_s + 40e-6)
@@ -100,7 +100,7 @@ def test_a_node_under_a_cpu_quota_is_refined_by_its_cpu_time_over_its_share(tmp_
     run = read_run(run_json(str(tmp_path / "segs.json"), segs, [(4.0, 0.0), (5.0, 0.0)], cpu=[3.0, 4.5],
                             segments_cpu=[[1.8, 0.6, 0.3, 0.3], [3.0, 1.0, 0.5, 0.5]]))
     refined, checks = refine(profile, run)
-    assert checks[0].fitted and checks[0].correction().scale == pytest.approx(2.0) and checks[0].correction().extra_s == pytest.approx(0.0, abs=1e-9)
+    assert checks[0].correction().fitted and checks[0].correction().scale == pytest.approx(2.0) and checks[0].correction().extra_s == pytest.approx(0.0, abs=1e-9)
 
 
 def test_a_plan_on_other_nodes_of_the_profile_refines_those(tmp_path) -> None:
