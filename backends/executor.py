@@ -65,7 +65,6 @@ class Profile:
     """Where one node's time goes: its segments, waiting for messages, posting sends; with
     `steps` (bbgrap-run --trace) also every step of every inference, as trace.Step."""
 
-    compute: float = 0.0
     wait: float = 0.0
     send: float = 0.0
     steps: list[Step] | None = None
@@ -74,9 +73,14 @@ class Profile:
     # CPU quota is stopped where its quota runs out, in a segment or a wait alike)
     send_cpu: float = 0.0
     # each segment's runs (by its index in the node's program): wall seconds, and where steps are
-    # recorded CPU seconds (all of them: the rank's CPU time in segments)
+    # recorded CPU seconds (all of them: the rank's time in segments on either clock)
     segment_runs: dict[int, list[float]] = field(default_factory=dict)
     segment_cpu_runs: dict[int, list[float]] = field(default_factory=dict)
+
+    @property
+    def compute(self) -> float:
+        """Seconds in segments, every run of every one."""
+        return math.fsum(t for runs in self.segment_runs.values() for t in runs)
 
     def mark(self) -> tuple[float, float]:
         """Now, to `book` a step from: the wall clock and, where steps are recorded, the CPU time of
@@ -88,7 +92,6 @@ class Profile:
         cpu = time.thread_time() - since[1] if self.steps is not None else 0.0  # read inside the wall interval
         t0, t1 = since[0], time.perf_counter()
         if op == "run":
-            self.compute += t1 - t0
             self.segment_runs.setdefault(k, []).append(t1 - t0)
             if self.steps is not None:
                 self.segment_cpu_runs.setdefault(k, []).append(cpu)
