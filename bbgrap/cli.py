@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
                        "under a CPU quota (a container's CPU limit) times its runs without the quota's stops and slows every "
                        "figure by the share of its threads' time the quota leaves (cpu_share). compile --profile cuts each layer "
                        "in proportion to the nodes' speeds on the model where they differ. With --refine RUN.json --profile FILE it "
-                       "measures nothing: it corrects FILE by a run of a plan compiled with it (bbgrap-run --json), each "
+                       "measures nothing: it corrects FILE by runs of plans compiled with it (bbgrap-run --json), each "
                        "node's figures by its segments' measured times against the predicted ones.")
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
     k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores, "
@@ -108,14 +108,15 @@ def _parser() -> argparse.ArgumentParser:
                    "profile records the file's hash; for another model it falls back to the kinds)")
     k.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="with --model: fix a symbolic input shape, as compile's (repeatable)")
-    k.add_argument("--refine", metavar="RUN.json",
+    k.add_argument("--refine", metavar="RUN.json", nargs="+",
                    help="measure nothing: correct --profile FILE by a run of a plan compiled with it "
                    "(mpirun -n N bbgrap-run PLAN --json --trace t.json > RUN.json; the trace gives each rank's CPU time, "
-                   "which a node under a CPU quota needs): per node, the line through its segments' predicted and "
-                   "measured times scales its figures (slope) and adds to each segment's fixed cost (intercept), "
-                   "written to -o (a new file); compile --profile with the result cuts each layer in the proportions the "
-                   "nodes showed")
-    k.add_argument("--profile", metavar="FILE", help="with --refine: the profile the run's plan was compiled with")
+                   "which a node under a CPU quota needs), or by several runs (plans of several models or directions, "
+                   "each compiled with FILE): per node, the line through its segments' predicted and "
+                   "measured times (of every run) scales its figures (slope) and adds to each segment's fixed cost "
+                   "(intercept), written to -o (a new file); compile --profile with the result cuts each layer in the "
+                   "proportions the nodes showed")
+    k.add_argument("--profile", metavar="FILE", help="with --refine: the profile the runs' plans were compiled with")
 
     z = sub.add_parser("zoo", help="write a standard CNN with random weights",
                        description="Write a standard architecture with random weights (no download).")
@@ -409,13 +410,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def refine_profile(args: argparse.Namespace) -> int:
-    """calibrate --refine: the profile corrected by a measured run, written to -o (bbgrap/refine.py)."""
+    """calibrate --refine: the profile corrected by measured runs, written to -o (bbgrap/refine.py)."""
     from bbgrap.cluster import read_profile, write_profile
     from bbgrap.refine import describe, read_run, refine
 
-    profile, checks = refine(read_profile(args.profile), read_run(args.refine))
+    profile, checks = refine(read_profile(args.profile), [read_run(path) for path in args.refine])
     lines = describe(checks)
-    write_profile(args.output, profile, f"bbgrap calibrate --refine {args.refine} --profile {args.profile}\n" + "\n".join(lines))
+    write_profile(args.output, profile, f"bbgrap calibrate --refine {' '.join(args.refine)} --profile {args.profile}\n" + "\n".join(lines))
     print("\n".join([*lines, f"wrote {args.output}: compile --profile {args.output} cuts by these speeds"]))
     return 0
 

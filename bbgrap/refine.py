@@ -21,6 +21,11 @@ ratio, b = 0). A node the run says nothing of (a rank that computed nothing, a n
 did not use) takes the median a and b of the measured ones: an idle node kept as it was would come out
 faster than every measured one only because it was not measured. Waiting is not a node's speed and is left
 out on both sides.
+
+Several runs (plans of several models, or directions, all compiled with the one profile) refine it together:
+each node's line goes through the segments of every run it took part in. One plan's segments on a node are
+few (9–14 on an end rank of a 3-node plan) and of few sizes, so one run's line follows its noise and its
+own plan's mix of segments; the pooled line holds for the plans compiled next, whose segments differ.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ class RankCheck:
     """One rank of a measured run: its node in the profile, its measured and predicted ms per inference
     in its segments and sends, and each segment's (measured: median; empty where the run or the plan
     did not record them); `share`: the node's CPU quota share where its measured times are its thread's
-    CPU time over it (1: the wall clock's)."""
+    CPU time over it (1: the wall clock's); `run`: the file of the run it is of."""
 
     rank: int
     node: int
@@ -72,6 +77,7 @@ class RankCheck:
     share: float = 1.0
     measured_segments: tuple[float, ...] = ()
     predicted_segments: tuple[float, ...] = ()
+    run: str = ""  # the run's file
 
     @property
     def measured(self) -> bool:
@@ -83,15 +89,31 @@ class RankCheck:
         """Measured over predicted, in all (1 where it computed nothing)."""
         return self.measured_ms / self.predicted_ms if self.measured else 1.0
 
-    def correction(self) -> Correction:
-        """Its node's correction: the line through its segments' (predicted, measured) times, least
-        squares, where they give one (module docstring), else its total's ratio."""
+    @property
+    def segments(self) -> tuple[tuple[float, float], ...]:
+        """Its segments' (predicted, measured) times in ms, where the run and the plan recorded them alike."""
         m, p = self.measured_segments, self.predicted_segments
-        if len(m) == len(p) >= MIN_FIT_SEGMENTS and max(p) > min(p):
-            slope, intercept = (float(v) for v in np.polyfit(np.asarray(p), np.asarray(m), 1))
-            if slope > 0:
-                return Correction(slope, intercept / 1e3, fitted=True)
-        return Correction(self.factor)
+        return tuple(zip(p, m)) if len(m) == len(p) else ()
+
+    def correction(self) -> Correction:
+        """Its node's correction from this run alone (`correction`)."""
+        return correction([self])
+
+
+def correction(checks: Sequence[RankCheck]) -> Correction:
+    """A node's correction from the ranks that ran on it (one per run): the line through all their segments'
+    (predicted, measured) times, least squares, where they give one (module docstring: every rank has its
+    segments, at least MIN_FIT_SEGMENTS in all, of different predictions, on a line of positive slope), else
+    their totals' measured over predicted time."""
+    ran = [c for c in checks if c.measured]
+    if not ran:
+        return Correction(1.0)
+    points = [point for c in ran for point in c.segments]
+    if all(c.segments for c in ran) and len(points) >= MIN_FIT_SEGMENTS and len({p for p, _ in points}) > 1:
+        slope, intercept = (float(v) for v in np.polyfit(np.asarray([p for p, _ in points]), np.asarray([m for _, m in points]), 1))
+        if slope > 0:
+            return Correction(slope, intercept / 1e3, fitted=True)
+    return Correction(math.fsum(c.measured_ms for c in ran) / math.fsum(c.predicted_ms for c in ran))
 
 
 @dataclass(frozen=True)
@@ -122,14 +144,15 @@ class MeasuredRun:
             predicted = self.prediction.ranks[r]
             if share >= 1:
                 segments = self.wall_segments[r] if self.wall_segments else ()
-                checks.append(RankCheck(r, node, wall, predicted.compute, 1.0, segments, predicted.segments))
+                checks.append(RankCheck(r, node, wall, predicted.compute, 1.0, segments, predicted.segments, self.source))
             elif self.cpu_ms is None:
                 raise BBGrapError(f"--refine {self.source}: node {node} is under a CPU quota ({share:g} of its threads' time in "
                                   f"{profile.source}), whose stops fall where its rank waits; run the plan with --trace FILE "
                                   "too, so that each rank's CPU time is measured")
             else:
                 segments = tuple(t / share for t in self.cpu_segments[r]) if self.cpu_segments else ()
-                checks.append(RankCheck(r, node, self.cpu_ms[r] / share, predicted.compute, share, segments, predicted.segments))
+                checks.append(RankCheck(r, node, self.cpu_ms[r] / share, predicted.compute, share, segments, predicted.segments,
+                                        self.source))
         return checks
 
 
@@ -178,37 +201,56 @@ def read_run(path: str) -> MeasuredRun:
                        segments("segments"), segments("segments_cpu"))
 
 
-def refine(profile: ClusterProfile, run: MeasuredRun) -> tuple[ClusterProfile, list[RankCheck]]:
-    """`profile` with each node the run used divided by its rank's `RankCheck.factor` (module
-    docstring), and the checks. Refused (one line) where the run's plan was compiled with another
-    profile (where the path it was compiled with names a file here)."""
-    pred = run.prediction
-    compiled_with = pred.profile_path
-    if os.path.exists(compiled_with) and not same_file(compiled_with, profile.source):
-        raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {compiled_with}, not "
-                          f"{profile.source}; give --profile {compiled_with}")
-    checks = run.checks(profile)
-    # a profile listing fewer nodes than the plan's stands for its last node on the rest (`ClusterProfile.node`):
-    # each gets a table of its own, refined by its own rank
-    nodes = [profile.node(n) for n in range(max(len(profile.nodes), max(pred.profile_nodes, default=0) + 1))]
-    measured = {c.node: c.correction() for c in checks if c.measured}
+def refine(profile: ClusterProfile, runs: Sequence[MeasuredRun]) -> tuple[ClusterProfile, list[RankCheck]]:
+    """`profile` with each node the runs used corrected by the ranks that ran on it (`correction`, module
+    docstring), and the checks. Refused (one line) where a run's plan was compiled with another profile
+    (where the path it was compiled with names a file here)."""
+    checks: list[RankCheck] = []
+    used = 0
+    for run in runs:
+        compiled_with = run.prediction.profile_path
+        if os.path.exists(compiled_with) and not same_file(compiled_with, profile.source):
+            raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {compiled_with}, not "
+                              f"{profile.source}; refine that profile by it, or give only runs of plans compiled with "
+                              f"{profile.source}")
+        checks += run.checks(profile)
+        used = max(used, max(run.prediction.profile_nodes, default=0) + 1)
+    # a profile listing fewer nodes than the plans' stands for its last node on the rest (`ClusterProfile.node`):
+    # each gets a table of its own, refined by its own ranks
+    nodes = [profile.node(n) for n in range(max(len(profile.nodes), used))]
+    measured = {n: correction([c for c in checks if c.node == n]) for n in sorted({c.node for c in checks if c.measured})}
     if not measured:
-        raise BBGrapError(f"--refine {run.source}: no rank computed anything in the run; nothing to refine by")
+        raise BBGrapError(f"--refine {', '.join(r.source for r in runs)}: no rank computed anything in the "
+                          f"run{'s' if len(runs) > 1 else ''}; nothing to refine by")
     rest = Correction(statistics.median(c.scale for c in measured.values()), statistics.median(c.extra_s for c in measured.values()))
     return replace(profile, nodes=tuple(measured.get(n, rest).apply(node) for n, node in enumerate(nodes))), checks
 
 
+def how(fix: Correction, segments: int) -> str:
+    """What a correction does to a node, in words."""
+    if fix.fitted:
+        return f"its {segments} segments on a line: its node's times x{fix.scale:.3f}, {fix.extra_s * 1e6:+.1f} us per segment"
+    return f"its node's times x{fix.scale:.3f}"
+
+
 def describe(checks: Sequence[RankCheck]) -> list[str]:
-    """A line per rank: measured against predicted, and how its node's figures change."""
+    """A line per rank: measured against predicted, and (of one run) how its node's figures change; of
+    several runs, their file before each rank's line and then a line per node: how the line through all
+    its segments changes it."""
     lines = []
+    several = len({c.run for c in checks}) > 1
     for c in checks:
-        head = f"rank {c.rank} (node {c.node}): "
+        head = (f"{c.run}: " if several else "") + f"rank {c.rank} (node {c.node}): "
         if not c.measured:
-            lines.append(head + "computed nothing; taken to be off as the measured ranks, in their median")
+            lines.append(head + "computed nothing" + ("" if several else "; taken to be off as the measured ranks, in their median"))
             continue
         clock = f" (its CPU time over its quota's share {c.share:g})" if c.share < 1 else ""
-        fix = c.correction()
-        how = (f"its {len(c.measured_segments)} segments on a line: its node's times x{fix.scale:.3f}, "
-               f"{fix.extra_s * 1e6:+.1f} us per segment" if fix.fitted else f"its node's times x{fix.scale:.3f}")
-        lines.append(head + f"{c.measured_ms:.2f} ms per inference in its segments and sends{clock}, {c.predicted_ms:.2f} predicted: {how}")
+        fix = "" if several else ": " + how(c.correction(), len(c.measured_segments))
+        lines.append(head + f"{c.measured_ms:.2f} ms per inference in its segments and sends{clock}, {c.predicted_ms:.2f} predicted{fix}")
+    if several:
+        for n in sorted({c.node for c in checks if c.measured}):
+            ran = [c for c in checks if c.node == n and c.measured]
+            lines.append(f"node {n}, over {len(ran)} run{'s' if len(ran) > 1 else ''}: " + how(correction(ran), sum(len(c.segments) for c in ran)))
+        if any(not c.measured for c in checks):
+            lines.append("a node no rank computed on is taken to be off as the measured ones, in their median")
     return lines
