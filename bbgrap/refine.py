@@ -23,9 +23,9 @@ faster than every measured one only because it was not measured. Waiting is not 
 out on both sides.
 
 Several runs (plans of several models, or directions, all compiled with the one profile) refine it together:
-each node's line goes through the segments of every run it took part in. One plan's segments on a node are
-few (9–14 on an end rank of a 3-node plan) and of few sizes, so one run's line follows its noise and its
-own plan's mix of segments; the pooled line holds for the plans compiled next, whose segments differ.
+each node's line goes through the segments of every run it took part in, so that it rests on more segments,
+and of more sizes, than one plan runs on a node. Runs of plans compiled with different profiles are refused:
+their predictions are on different scales.
 """
 
 from __future__ import annotations
