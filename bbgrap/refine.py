@@ -248,9 +248,10 @@ def describe(checks: Sequence[RankCheck]) -> list[str]:
         fix = "" if several else ": " + how(c.correction(), len(c.measured_segments))
         lines.append(head + f"{c.measured_ms:.2f} ms per inference in its segments and sends{clock}, {c.predicted_ms:.2f} predicted{fix}")
     if several:
-        for n in sorted({c.node for c in checks if c.measured}):
+        measured = sorted({c.node for c in checks if c.measured})
+        for n in measured:
             ran = [c for c in checks if c.node == n and c.measured]
             lines.append(f"node {n}, over {len(ran)} run{'s' if len(ran) > 1 else ''}: " + how(correction(ran), sum(len(c.segments) for c in ran)))
-        if any(not c.measured for c in checks):
-            lines.append("a node no rank computed on is taken to be off as the measured ones, in their median")
+        for n in sorted({c.node for c in checks} - set(measured)):
+            lines.append(f"node {n}: computed nothing in any run; taken to be off as the measured nodes, in their median")
     return lines

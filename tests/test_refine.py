@@ -180,6 +180,9 @@ def test_several_runs_put_each_nodes_segments_of_all_of_them_on_one_line(tmp_pat
     assert lines[0].startswith("a.json: rank 0 (node 0)") and "computed nothing" in lines[3]
     assert "node 0, over 2 runs: its 4 segments on a line: its node's times x0.800, +30.0 us per segment" in lines
     assert "node 1, over 1 run: its node's times x1.200" in lines
+    assert not any("in any run" in line for line in lines)  # node 1 computed in the first run
+    idle = replace(first, source="idle.json", wall_ms=(first.wall_ms[0], 0.0))
+    assert "node 1: computed nothing in any run; taken to be off as the measured nodes, in their median" in describe(refine(profile, [idle, second])[1])
     # a run of a plan compiled with another profile is refused, named, whichever place it has
     other = tmp_path / "other.toml"
     write_profile(str(other), ClusterProfile((PLAIN,)))
