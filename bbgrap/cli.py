@@ -207,7 +207,7 @@ def run_line(plan: Plan, output: str) -> str:
     recorded them on more than one host."""
     pred = plan.compiled.prediction
     hosts = ""
-    if pred is not None and pred.profile_nodes != tuple(range(pred.nodes)) and all(pred.hosts) and len(set(pred.hosts)) > 1:
+    if pred is not None and pred.on_picked_nodes and all(pred.hosts) and len(set(pred.hosts)) > 1:
         hosts = f" -hosts {','.join(pred.hosts)}"
     return f"run it: mpirun -n {plan.nodes}{hosts} bbgrap-run {'' if output == 'bbgrap-plan' else output}".rstrip()
 
@@ -227,7 +227,7 @@ def prediction_text(pred: PredictionRecord) -> str:
                      f"({pred.candidates_ms[requested]:.3f} ms vs {pred.candidates_ms[pred.nodes]:.3f} ms"
                      f"{f'; one node {pred.one_node_ms:.3f} ms' if pred.nodes != 1 else ''}); "
                      f"compiled for {pred.nodes} node(s) instead (--force-nodes keeps {requested})")
-    if pred.profile_nodes != tuple(range(pred.nodes)):
+    if pred.on_picked_nodes:
         named = ", ".join(f"{n}{f' ({h})' if h else ''}" for n, h in zip(pred.profile_nodes, pred.hosts))
         if pred.nodes == 1:
             lines.append(f"its node is the profile's fastest, node {named}: run its rank there")

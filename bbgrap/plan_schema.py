@@ -508,6 +508,12 @@ class PredictionRecord:
         """The profile file compile was given (`profile` without LAYER_TIMES_NOTE)."""
         return self.profile.removesuffix(LAYER_TIMES_NOTE)
 
+    @property
+    def on_picked_nodes(self) -> bool:
+        """Whether the plan runs on other nodes of the profile than its first ones, in order (its fastest,
+        where it has fewer nodes than the profile: `compiler.fastest_nodes`)."""
+        return self.profile_nodes != tuple(range(self.nodes))
+
     def to_json(self) -> Json:
         return {"profile": self.profile, "requested_nodes": self.requested_nodes, "nodes": self.nodes,
                 "plan": {"nodes": self.nodes, "latency_ms": self.latency_ms, "ranks": [r.to_json() for r in self.ranks]},
