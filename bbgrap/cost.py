@@ -45,15 +45,24 @@ def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry
     read (`OpTraits.read_ops`), that many operations per byte of `extra_reads`. What the planners
     and the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
     registry = registry or default_registry()
-    ops = layer_ops(layer, graph, region, registry)
+    ops = in_blocks(layer, graph, region, layer_ops(layer, graph, region, registry), registry)
     traits = registry.traits(layer.op_type, layer.domain)
+    if len(graph.tensors[layer.outputs[0]].shape) != 4 or region.empty or not region.is_box:
+        return ops
+    return ops + traits.read_ops * extra_reads(layer, graph, region, registry) if reads and traits.read_ops else ops
+
+
+def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry: RuleRegistry) -> float:
+    """`ops`, the layer's operations for `region` (`layer_ops`), as its kernel runs them where it works
+    its output channels in blocks (`OpTraits.channel_block`): a piece of some of an NCHW output's
+    channels by those channels rounded up to whole blocks, over the whole layer's own rounding;
+    `run_ops` without what the piece reads."""
+    block = registry.traits(layer.op_type, layer.domain).channel_block
     shape = graph.tensors[layer.outputs[0]].shape
-    if len(shape) != 4 or region.empty or not region.is_box:
+    if block <= 1 or len(shape) != 4 or region.empty or not region.is_box:
         return ops
     whole, part = shape[1], len(region.interval(1))
-    if traits.channel_block > 1 and part != whole:
-        ops *= (padded(part, traits.channel_block) / part) / (padded(whole, traits.channel_block) / whole)
-    return ops + traits.read_ops * extra_reads(layer, graph, region, registry) if reads and traits.read_ops else ops
+    return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if part != whole else ops
 
 
 def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from typing import Callable, ClassVar
 from bbgrap.passes.naive_partition import CHANNELS, channel_cut, partition_layer
 
 from bbgrap.config import Config
-from bbgrap.cost import layer_ops, run_ops
+from bbgrap.cost import in_blocks, layer_ops
 from bbgrap.ir import Graph, Interval, Layer, LayerPartition, Movement, SearchStats, ShapeMap
 from bbgrap.movement import derive_gathers
 from bbgrap.pass_manager import Pass, PassError, PassResult
@@ -147,7 +147,7 @@ class LayerCutCost:
         # not what each piece reads (`run_ops`' reads): the filters every piece of rows reads again
         # favour a channel cut, whose gathers and boundaries downstream this layer's objective does
         # not see (the planners and the simulator price both)
-        return NodeCost(run_ops(self.layer, self.graph, local.emitted, self.registry, reads=False) / self.speeds[node], data, over)
+        return NodeCost(in_blocks(self.layer, self.graph, local.emitted, ops, self.registry) / self.speeds[node], data, over)
 
     def candidate_cuts(self, threshold: float) -> set[int]:
         """The cut positions that matter, for a layer whose band is too wide to search position by
