@@ -82,6 +82,11 @@ class Profile:
         """Seconds in segments, every run of every one."""
         return math.fsum(t for runs in self.segment_runs.values() for t in runs)
 
+    @property
+    def compute_cpu(self) -> float:
+        """CPU seconds in segments, every run of every one (0 where steps are not recorded)."""
+        return math.fsum(t for runs in self.segment_cpu_runs.values() for t in runs)
+
     def mark(self) -> tuple[float, float]:
         """Now, to `book` a step from: the wall clock and, where steps are recorded, the CPU time of
         the thread that runs the steps (a system call, left out otherwise)."""
@@ -110,7 +115,7 @@ class Profile:
         `segments_cpu`), in program order."""
         per_run = {"compute": self.compute, "wait": self.wait, "send": self.send}
         if self.steps is not None:
-            per_run |= {"compute_cpu": math.fsum(t for runs in self.segment_cpu_runs.values() for t in runs), "send_cpu": self.send_cpu}
+            per_run |= {"compute_cpu": self.compute_cpu, "send_cpu": self.send_cpu}
         out: dict[str, float | list[float]] = {k: round(v * 1e3 / max(runs, 1), 3) for k, v in per_run.items()}
         out["segments"] = [round(statistics.median(self.segment_runs[k]) * 1e3, 4) for k in sorted(self.segment_runs)]
         if self.steps is not None:
