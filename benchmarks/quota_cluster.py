@@ -147,13 +147,19 @@ def main(args: argparse.Namespace) -> int:
         print(f"quota_cluster: {problem}", file=sys.stderr)
         return 2
     bindir = os.path.dirname(sys.executable)
+    graph = import_model(args.model).graph  # each profile's speeds on it
+
+    def compile_plan(profile: str, out: str, *extra: str) -> None:
+        subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", profile, "--force-nodes",
+                        "--quiet", "-o", out, *extra], check=True)
+
     work_dir = args.keep or tempfile.mkdtemp(prefix="bbgrap-quota-")
     os.makedirs(work_dir, exist_ok=True)
     try:
         profile = os.path.join(work_dir, "cluster.toml")
         launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile,
                                                *(["--model", args.model] if args.layer_times else [])])
-        speeds = profile_speeds(import_model(args.model).graph, read_profile(profile), n)
+        speeds = profile_speeds(graph, read_profile(profile), n)
         ratio = [s / speeds[0] for s in speeds]
         want = [s / shares[0] for s in shares]
         print(f"shares set {','.join(f'{s:g}' for s in shares)} (period {args.period_us} us): speeds relative to rank 0 set "
@@ -163,8 +169,7 @@ def main(args: argparse.Namespace) -> int:
         dirs: dict[str, str] = {}
         for name, extra in plans.items():
             dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")
-            subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", profile, "--force-nodes",
-                            "--quiet", "-o", dirs[name], *extra], check=True)
+            compile_plan(profile, dirs[name], *extra)
         latest, latest_profile = dirs["by the profile's speeds"], profile
         for k in range(1, args.refine + 1):  # the latest plan run once under the quotas, its profile refined by that run, compiled again
             run_json, refined = os.path.join(work_dir, f"run-{k}.json"), os.path.join(work_dir, f"refined-{k}.toml")
@@ -173,13 +178,12 @@ def main(args: argparse.Namespace) -> int:
                                                                 "--json", "--quiet", "--trace", os.path.join(work_dir, f"trace-run-{k}.json")]).stdout)
             subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", latest_profile, "-o", refined],
                            check=True, capture_output=True)
-            speeds = profile_speeds(import_model(args.model).graph, read_profile(refined), n)
+            speeds = profile_speeds(graph, read_profile(refined), n)
             name = f"refined {k}x"
             print(f"{name} (by a run of the plan before): speeds relative to rank 0 {', '.join(f'{s / speeds[0]:.2f}' for s in speeds)}")
             latest = dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")
             latest_profile = refined
-            subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", str(n), "--profile", refined, "--force-nodes",
-                            "--quiet", "-o", latest], check=True)
+            compile_plan(refined, latest)
         measured: dict[str, list[float]] = {name: [] for name in dirs}
         work: dict[str, list[list[float]]] = {name: [] for name in dirs}
         for _ in range(ROUNDS):
