@@ -1,7 +1,8 @@
 """A segment boundary as bbgrap-run pays it, measured through the executor (`bbgrap calibrate`).
 
 The simulator (bbgrap/simulate.py) charges every segment a fixed `segment_s`, every value a
-segment takes or gives `value_s`, and every message its sender posts `send_s`. A lone
+segment takes or gives `value_s`, every message its sender posts `send_s` and its bytes
+`send_byte_s` each, and every message its receiver takes `recv_s` and `recv_byte_s` a byte. A lone
 onnxruntime session run over and over, as the op-kind measurements time one, costs less than
 a segment does in a plan: bbgrap-run runs a node's segments one after another through the
 executor (backends/executor.py), each a different session, records its profile, and lets MPI
@@ -13,14 +14,16 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   (runs and sends, not waits) beyond the narrow chain's, over the 2 (WIDE - 1) further values,
   is `value_s` (onnxruntime wraps every feed and every fetch; an Add more is part of the price),
   and the narrow chain's busy time per segment less its two values' is `segment_s`;
-* **sending** (under MPI, every rank at once, each sending to the next rank in a ring): the
-  narrow chain with a send of each segment's value after it, the next rank receiving them
-  all at the end; its busy time per segment beyond the narrow chain's is `send_s` (the
-  post, and MPI's progress on it before the next segment);
-* **receiving** (the same chain, its steps recorded): by the time a rank ends its chain, most of
-  the messages it waits for have arrived; the median of its waits is `recv_s`, what a wait
-  costs where there is nothing to wait for (the MPI test that completes the receive, the
-  executor's step). The simulator charges it for every wait, as bbgrap-run counts it waiting;
+* **messages** (under MPI, every rank, in turns): a rank's chain with a send of each segment's
+  value after it, to the next rank, whose receives are posted but which sleeps meanwhile, as a
+  plan's receiver is busy in a segment of its own; then the receiver takes them one by one. On
+  one host MPI moves a large message only when its receiver asks for it, so the receiver's
+  take grows with the message and the sender's post hardly does. At each of MESSAGE_ELEMENTS'
+  sizes: the sender's busy time per segment beyond a chain of the same values without sends
+  (the post, and MPI's progress on the sends not finished yet before each segment), and the
+  median of the receiver's takes; calibrate fits `send_s` + bytes x `send_byte_s` and `recv_s`
+  + bytes x `recv_byte_s` through them. Ranks take turns (`turn`): a rank and the one it sends
+  to never send at once;
 * **cold** (`measure_cold`): those chains fit in a core's cache, a plan's segments do not. A
   node's segments each have their own weights, and by the time one runs again (the next
   inference) the others have pushed its session's kernels, buffers and weights out of the
@@ -46,7 +49,7 @@ from typing import Any
 
 import numpy as np
 from bbgrap.backends.engine import HostValues, session_options
-from bbgrap.backends.executor import NodeRunner, Profile, Transport, run_node
+from bbgrap.backends.executor import NodeRunner, Profile, Transport, execute, run_node
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.transports import Mailbox
 from onnx import helper
@@ -61,6 +64,9 @@ COLD_CHAIN = 64  # segments of the cold chain: 6.6 MB of weights in all
 COLD_VALUES = 16  # values each of its segments concatenates (DenseNet's and Inception's concats take 4 to 30)
 FEW_CHAIN, FEW_VALUES = 128, 2  # the second cold chain: 5.8 MB of weights, about as far beyond the cache
 COLD_CHANNELS, COLD_SIDE = 16, 8  # each value: COLD_CHANNELS x COLD_SIDE x COLD_SIDE
+# float32 values of the messages timed: 4 B to 512 KB (a CNN's halos and pieces at 224 px)
+MESSAGE_ELEMENTS = (1, 4096, 32768, 131072)
+ASLEEP_S = 0.01  # how long a receiver sleeps before it takes its messages: far beyond any sender's chain
 
 
 @dataclass(frozen=True)
@@ -73,24 +79,33 @@ class Ring:
 
 
 @dataclass(frozen=True)
+class Message:
+    """What a message of `nbytes` cost this node (module docstring), in seconds: sending it
+    (`send_s`) and taking it (`recv_s`), its peer busy elsewhere meanwhile."""
+
+    nbytes: int
+    send_s: float
+    recv_s: float
+
+
+@dataclass(frozen=True)
 class Boundary:
-    """What calibrate measured of a segment boundary (module docstring), in seconds; `send_s` and
-    `recv_s` None where there was no other rank to send to."""
+    """What calibrate measured of a segment boundary (module docstring), in seconds; `messages` one
+    per size of MESSAGE_ELEMENTS, none where there was no other rank to send to."""
 
     segment_s: float
     value_s: float
-    send_s: float | None
-    recv_s: float | None
+    messages: tuple[Message, ...] = ()
 
 
 def value(i: int, j: int) -> str:
     return f"v{i}_{j}"
 
 
-def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length: int = CHAIN) -> NodeRunner:
-    """A node's program of `length` segments, each adding its constant to `width` values; with
-    `ring`, a send of each segment's first value to `ring.dst` after it and, at the end, a wait
-    for each of `ring.src`'s. Message ids: sender * length + segment."""
+def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length: int = CHAIN, elements: int = 1) -> NodeRunner:
+    """A node's program of `length` segments, each adding its constant to `width` values of
+    `elements` float32 each; with `ring`, a send of each segment's first value to `ring.dst` after
+    it and, at the end, a wait for each of `ring.src`'s. Message ids: sender * length + segment."""
     import onnxruntime as ort
 
     node = ring.node if ring is not None else 0
@@ -100,12 +115,13 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
     opts = session_options(threads)
 
     def message(src: int, dst: int, i: int, name: str) -> MessageSpec:
-        return MessageSpec(src * length + i, src, dst, name, ((0, 1),), (1,), "float32", name)
+        return MessageSpec(src * length + i, src, dst, name, ((0, elements),), (elements,), "float32", name)
 
     for i in range(length):
         ins, outs = [value(i, j) for j in range(width)], [value(i + 1, j) for j in range(width)]
         nodes = [helper.make_node("Add", [a, "c"], [b]) for a, b in zip(ins, outs)]
-        model = float_model(nodes, dict.fromkeys(ins, (1,)), dict.fromkeys(outs, (1,)), {"c": np.full((1,), i + 1, np.float32)}, "boundary")
+        model = float_model(nodes, dict.fromkeys(ins, (elements,)), dict.fromkeys(outs, (elements,)), {"c": np.full((1,), i + 1, np.float32)},
+                            "boundary")
         sessions.append(ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]))
         seg_inputs.append(ins)
         seg_outputs.append(outs)
@@ -123,8 +139,8 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
                       {f"x{j}": value(0, j) for j in range(width)}, messages, HostValues())
 
 
-def chain_inputs(width: int) -> dict[str, np.ndarray]:
-    return {f"x{j}": np.zeros((1,), np.float32) for j in range(width)}
+def chain_inputs(width: int, elements: int = 1) -> dict[str, np.ndarray]:
+    return {f"x{j}": np.zeros((elements,), np.float32) for j in range(width)}
 
 
 def timed_runs(runner: NodeRunner, transport: Transport, repeat: int = REPEAT, inputs: dict[str, np.ndarray] | None = None,
@@ -151,35 +167,81 @@ def busy_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT,
     return min(elapsed - profile.wait for elapsed, profile in timed_runs(runner, transport, repeat, inputs))
 
 
-def received_seconds(runner: NodeRunner, transport: Transport, repeat: int = REPEAT) -> float:
-    """The median of a run's waits, lowest of `repeat` runs (after two): what a wait costs where
-    its message has arrived, for a program whose waits mostly find theirs there (the ring
-    chain's, at its end); 0 for a program without waits. Its steps are recorded in runs of their
-    own, so that the recording does not weigh on the busy times."""
-    medians = []
-    for _, profile in timed_runs(runner, transport, repeat, steps=True):
-        waits = sorted(s.t1 - s.t0 for s in profile.steps or () if s.op == "wait")
-        if waits:
-            medians.append(waits[len(waits) // 2])
-    return min(medians, default=0.0)
+def turn(rank: int, size: int) -> int:
+    """The turn in which `rank` sends to the next rank of `size` (module docstring): even and odd
+    ranks alternate, and of an odd number of ranks the last, whose next is rank 0, has a third."""
+    return 2 if size % 2 and rank == size - 1 else rank % 2
+
+
+def sending_seconds(runner: NodeRunner, comm: Any, inputs: dict[str, np.ndarray]) -> float:
+    """Seconds of the runner's program (runs and sends, no waits) up to its last step; its sends
+    are finished after the clock stops, once their receiver takes them."""
+    from bbgrap.backends.transports import MPITransport
+
+    transport = MPITransport(comm, runner)
+    transport.start()
+    t0 = time.perf_counter()
+    for _ in execute(runner, dict(inputs), transport):
+        pass
+    elapsed = time.perf_counter() - t0
+    transport.finish()
+    return elapsed
+
+
+def taking_seconds(runner: NodeRunner, comm: Any) -> float:
+    """The median of the seconds the runner's receives each take, posted at the start as
+    bbgrap-run posts them and taken in program order after ASLEEP_S of sleep."""
+    from bbgrap.backends.transports import MPITransport
+
+    transport = MPITransport(comm, runner)
+    transport.start()
+    time.sleep(ASLEEP_S)
+    takes = []
+    for step in runner.steps:
+        if isinstance(step, WaitStep):
+            t0 = time.perf_counter()
+            transport.receive(runner.messages[step.message])
+            takes.append(time.perf_counter() - t0)
+    transport.finish()
+    takes.sort()
+    return takes[len(takes) // 2]
+
+
+def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Message, ...]:
+    """What a message of each of MESSAGE_ELEMENTS' sizes costs this rank to send and to take (module
+    docstring), each the fastest of `repeat` turns after two; every rank of `comm` calls it at once."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    src, dst = (rank - 1) % size, (rank + 1) % size
+    turns = 3 if size % 2 else 2
+    out = []
+    for elements in MESSAGE_ELEMENTS:
+        inputs = chain_inputs(1, elements)
+        plain = busy_seconds(chain_runner(threads, elements=elements), Mailbox(), inputs=inputs) / CHAIN
+        ring = chain_runner(threads, ring=Ring(rank, dst, src), elements=elements)
+        sender = replace(ring, steps=[s for s in ring.steps if not isinstance(s, WaitStep)],
+                         messages={k: m for k, m in ring.messages.items() if m.src == rank})
+        receiver = replace(ring, steps=[s for s in ring.steps if isinstance(s, WaitStep)], outputs={},
+                           messages={k: m for k, m in ring.messages.items() if m.dst == rank})
+        sends, takes = [], []
+        for k in range(repeat + 2):
+            for t in range(turns):
+                comm.Barrier()
+                if turn(rank, size) == t:
+                    sends.append(sending_seconds(sender, comm, inputs) / CHAIN - plain)
+                elif turn(src, size) == t:
+                    takes.append(taking_seconds(receiver, comm))
+        out.append(Message(4 * elements, max(0.0, min(sends[2:])), min(takes[2:])))
+    return tuple(out)
 
 
 def measure_boundary(threads: int, comm: Any = None) -> Boundary:
-    """This node's segment boundary (module docstring); the sending chain only on an MPI `comm` of
-    more than one rank, whose every rank must call this at once."""
+    """This node's segment boundary (module docstring); its messages only on an MPI `comm` of more
+    than one rank, whose every rank must call this at once."""
     narrow = busy_seconds(chain_runner(threads), Mailbox()) / CHAIN
     wide = busy_seconds(chain_runner(threads, WIDE), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
-    send_s = recv_s = None
-    if comm is not None and comm.Get_size() > 1:
-        from bbgrap.backends.transports import MPITransport
-
-        rank, size = comm.Get_rank(), comm.Get_size()
-        runner = chain_runner(threads, ring=Ring(rank, (rank + 1) % size, (rank - 1) % size))
-        transport = MPITransport(comm, runner)
-        send_s = max(0.0, busy_seconds(runner, transport) / CHAIN - narrow)
-        recv_s = received_seconds(runner, transport)
-    return Boundary(max(0.0, narrow - 2 * value_s), value_s, send_s, recv_s)
+    messages = measure_messages(threads, comm) if comm is not None and comm.Get_size() > 1 else ()
+    return Boundary(max(0.0, narrow - 2 * value_s), value_s, messages)
 
 
 @dataclass(frozen=True)

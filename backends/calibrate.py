@@ -7,8 +7,9 @@ threads and session options bbgrap-run would give it (backends/threads.py, engin
 * **a segment boundary** as bbgrap-run pays it (backends/boundary.py): chains of distinct
   one-element segments run through the executor give the fixed cost per segment (`segment_s`),
   per value a segment takes or gives (`value_s`) and, under mpirun with more than one rank,
-  per message its sender posts (`send_s`) and per message its receiver takes once it has arrived
-  (`recv_s`; one node keeps the defaults); and what each op and value
+  what a message of 4 B to 512 KB costs its sender to post (`send_s` + bytes x `send_byte_s`)
+  and its receiver, busy elsewhere while it came, to take (`recv_s` + bytes x `recv_byte_s`;
+  `message_fields`; one node keeps the defaults); and what each op and value
   of a segment costs more where the node runs other segments between two of its runs, as a
   plan's node does (`cold_segment_s` and `cold_s`: two chains of CNN-shaped segments with their
   weights, in sequence against each alone);
@@ -66,7 +67,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from bbgrap.backends.boundary import measure_boundary, measure_cold
+from bbgrap.backends.boundary import Message, measure_boundary, measure_cold
 from bbgrap.backends.cpu_quota import WALL, BusyClock, CpuQuota, cpu_quota
 from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
 from bbgrap.backends.probe_models import float_model
@@ -342,15 +343,27 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     if model is not None:
         layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment, clock=clock)
         scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads, clock=clock), layers)
-    if boundary.send_s is not None:
-        fields["send_s"] = boundary.send_s
-    if boundary.recv_s is not None:
-        fields["recv_s"] = boundary.recv_s
+    if boundary.messages:
+        fields.update(message_fields(boundary.messages))
     cold = measure_cold(threads, fields["weight_Bps"])
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
     node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, host=os.uname().nodename, layer_s=layers,
                        layer_scaling=scaling)
     return node.slowed(quota.share(threads)) if quota is not None else node
+
+
+def message_fields(messages: Sequence[Message]) -> dict[str, float]:
+    """`send_s`, `send_byte_s`, `recv_s` and `recv_byte_s` from what messages of several sizes cost
+    (backends/boundary.py): as for the link, the smallest message's cost is the fixed part, the
+    slope of cost over bytes (least squares, at least 0) the part per byte."""
+    smallest = min(messages, key=lambda m: m.nbytes)
+    sizes = [m.nbytes for m in messages]
+    out = {}
+    for side in ("send", "recv"):
+        costs = [getattr(m, f"{side}_s") for m in messages]
+        out[f"{side}_s"] = getattr(smallest, f"{side}_s")
+        out[f"{side}_byte_s"] = max(0.0, fit_line(sizes, costs)[1])
+    return out
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:
@@ -393,7 +406,7 @@ def describe(profile: ClusterProfile) -> str:
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
-                     f"per message sent {p.send_s * 1e6:.1f} us, received {p.recv_s * 1e6:.1f} us; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
+                     f"per message sent {p.send_s * 1e6:.1f} us + {p.send_byte_s * 1e12:.0f} ps/B, taken {p.recv_s * 1e6:.1f} us + {p.recv_byte_s * 1e12:.0f} ps/B; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
         if p.cpu_share < 1.0:
             lines.append(f"  under a CPU quota: {p.cpu_share:.0%} of its threads' time, every figure above slowed by it")
         if p.cache_bytes and p.stream_ops_per_s:

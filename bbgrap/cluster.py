@@ -69,7 +69,7 @@ from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "recv_s", "latency_s", "stream_ops_per_s", "cache_bytes")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "latency_s", "stream_ops_per_s", "cache_bytes")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -130,11 +130,15 @@ class NodeProfile:
     # (backends/boundary.py measures them; 0: not measured, the default)
     cold_segment_s: float = 0.0
     cold_s: float = 0.0
+    # a message costs its sender send_s + bytes x send_byte_s (posting it, MPI's progress on it
+    # before the next segment) and its receiver, once the message has been sent, recv_s + bytes x
+    # recv_byte_s to take it (the MPI test that completes it; on one host, the copy MPI makes only
+    # when the receiver asks: backends/boundary.py measures both); the per-byte parts 0: not
+    # measured, the default, as is recv_s
     send_s: float = 5e-6
-    # a wait for a message that has already arrived still costs its receiver this much (the MPI
-    # test that completes it, handing the buffer on: backends/boundary.py measures it); 0: not
-    # measured, the default
+    send_byte_s: float = 0.0
     recv_s: float = 0.0
+    recv_byte_s: float = 0.0
     # the share of its threads' time a CPU quota (a container's CPU limit) leaves the node, which
     # every time here is already divided by (`slowed`; 1: no quota)
     cpu_share: float = 1.0
@@ -167,6 +171,22 @@ class NodeProfile:
         """This node with `share` of its time (a CPU quota's): every throughput and time as
         `faster(share)` makes them; `cpu_share` records it."""
         return replace(self.faster(share), cpu_share=self.cpu_share * share)
+
+    def send_time(self, nbytes: int) -> float:
+        """Seconds this node spends sending a message of `nbytes`."""
+        return self.send_s + nbytes * self.send_byte_s
+
+    def take_time(self, nbytes: int) -> float:
+        """Seconds this node spends taking a message of `nbytes` that has been sent, from the moment it asks for it."""
+        return self.recv_s + nbytes * self.recv_byte_s
+
+    def taken(self, ready: float, arrival: float, nbytes: int) -> float:
+        """When this node, free at `ready` and asking then for a message of `nbytes` that arrives at
+        `arrival` (`LinkProfile.message_s` after its post), has it: its take (`take_time`) runs from
+        `ready`, and ends no sooner than `recv_s` after the arrival. On one host the link's transfer
+        and the receiver's copy are the same time: a receiver that asks early pays the transfer,
+        one that asks late the copy."""
+        return max(ready + self.take_time(nbytes), arrival + self.recv_s)
 
     def boundary_s(self, pieces: int) -> float:
         """Fixed seconds of a segment boundary where a node takes `pieces` values and concatenates

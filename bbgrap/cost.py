@@ -158,11 +158,13 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = Tr
     segment's fixed cost and (`boundary`) the sender's cost of posting the message, the
     receiver's of taking it, and the boundary's two pieces (`NodeProfile.boundary_s`: the rows
     the segment before it gives, the halo the one after it takes, and the concat; the simulator
-    prices each, bbgrap/simulate.py); per byte the link's time for it and the concat's and the
-    session hand-over's (an "other" operation per element each)."""
+    prices each, bbgrap/simulate.py); per byte the sender's, the link's time for it or the
+    receiver's take where that is longer (`NodeProfile.taken`), and the concat's and the session
+    hand-over's (an "other" operation per element each)."""
     slowest = pricing_node(profile)
     ops_per_s = slowest.conv_ops_per_s
-    per_byte = 1.0 / profile.link.bandwidth_Bps + 2.0 / itemsize / slowest.other_ops_per_s
+    per_byte = (slowest.send_byte_s + max(1.0 / profile.link.bandwidth_Bps, slowest.recv_byte_s)
+                + 2.0 / itemsize / slowest.other_ops_per_s)
     sync_s = profile.link.latency_s + (slowest.send_s + slowest.recv_s + slowest.boundary_s(2) if boundary else slowest.segment_s)
     return ReceiveCost(sync_ops=sync_s * ops_per_s, byte_ops=per_byte * ops_per_s)
 

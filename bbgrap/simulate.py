@@ -10,13 +10,14 @@ on its own clock:
   executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
   node runs other segments too, `cold_segment_s` and `cold_s` for each of its ops and values
   (its session's state no longer in the core's cache when its turn comes);
-* **send**: costs the sender `send_s` (bbgrap-run posts sends without blocking; posting one,
-  and MPI's progress on it, takes that much of the sender's time, counted in its compute); the
-  message leaves then and arrives `latency_s + bytes / bandwidth_Bps` after the link from
-  sender to receiver is free (messages on one link go one after another);
-* **wait**: the rank's clock jumps to the message's arrival where it is later, then on by
-  `recv_s` (taking a message that has arrived: the MPI test that completes it; bbgrap-run
-  counts it as waiting, and so does the prediction).
+* **send**: costs the sender `send_s` + bytes x `send_byte_s` (bbgrap-run posts sends without
+  blocking; posting one, and MPI's progress on it, takes that much of the sender's time, counted
+  in its compute); the message leaves then and arrives `latency_s + bytes / bandwidth_Bps` after
+  the link from sender to receiver is free (messages on one link go one after another);
+* **wait**: the rank takes the message (`NodeProfile.taken`): `recv_s` + bytes x `recv_byte_s`
+  from the wait's start (the MPI test that completes it; on one host the copy MPI makes only
+  when the receiver asks), and no sooner than `recv_s` after its arrival; bbgrap-run counts it
+  as waiting, and so does the prediction.
 
 The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
 (a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a
@@ -292,13 +293,13 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     compute[r] += dt
                     segments[r].append(dt)
                 elif step.op == "send":
-                    dt = profile.node(r).send_s
+                    dt = profile.node(r).send_time(step.nbytes)
                     clock[r] += dt
                     compute[r] += dt
                     start = max(clock[r], link_free.get((step.src, step.dst), 0.0))
                     arrival[step.message] = link_free[(step.src, step.dst)] = start + profile.link.message_s(step.nbytes)
                 elif step.message in arrival:
-                    ready = max(clock[r], arrival[step.message]) + profile.node(r).recv_s
+                    ready = profile.node(r).taken(clock[r], arrival[step.message], step.nbytes)
                     wait[r] += ready - clock[r]
                     clock[r] = ready
                 else:

@@ -123,6 +123,23 @@ def test_a_message_that_is_already_there_costs_no_wait_but_recv_s() -> None:
     assert math.isclose(late.ranks[1].wait, 0.014 + 3e-4) and math.isclose(late.latency, 0.015 + 3e-4)
 
 
+def test_a_message_costs_its_sender_and_its_receiver_per_byte() -> None:
+    """send_byte_s a byte more to post; taking it, recv_byte_s a byte from the wait's start, and no
+    sooner than recv_s after its arrival (NodeProfile.taken)."""
+    node = replace(NODE, send_byte_s=1e-7, recv_s=3e-4, recv_byte_s=2e-6)
+    per_byte = replace(PROFILE, nodes=(node,))
+    # a late receiver (its segment ends at 0.1 s, the message arrived at 0.0031 s) pays the take: 3e-4 + 1000 x 2e-6
+    late = simulate([[send(0, 0, 1, 1000)], [run(conv=1e8), wait(0, 0, 1, 1000)]], per_byte)
+    assert math.isclose(late.ranks[0].compute, 1000 * 1e-7)
+    assert math.isclose(late.ranks[1].wait, 3e-4 + 2e-3) and math.isclose(late.latency, 0.101 + 3e-4 + 2e-3)
+    # an early one waits for the arrival (post 1e-4, latency 2e-3, 1000 B at 1e6 B/s) and recv_s, its take there by then
+    early = simulate([[send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000)]], per_byte)
+    assert math.isclose(early.latency, 1e-4 + 2e-3 + 1e-3 + 3e-4)
+    # taking more than the transfer: the take from the wait's start
+    slow = replace(PROFILE, nodes=(replace(node, recv_byte_s=5e-6),))
+    assert math.isclose(simulate([[send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000)]], slow).latency, 3e-4 + 5e-3)
+
+
 def test_messages_on_one_link_go_one_after_another() -> None:
     steps = [[send(0, 0, 1, 1000), send(1, 0, 1, 1000)], [wait(0, 0, 1, 1000), wait(1, 0, 1, 1000)]]
     assert math.isclose(simulate(steps, PROFILE).latency, 2 * (2e-3 + 1e-3))
@@ -560,4 +577,7 @@ def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measur
     dear = receive_cost(ClusterProfile((replace(base, recv_s=2e-6, cold_segment_s=3e-6, cold_s=1e-7),), link))
     assert dear.sync_ops - cheap.sync_ops == pytest.approx((2e-6 + 3e-6 + 3 * 1e-7) * 1e10)
     assert dear.byte_ops == cheap.byte_ops
+    # per byte: the sender's, and the receiver's take where it is slower than the link
+    copying = receive_cost(ClusterProfile((replace(base, send_byte_s=1e-11, recv_byte_s=3e-10),), link))
+    assert copying.byte_ops - cheap.byte_ops == pytest.approx((1e-11 + 3e-10 - 1e-10) * 1e10)
     assert base.boundary_s(2) == pytest.approx(base.segment_s + 2 * base.value_s)

@@ -20,8 +20,10 @@ computes, the profile's throughput for the op's kind), or where the profile meas
 piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 (`NodeProfile.layer_time`). Reading an input whose producer chose
 candidate d, node n receives from every other node s the part of its need that s owns and n
-does not hold; each message costs its sender's `send_s` and `latency + bytes / bandwidth`,
-and its receiver's `recv_s`, and a node that receives anything for the layer pays one segment
+does not hold; each message costs its sender `send_s + bytes x send_byte_s` and arrives
+`latency + bytes / bandwidth` after that, and its receiver takes it as the simulator has it
+(`NodeProfile.taken`: `recv_s + bytes x recv_byte_s` from when it asks, and no sooner than
+`recv_s` after the arrival), one message after another; a node that receives anything for the layer pays one segment
 boundary with a piece per sender (`NodeProfile.boundary_s`) and the concat of what it received
 (one "other" operation per element). The model's outputs are gathered on node 0.
 
@@ -142,7 +144,8 @@ def box(region: ShapeMap) -> Box | None:
 class Receives:
     """What each node receives for one input of a layer: per node the (sender, bytes) messages,
     what receiving anything costs it besides the messages (the segment boundary, the concat), and
-    its seconds in all (the messages' and that)."""
+    its seconds in all (the messages' arrivals, one after another from the layer's start, and
+    their takes, `NodeProfile.taken`, and that)."""
 
     messages: tuple[tuple[tuple[int, int], ...], ...]
     extra: tuple[float, ...]
@@ -283,8 +286,12 @@ class NetworkCost:
         for n, got_n in enumerate(per_node):
             if got_n:
                 p = self.profile.node(n)
-                extra.append(p.boundary_s(len(got_n)) + len(got_n) * p.recv_s + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
-                seconds.append(math.fsum(self.message_seconds(s, b) for s, b in got_n) + extra[-1])
+                extra.append(p.boundary_s(len(got_n)) + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
+                ready = arrival = 0.0
+                for s, b in got_n:
+                    arrival += self.message_seconds(s, b)
+                    ready = p.taken(ready, arrival, b)
+                seconds.append(ready + extra[-1])
             else:
                 extra.append(0.0)
                 seconds.append(0.0)
@@ -293,7 +300,7 @@ class NetworkCost:
 
     def message_seconds(self, sender: int, nbytes: int) -> float:
         """From the sender posting a message of `nbytes` to its arrival."""
-        return self.profile.node(sender).send_s + self.profile.link.message_s(nbytes)
+        return self.profile.node(sender).send_time(nbytes) + self.profile.link.message_s(nbytes)
 
     def senders(self, j: int, d: int, tensor: str) -> Senders:
         """Who owns what of `tensor`, an output of layer j computed as its candidate d (a further
@@ -354,11 +361,11 @@ class NetworkCost:
         compute = self.compute(i, c)
         out = [0.0] * self.nodes
         for n in self.candidates[i][c].active_nodes():
-            ready, extra = clock[n], 0.0
+            ready, extra, p = clock[n], 0.0, self.profile.node(n)
             for k, j in self.edges[i]:
                 rec = self.receives(i, k, j, x[j], c)
                 for s, nbytes in rec.messages[n]:
-                    ready = max(ready, done[j][s] + self.message_seconds(s, nbytes))
+                    ready = p.taken(ready, done[j][s] + self.message_seconds(s, nbytes), nbytes)
                 extra += rec.extra[n]
             out[n] = clock[n] = ready + extra + compute[n]
         return tuple(out)

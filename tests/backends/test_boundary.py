@@ -25,6 +25,7 @@ from bbgrap.backends.boundary import (
     cold_line,
     measure_boundary,
     measure_cold,
+    turn,
 )
 from bbgrap.backends.executor import Profile, run_node
 from bbgrap.backends.transports import Mailbox
@@ -95,7 +96,7 @@ def test_the_cold_line_runs_through_the_two_chains_and_is_never_negative() -> No
 
 def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
     got = measure_boundary(1)
-    assert isinstance(got, Boundary) and got.send_s is None
+    assert isinstance(got, Boundary) and got.messages == ()
     assert got.segment_s > 0 and got.value_s > 0
     assert CHAIN >= 16  # enough segments that the chain's own start and end are a small part of it
 
@@ -107,14 +108,23 @@ def test_under_mpirun_every_rank_measures_what_sending_and_receiving_cost(tmp_pa
     script = tmp_path / "ring.py"
     script.write_text(
         "from mpi4py import MPI\n"
-        "from bbgrap.backends.boundary import measure_boundary\n"
+        "from bbgrap.backends.boundary import MESSAGE_ELEMENTS, measure_boundary\n"
         "comm = MPI.COMM_WORLD\n"
         "r = comm.Get_rank()\n"
         "b = measure_boundary(1, comm)\n"
-        "got = comm.gather((b.segment_s > 0, b.value_s > 0, b.send_s is not None and b.send_s >= 0, b.recv_s is not None and b.recv_s > 0), root=0)\n"
+        "m = b.messages\n"
+        "got = comm.gather((b.segment_s > 0, b.value_s > 0, [x.nbytes for x in m] == [4 * e for e in MESSAGE_ELEMENTS],\n"
+        "                   all(x.send_s >= 0 and x.recv_s > 0 for x in m), m[-1].recv_s > m[0].recv_s), root=0)\n"
         "if r == 0:\n"
         "    print(got)\n")
     proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[(True, True, True, True), (True, True, True, True)]", proc.stdout
+    assert proc.stdout.strip() == "[(True, True, True, True, True), (True, True, True, True, True)]", proc.stdout
+
+
+@pytest.mark.parametrize("size", range(2, 8))
+def test_a_rank_and_the_one_it_sends_to_never_send_in_the_same_turn(size: int) -> None:
+    turns = [turn(r, size) for r in range(size)]
+    assert all(turns[r] != turns[(r + 1) % size] for r in range(size))
+    assert set(turns) == ({0, 1} if size % 2 == 0 else {0, 1, 2})

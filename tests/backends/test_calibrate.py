@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import onnx
 import pytest
+from bbgrap.backends.boundary import Message
 from bbgrap.backends.calibrate import (
     add_model,
     calibrate_one,
@@ -25,6 +26,7 @@ from bbgrap.backends.calibrate import (
     kernel_layer,
     matmul_model,
     measure_layers,
+    message_fields,
     model_to_time,
     stream_speed,
     weights_model,
@@ -61,12 +63,22 @@ def test_fit_line_recovers_a_line() -> None:
     assert math.isclose(intercept, 1.0, abs_tol=1e-9) and math.isclose(slope, 2.0)
 
 
+def test_message_costs_are_the_smallest_messages_and_the_slope_per_byte() -> None:
+    got = message_fields([Message(4, 6e-6, 5e-7), Message(65536, 8e-6, 7e-6), Message(524288, 1.2e-5, 5.3e-5)])
+    assert got["send_s"] == 6e-6 and got["recv_s"] == 5e-7
+    assert got["send_byte_s"] == pytest.approx(fit_line([4, 65536, 524288], [6e-6, 8e-6, 1.2e-5])[1])
+    assert got["recv_byte_s"] == pytest.approx(1e-10, rel=0.01)
+    # a cost falling with bytes (noise): nothing per byte
+    assert message_fields([Message(4, 6e-6, 5e-7), Message(65536, 5e-6, 5e-7)])["send_byte_s"] == 0.0
+
+
 def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     profile = calibrate_one(threads=1)
     (node,) = profile.nodes
     assert all(node.ops_per_s(kind) > 0 for kind in OP_KINDS)
     assert node.segment_s > 0 and node.value_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
-    assert node.send_s == NodeProfile().send_s and node.recv_s == NodeProfile().recv_s  # one node sends nothing: the defaults stay
+    # one node sends nothing: the defaults stay
+    assert all(getattr(node, f) == getattr(NodeProfile(), f) for f in ("send_s", "send_byte_s", "recv_s", "recv_byte_s"))
     assert node.cold_s >= 0 and node.cold_segment_s >= 0
     assert node.weight_Bps > 0 and node.weight_Bps != NodeProfile().weight_Bps  # measured
     assert node.stream_ops_per_s >= 0 and node.cache_bytes >= 0  # 0 and 0 where no slower regime showed

@@ -140,9 +140,10 @@ def test_receives_are_what_the_regions_say(tmp_path) -> None:
 
 
 def test_a_receive_costs_the_boundary_each_piece_and_each_senders_post(tmp_path) -> None:
-    """A node receiving for a layer pays segment_s, value_s and recv_s per piece and the concat;
-    each piece arrives its sender's send_s and the link's time after: with the fixed costs raised,
-    every receive's seconds grow by exactly that much."""
+    """A node receiving for a layer pays segment_s, value_s per piece and the concat; each piece
+    arrives its sender's send_s and the link's time after the one before, and is taken recv_s
+    after it arrives, while the next one moves (NodeProfile.taken): with the fixed costs raised,
+    every receive's seconds grow by value_s and send_s per piece and recv_s once, exactly."""
     graph = partitioned(residual_model(), 3, tmp_path)
     link = LinkProfile(latency_s=1e-6, bandwidth_Bps=1e10)
     base = network_cost(graph, ClusterProfile((NodeProfile(value_s=0.0, send_s=0.0),), link))
@@ -154,7 +155,28 @@ def test_a_receive_costs_the_boundary_each_piece_and_each_senders_post(tmp_path)
                 for c in range(len(base.candidates[i])):
                     a, b = base.receives(i, k, j, d, c), dearer.receives(i, k, j, d, c)
                     for n, got in enumerate(a.messages):
-                        assert b.seconds[n] - a.seconds[n] == pytest.approx(len(got) * (3e-6 + 7e-6 + 2e-6), abs=1e-12)
+                        assert b.seconds[n] - a.seconds[n] == pytest.approx(len(got) * (3e-6 + 7e-6) + bool(got) * 2e-6, abs=1e-12)
+                        checked += bool(got)
+    assert checked > 10
+
+
+def test_a_receive_whose_takes_outlast_the_transfers_costs_the_takes(tmp_path) -> None:
+    """Where taking a message (recv_s + bytes x recv_byte_s) outlasts its transfer, as a copy on
+    one host does when the receiver asks late, a node's receive lasts its takes, one after
+    another (NodeProfile.taken), not the messages' arrivals."""
+    graph = partitioned(residual_model(), 3, tmp_path)
+    link = LinkProfile(latency_s=0.0, bandwidth_Bps=1e12)
+    node = NodeProfile(value_s=0.0, send_s=0.0, send_byte_s=1e-10, recv_s=1e-6, recv_byte_s=1e-7)
+    cost = network_cost(graph, ClusterProfile((node,), link))
+    checked = 0
+    for i in range(len(graph.layers)):
+        for k, j in cost.edges[i]:
+            for d in range(len(cost.candidates[j])):
+                for c in range(len(cost.candidates[i])):
+                    rec = cost.receives(i, k, j, d, c)
+                    for n, got in enumerate(rec.messages):
+                        takes = sum(node.recv_s + b * node.recv_byte_s for _, b in got)
+                        assert rec.seconds[n] - rec.extra[n] == pytest.approx(takes, rel=1e-9, abs=1e-15)
                         checked += bool(got)
     assert checked > 10
 
