@@ -173,12 +173,9 @@ def turn(rank: int, size: int) -> int:
     return 2 if size % 2 and rank == size - 1 else rank % 2
 
 
-def sending_seconds(runner: NodeRunner, comm: Any, inputs: dict[str, np.ndarray]) -> float:
+def sending_seconds(runner: NodeRunner, transport: Transport, inputs: dict[str, np.ndarray]) -> float:
     """Seconds of the runner's program (runs and sends, no waits) up to its last step; its sends
     are finished after the clock stops, once their receiver takes them."""
-    from bbgrap.backends.transports import MPITransport
-
-    transport = MPITransport(comm, runner)
     transport.start()
     t0 = time.perf_counter()
     for _ in execute(runner, dict(inputs), transport):
@@ -188,12 +185,9 @@ def sending_seconds(runner: NodeRunner, comm: Any, inputs: dict[str, np.ndarray]
     return elapsed
 
 
-def taking_seconds(runner: NodeRunner, comm: Any) -> float:
+def taking_seconds(runner: NodeRunner, transport: Transport) -> float:
     """The median of the seconds the runner's receives each take, posted at the start as
     bbgrap-run posts them and taken in program order after ASLEEP_S of sleep."""
-    from bbgrap.backends.transports import MPITransport
-
-    transport = MPITransport(comm, runner)
     transport.start()
     time.sleep(ASLEEP_S)
     takes = []
@@ -209,7 +203,12 @@ def taking_seconds(runner: NodeRunner, comm: Any) -> float:
 
 def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Message, ...]:
     """What a message of each of MESSAGE_ELEMENTS' sizes costs this rank to send and to take (module
-    docstring), each the fastest of `repeat` turns after two; every rank of `comm` calls it at once."""
+    docstring), each the fastest of `repeat` turns after two; every rank of `comm` calls it at once.
+    Each side keeps one transport, and so its receive buffers, over its turns, as bbgrap-run
+    keeps one over its inferences (buffers new to each turn would add their pages' first touch
+    to the takes: 512 KB messages taken in 55 us would take 180)."""
+    from bbgrap.backends.transports import MPITransport
+
     rank, size = comm.Get_rank(), comm.Get_size()
     src, dst = (rank - 1) % size, (rank + 1) % size
     turns = 3 if size % 2 else 2
@@ -222,14 +221,15 @@ def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Mes
                          messages={k: m for k, m in ring.messages.items() if m.src == rank})
         receiver = replace(ring, steps=[s for s in ring.steps if isinstance(s, WaitStep)], outputs={},
                            messages={k: m for k, m in ring.messages.items() if m.dst == rank})
+        sending, taking = MPITransport(comm, sender), MPITransport(comm, receiver)
         sends, takes = [], []
         for k in range(repeat + 2):
             for t in range(turns):
                 comm.Barrier()
                 if turn(rank, size) == t:
-                    sends.append(sending_seconds(sender, comm, inputs) / CHAIN - plain)
+                    sends.append(sending_seconds(sender, sending, inputs) / CHAIN - plain)
                 elif turn(src, size) == t:
-                    takes.append(taking_seconds(receiver, comm))
+                    takes.append(taking_seconds(receiver, taking))
         out.append(Message(4 * elements, max(0.0, min(sends[2:])), min(takes[2:])))
     return tuple(out)
 
