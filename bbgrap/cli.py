@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("calibrate", help="measure this cluster's nodes and links into a profile for compile --profile",
                        description="Measure each node's speed per kind of op, its fixed costs per op, its segment boundary's costs "
-                       "(per segment, per value a segment takes or gives, per message sent and received, and what a segment "
+                       "(per segment, per value a segment takes or gives, per message and per byte sent and taken, and what a segment "
                        "and each of its ops and values cost more after other segments: chains of segments run through the "
                        "executor, as bbgrap-run runs them), and the "
                        "links between nodes (ping-pong); write them as a cluster profile (TOML). Run it as bbgrap-run runs a "

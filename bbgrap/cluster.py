@@ -25,7 +25,9 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     cold_segment_s = 0.0       # what a segment costs more where other segments ran since its last run (s)
     cold_s = 0.0               # ... and each of its ops and values (s)
     send_s = 5e-06             # what posting one message costs its sender (s)
-    recv_s = 0.0               # what taking one message that has arrived costs its receiver (s); 0: not measured
+    send_byte_s = 0.0          # ... and each of its bytes (s); 0: not measured
+    recv_s = 0.0               # what taking one message that has been sent costs its receiver (s); 0: not measured
+    recv_byte_s = 0.0          # ... and each of its bytes (s: on one host, the copy MPI makes when it is taken); 0: not measured
     cpu_share = 1.0            # the share of its threads' time a CPU quota leaves the node; the figures above are slowed by it already
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
@@ -102,7 +104,8 @@ class Scaling:
 @dataclass(frozen=True)
 class NodeProfile:
     """One node's speed: operations per second and fixed cost per op for each kind of op; the fixed
-    costs of a segment boundary (per segment, per value it takes or gives, per message sent)."""
+    costs of a segment boundary (per segment, per value it takes or gives, per message and byte sent
+    and taken)."""
 
     conv_ops_per_s: float = 2.5e10
     depthwise_ops_per_s: float = 5e9
