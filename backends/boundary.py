@@ -205,8 +205,8 @@ def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Mes
     """What a message of each of MESSAGE_ELEMENTS' sizes costs this rank to send and to take (module
     docstring), each the fastest of `repeat` turns after two; every rank of `comm` calls it at once.
     Each side keeps one transport, and so its receive buffers, over its turns, as bbgrap-run
-    keeps one over its inferences (buffers new to each turn would add their pages' first touch
-    to the takes: 512 KB messages taken in 55 us would take 180)."""
+    keeps one over its inferences: buffers new to each turn would add their pages' first touch
+    to the takes (docs/design.md, "A message, per byte")."""
     from bbgrap.backends.transports import MPITransport
 
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -223,7 +223,7 @@ def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Mes
                            messages={k: m for k, m in ring.messages.items() if m.dst == rank})
         sending, taking = MPITransport(comm, sender), MPITransport(comm, receiver)
         sends, takes = [], []
-        for k in range(repeat + 2):
+        for _ in range(repeat + 2):
             for t in range(turns):
                 comm.Barrier()
                 if turn(rank, size) == t:
