@@ -363,13 +363,15 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         elif pred is not None:
             print(f"predicted {pred.latency_ms:.2f} ms on {plan.nodes} separate nodes by compile --profile ({pred.profile}); "
                   "this process runs them one after another")
+        predicted_ranks = pred.ranks if pred is not None else ()
+        off = []  # the ranks whose time in segments and sends is more than REFINE_HINT off their prediction
         for r, prof in enumerate(profiles or []):
-            predicted = (f"; predicted compute {pred.ranks[r].compute:.2f} ms, wait {pred.ranks[r].wait:.2f} ms"
-                         if pred is not None and r < len(pred.ranks) else "")
+            mine = predicted_ranks[r] if r < len(predicted_ranks) else None
+            predicted = f"; predicted compute {mine.compute:.2f} ms, wait {mine.wait:.2f} ms" if mine is not None else ""
             print(f"  rank {r}: compute {prof['compute']:.2f} ms, waiting for halos {prof['wait']:.2f} ms, sends {prof['send']:.2f} ms, "
                   f"peak memory {peak_mb[r]:.0f} MB ({plan_memory(r, r)}){predicted}")
-        off = [r for r, prof in enumerate(profiles or []) if pred is not None and r < len(pred.ranks) and pred.ranks[r].compute > 0
-               and abs((prof["compute"] + prof["send"]) / pred.ranks[r].compute - 1) > REFINE_HINT]
+            if mine is not None and mine.compute > 0 and abs((prof["compute"] + prof["send"]) / mine.compute - 1) > REFINE_HINT:
+                off.append(r)
         if off and pred is not None:
             print(f"note: rank(s) {', '.join(map(str, off))} computed more than {REFINE_HINT:.0%} off the prediction; to correct "
                   "the profile by a run: bbgrap-run --json --trace t.json > run.json, then bbgrap calibrate --refine run.json "
