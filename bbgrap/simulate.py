@@ -155,14 +155,13 @@ def value_elements(graph: Graph, value: str) -> int:
         return 0
 
 
-def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry | None = None,
-                 whole: Mapping[str, float] | None = None) -> SegmentWork:
+def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
     one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
     into the convolution before it (`OpTraits.fuses_into_conv`), and one per element of every value the
     segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
     blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`). `whole`: each
-    layer's `whole_ops` by name, where the caller has them (every segment of a plan needs them)."""
+    layer's `whole_ops` by name (counted once for all the plan's segments: `program_steps`)."""
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
     ops = dict.fromkeys(OP_KINDS, 0.0)
@@ -181,8 +180,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, registry: RuleRegistry |
             part = graph.partitions[layer.name]
             here = run_ops(layer, graph, part.emitted(node), registry)
             ops[kind] += here
-            of_whole = whole[layer.name] if whole is not None else whole_ops(layer, graph, registry)
-            works.append(LayerWork(layer.name, kind, here, of_whole, weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph)))
+            works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph)))
             if kind in ("conv", "depthwise"):
                 convolved.update(outputs)
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -217,7 +215,7 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
         several = sum(step.op == "run" for step in program.steps) > 1
         for step in program.steps:
             if step.op == "run":
-                work = segment_work(graph, program.node, step.seg, registry, whole)
+                work = segment_work(graph, program.node, step.seg, whole, registry)
                 steps.append(SimStep("run", work=replace(work, after_others=True) if several else work))
             else:
                 m = step.msg

@@ -477,12 +477,12 @@ def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
 
     from bbgrap.compiler import pipeline
     from bbgrap.pass_manager import PassManager
-    from bbgrap.simulate import segment_work
+    from bbgrap.simulate import segment_work, whole_ops
 
     graph = PassManager(pipeline(Config(nodes=1))).run(import_model(small_model).graph)
     (program,), _ = lower(graph)
     (segment,) = [s.seg for s in program.steps if s.op == "run"]
-    work = segment_work(graph, 0, segment)
+    work = segment_work(graph, 0, segment, {layer.name: whole_ops(layer, graph) for layer in graph.layers})
     fused = [n for n in segment.nodes if n.op_type in ("BatchNormalization", "Relu")]
     assert fused and sum(work.count.values()) == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
 
