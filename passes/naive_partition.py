@@ -49,8 +49,8 @@ def split_sizes(extent: int, speeds: Sequence[float], grain: int = 1) -> list[in
     in `spare_order` where every node gets a row and to the first nodes where some get none
     (those then form one contiguous run from node 0); else proportional to speed with the
     largest remainders rounded up, in whole grains of `grain` where the extent is made of them
-    and every node still gets one (channels in whole blocks of the blocked layout: 66 of 256
-    channels run as long as 80, 64 a third less; `channel_grain`)."""
+    and every node still gets one (channels in whole blocks of the blocked layout, which runs a
+    piece of them as if padded to whole blocks: `channel_grain`)."""
     n = len(speeds)
     if grain > 1 and len(set(speeds)) > 1 and extent % grain == 0:
         grains = split_sizes(extent // grain, speeds)

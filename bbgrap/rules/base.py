@@ -102,8 +102,7 @@ class OpTraits:
     (Conv+BatchNormalization into the weights, Conv+activation, Conv+Add in the blocked
     layout), so it takes no time of its own (the simulator's cost of a segment).
     `channel_block`: its CPU kernel works its output channels in blocks of this many, padding
-    the last (the blocked layout's convolution: a piece of 66 channels runs as long as one of
-    80, one of 64 a third less; docs/benchmarks.md, session 18), so a piece is priced by its
+    the last (the blocked layout's convolution; docs/design.md, "Operations as run"), so a piece is priced by its
     channels rounded up to whole blocks and a cut of its channels prefers whole blocks
     (`cost.run_ops`); 0: in proportion to its channels. `read_ops`: operations' worth of time
     each byte a piece reads beyond what its kind's throughput holds costs it (`cost.extra_reads`:
