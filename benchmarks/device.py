@@ -13,6 +13,7 @@ against the plan's reference in the same run. With --mpi, also `mpirun -n N bbgr
 
   python benchmarks/device.py --provider cuda --models resnet50 mobilenet_v2 --resolutions 224 1024 2048
   python benchmarks/device.py --provider cpu --models resnet18 --resolutions 64 --width 0.25   # the same path on the CPU
+  python benchmarks/device.py --models exported/vit_b_16.onnx --nodes 2 4     # an exporter's model, at its own shape
 """
 
 from __future__ import annotations
@@ -88,16 +89,22 @@ def mpi_ms(plan_dir: str, nodes: int, provider: str, repeat: int) -> tuple[float
     return float(report["latency_ms"]), "ok" if report["ok"] else "MISMATCH"
 
 
-def prepare(model: str, resolution: int, width: float, nodes_list: list[int], work: str) -> tuple[str, dict[int, str]]:
-    """The model and its plans for 1 and each N nodes (compiled before the process's thread pool
-    starts: the compiler runs onnxruntime sessions of its own)."""
-    path = os.path.join(work, f"{model}-{resolution}.onnx")
-    onnx.save(zoo.build(model, resolution=resolution, width=width, seed=0), path)
+def prepare(model: str, resolution: int, width: float, nodes_list: list[int], work: str) -> tuple[str, int, str, dict[int, str]]:
+    """The model's name, resolution and file, and its plans for 1 and each N nodes (compiled
+    before the process's thread pool starts: the compiler runs onnxruntime sessions of its own).
+    `model` is a zoo name, or an ONNX file (an exporter's model) taken at its own input shape."""
+    if os.path.isfile(model):
+        path = model
+        model = os.path.splitext(os.path.basename(model))[0]
+        resolution = onnx.load(path, load_external_data=False).graph.input[0].type.tensor_type.shape.dim[-1].dim_value
+    else:
+        path = os.path.join(work, f"{model}-{resolution}.onnx")
+        onnx.save(zoo.build(model, resolution=resolution, width=width, seed=0), path)
     plans = {}
     for n in [1, *nodes_list]:
         plans[n] = os.path.join(work, f"{model}-{resolution}-n{n}")
         compile_model(path, Config(nodes=n, direction=Direction.H), plans[n])
-    return path, plans
+    return model, resolution, path, plans
 
 
 def bench(model: str, resolution: int, path: str, plans: dict[int, str], nodes_list: list[int], provider: str, rounds: int,
@@ -129,7 +136,7 @@ def bench(model: str, resolution: int, path: str, plans: dict[int, str], nodes_l
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2"])
+    p.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2"], help="zoo model names or ONNX files (at their own shape)")
     p.add_argument("--resolutions", nargs="+", type=int, default=[224, 1024, 2048])
     p.add_argument("--width", type=float, default=1.0, help="channel multiplier of the zoo models (default 1)")
     p.add_argument("--nodes", nargs="+", type=int, default=[2])
@@ -140,13 +147,15 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     threads = args.threads or len(os.sched_getaffinity(0))
-    columns = [("model", "<14"), ("res", ">6"), ("A ms", ">10.2f"), ("P1 ms", ">10.2f"), ("P1/A", ">7.2f")]
+    columns = [("model", "<26"), ("res", ">6"), ("A ms", ">10.2f"), ("P1 ms", ">10.2f"), ("P1/A", ">7.2f")]
     columns += [(f"P{n} ms", ">10.2f") for n in args.nodes] + [(f"P{n}/P1", ">8.2f") for n in args.nodes]
     columns += [(f"mpi{n} ms", ">10.2f") for n in args.nodes] if args.mpi else []
     table = Table(columns + [("max rel err", ">13.2e")])
     rows = []
     with tempfile.TemporaryDirectory(prefix="bbgrap-device-") as work:
-        cases = [(model, res, *prepare(model, res, args.width, args.nodes, work)) for model in args.models for res in args.resolutions]
+        # a file is one case at its own shape; a zoo model one per resolution
+        cases = [prepare(model, res, args.width, args.nodes, work) for model in args.models
+                 for res in (args.resolutions[:1] if os.path.isfile(model) else args.resolutions)]
         PROCESS_THREAD_POOL.start(threads)  # as bbgrap-run: one pool for every session of the process
         for model, res, path, plans in cases:
             row = bench(model, res, path, plans, args.nodes, args.provider, args.rounds, args.repeat, threads, args.mpi)
