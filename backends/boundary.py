@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from bbgrap.backends.engine import HostValues, session_options
+from bbgrap.backends.engine import CPU_TARGET, Target
 from bbgrap.backends.executor import NodeRunner, Profile, Transport, execute, run_node
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.transports import Mailbox
@@ -102,17 +102,17 @@ def value(i: int, j: int) -> str:
     return f"v{i}_{j}"
 
 
-def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length: int = CHAIN, elements: int = 1) -> NodeRunner:
+def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length: int = CHAIN, elements: int = 1,
+                 target: Target = CPU_TARGET) -> NodeRunner:
     """A node's program of `length` segments, each adding its constant to `width` values of
-    `elements` float32 each; with `ring`, a send of each segment's first value to `ring.dst` after
-    it and, at the end, a wait for each of `ring.src`'s. Message ids: sender * length + segment."""
-    import onnxruntime as ort
-
+    `elements` float32 each, on `target`; with `ring`, a send of each segment's first value to
+    `ring.dst` after it and, at the end, a wait for each of `ring.src`'s. Message ids: sender *
+    length + segment."""
     node = ring.node if ring is not None else 0
     sessions, seg_inputs, seg_outputs = [], [], []
     steps: list[PlanStep] = []
     messages: dict[int, MessageSpec] = {}
-    opts = session_options(threads)
+    opts = target.options(threads)
 
     def message(src: int, dst: int, i: int, name: str) -> MessageSpec:
         return MessageSpec(src * length + i, src, dst, name, ((0, elements),), (elements,), "float32", name)
@@ -122,7 +122,7 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
         nodes = [helper.make_node("Add", [a, "c"], [b]) for a, b in zip(ins, outs)]
         model = float_model(nodes, dict.fromkeys(ins, (elements,)), dict.fromkeys(outs, (elements,)), {"c": np.full((1,), i + 1, np.float32)},
                             "boundary")
-        sessions.append(ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]))
+        sessions.append(target.session(model.SerializeToString(), opts))
         seg_inputs.append(ins)
         seg_outputs.append(outs)
         steps.append(RunStep(i))
@@ -136,7 +136,7 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
             messages[got.id] = got
             steps.append(WaitStep(got.id))
     return NodeRunner(node, steps, sessions, seg_inputs, seg_outputs, {"y": value(length, 0)},
-                      {f"x{j}": value(0, j) for j in range(width)}, messages, HostValues())
+                      {f"x{j}": value(0, j) for j in range(width)}, messages, target.values)
 
 
 def chain_inputs(width: int, elements: int = 1) -> dict[str, np.ndarray]:
@@ -201,7 +201,7 @@ def taking_seconds(runner: NodeRunner, transport: Transport) -> float:
     return takes[len(takes) // 2]
 
 
-def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Message, ...]:
+def measure_messages(threads: int, comm: Any, repeat: int = REPEAT, target: Target = CPU_TARGET) -> tuple[Message, ...]:
     """What a message of each of MESSAGE_ELEMENTS' sizes costs this rank to send and to take (module
     docstring), each the fastest of `repeat` turns after two; every rank of `comm` calls it at once.
     Each side keeps one transport, and so its receive buffers, over its turns, as bbgrap-run
@@ -215,8 +215,8 @@ def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Mes
     out = []
     for elements in MESSAGE_ELEMENTS:
         inputs = chain_inputs(1, elements)
-        plain = busy_seconds(chain_runner(threads, elements=elements), Mailbox(), inputs=inputs) / CHAIN
-        ring = chain_runner(threads, ring=Ring(rank, dst, src), elements=elements)
+        plain = busy_seconds(chain_runner(threads, elements=elements, target=target), Mailbox(), inputs=inputs) / CHAIN
+        ring = chain_runner(threads, ring=Ring(rank, dst, src), elements=elements, target=target)
         sender = replace(ring, steps=[s for s in ring.steps if not isinstance(s, WaitStep)],
                          messages={k: m for k, m in ring.messages.items() if m.src == rank})
         receiver = replace(ring, steps=[s for s in ring.steps if isinstance(s, WaitStep)], outputs={},
@@ -234,13 +234,13 @@ def measure_messages(threads: int, comm: Any, repeat: int = REPEAT) -> tuple[Mes
     return tuple(out)
 
 
-def measure_boundary(threads: int, comm: Any = None) -> Boundary:
-    """This node's segment boundary (module docstring); its messages only on an MPI `comm` of more
-    than one rank, whose every rank must call this at once."""
-    narrow = busy_seconds(chain_runner(threads), Mailbox()) / CHAIN
-    wide = busy_seconds(chain_runner(threads, WIDE), Mailbox()) / CHAIN
+def measure_boundary(threads: int, comm: Any = None, target: Target = CPU_TARGET) -> Boundary:
+    """This node's segment boundary on `target` (module docstring); its messages only on an MPI
+    `comm` of more than one rank, whose every rank must call this at once."""
+    narrow = busy_seconds(chain_runner(threads, target=target), Mailbox()) / CHAIN
+    wide = busy_seconds(chain_runner(threads, WIDE, target=target), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
-    messages = measure_messages(threads, comm) if comm is not None and comm.Get_size() > 1 else ()
+    messages = measure_messages(threads, comm, target=target) if comm is not None and comm.Get_size() > 1 else ()
     return Boundary(max(0.0, narrow - 2 * value_s), value_s, messages)
 
 
@@ -255,16 +255,14 @@ class ColdChain:
     objects: int
 
 
-def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES) -> ColdChain:
-    """`length` segments, segment i concatenating its `values` inputs x{i}_j and giving y{i}:
-    Concat, a 1x1 convolution to 64 channels, Relu, a 3x3 one back to COLD_CHANNELS, Relu (He
-    initialised: the values stay of order one, far from subnormal numbers)."""
-    import onnxruntime as ort
-
+def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES, target: Target = CPU_TARGET) -> ColdChain:
+    """`length` segments on `target`, segment i concatenating its `values` inputs x{i}_j and giving
+    y{i}: Concat, a 1x1 convolution to 64 channels, Relu, a 3x3 one back to COLD_CHANNELS, Relu
+    (He initialised: the values stay of order one, far from subnormal numbers)."""
     rng = np.random.default_rng(0)
     c, side = COLD_CHANNELS, COLD_SIDE
     wide = values * c
-    opts = session_options(threads)
+    opts = target.options(threads)
     sessions, seg_inputs, seg_outputs = [], [], []
     for i in range(length):
         ins, out = [f"x{i}_{j}" for j in range(values)], f"y{i}"
@@ -274,12 +272,12 @@ def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES
         weights = {"w1": (rng.standard_normal((64, wide, 1, 1)) * np.sqrt(2 / wide)).astype(np.float32),
                    "w3": (rng.standard_normal((c, 64, 3, 3)) * np.sqrt(2 / (64 * 9))).astype(np.float32)}
         model = float_model(nodes, dict.fromkeys(ins, (1, c, side, side)), {out: (1, c, side, side)}, weights, "cold")
-        sessions.append(ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]))
+        sessions.append(target.session(model.SerializeToString(), opts))
         seg_inputs.append(ins)
         seg_outputs.append([out])
     names = [x for ins in seg_inputs for x in ins]
     runner = NodeRunner(0, [RunStep(i) for i in range(length)], sessions, seg_inputs, seg_outputs, {"y": f"y{length - 1}"},
-                        {x: x for x in names}, {}, HostValues())
+                        {x: x for x in names}, {}, target.values)
     inputs = {x: rng.random((1, c, side, side), dtype=np.float32) for x in names}
     # five ops, `values` values in and one out
     return ColdChain(runner, inputs, 4 * (64 * wide + c * 64 * 9), 5 + values + 1)
@@ -304,11 +302,12 @@ def cold_extra(chain: ColdChain, weight_Bps: float) -> float:
     return max(0.0, in_sequence - alone - chain.weight_bytes / weight_Bps)
 
 
-def measure_cold(threads: int, weight_Bps: float, many: ColdChain | None = None, few: ColdChain | None = None) -> Cold:
-    """`cold_segment_s` and `cold_s` (module docstring) from the two cold chains (given: a test's
-    smaller ones); both at least 0."""
-    many = many or cold_chain(threads)
-    few = few or cold_chain(threads, FEW_CHAIN, FEW_VALUES)
+def measure_cold(threads: int, weight_Bps: float, many: ColdChain | None = None, few: ColdChain | None = None,
+                 target: Target = CPU_TARGET) -> Cold:
+    """`cold_segment_s` and `cold_s` (module docstring) from the two cold chains on `target` (given:
+    a test's smaller ones); both at least 0."""
+    many = many or cold_chain(threads, target=target)
+    few = few or cold_chain(threads, FEW_CHAIN, FEW_VALUES, target)
     return cold_line(*((c.objects, cold_extra(c, weight_Bps)) for c in (few, many)))
 
 

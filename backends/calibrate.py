@@ -69,7 +69,8 @@ import numpy as np
 import onnx
 from bbgrap.backends.boundary import Message, measure_boundary, measure_cold
 from bbgrap.backends.cpu_quota import WALL, BusyClock, CpuQuota, cpu_quota
-from bbgrap.backends.engine import first_line, quiet_onnxruntime, session_options
+from bbgrap.backends.devices import device_for_rank, visible_devices
+from bbgrap.backends.engine import CPU_TARGET, Target, first_line, quiet_onnxruntime, session_options, target_for
 from bbgrap.backends.probe_models import float_model
 from bbgrap.backends.scaling import measure_scaling
 from bbgrap.backends.threads import PROCESS_THREAD_POOL, host_ranks, threads_per_rank
@@ -124,42 +125,43 @@ def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
     return float_model([node], {"x": (elements,)}, {"y": (elements,)}, {"one": np.ones((1,), dtype=np.float32)}), float(elements)
 
 
-def timed_run(sess: Any, feeds: Mapping[str, np.ndarray], clock: BusyClock = WALL) -> float:
-    """Seconds of one run of an onnxruntime session, on `clock` (without a CPU quota's stops)."""
+def timed_run(run: Callable[[], object], clock: BusyClock = WALL) -> float:
+    """Seconds of one `run` (of an onnxruntime session: `Target.runner`), on `clock` (without a
+    CPU quota's stops)."""
     mark = clock.start()
-    sess.run(None, feeds)
+    run()
     return clock.since(mark)
 
 
-def fastest_run(sess: Any, feeds: Mapping[str, np.ndarray], runs: int, seconds: float, clock: BusyClock = WALL) -> float:
+def fastest_run(run: Callable[[], object], runs: int, seconds: float, clock: BusyClock = WALL) -> float:
     """The fastest of at least `runs` runs that go on for at least `seconds` (`BusyClock.best`: on the
     stops a quota books for more than one thread, their median): a small model's dozen runs take
     a few milliseconds, which one busy moment of a shared host covers whole."""
-    times = [timed_run(sess, feeds, clock) for _ in range(runs)]
+    times = [timed_run(run, clock) for _ in range(runs)]
     while sum(max(t, 0.0) for t in times) < seconds:
-        times.append(timed_run(sess, feeds, clock))
+        times.append(timed_run(run, clock))
     return clock.best(times)
 
 
-def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL) -> tuple[float, tuple[int, ...]]:
-    """Seconds of one run of `model` (a session as bbgrap-run makes them; warmed up by three runs):
-    the fastest of `repeat` on `clock`, since other work on the host only ever slows a run down
-    (`BusyClock.best`: on the stops a quota books for more than one thread, their median); and the
-    shape of its first output."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL,
+               target: Target = CPU_TARGET) -> tuple[float, tuple[int, ...]]:
+    """Seconds of one run of `model` (a session as bbgrap-run makes them on `target`, its values
+    held as a plan's runner holds them there; warmed up by three runs): the fastest of `repeat` on
+    `clock`, since other work on the host only ever slows a run down (`BusyClock.best`: on the
+    stops a quota books for more than one thread, their median); and the shape of its first output."""
+    sess = target.session(model.SerializeToString(), target.options(threads))
     feeds = {i.name: np.random.default_rng(1).standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in model.graph.input}
     shape = tuple(sess.run(None, feeds)[0].shape)
+    run = target.runner(sess, feeds)
     for _ in range(2):
-        sess.run(None, feeds)
-    return clock.best([timed_run(sess, feeds, clock) for _ in range(repeat)]), shape
+        run()
+    return clock.best([timed_run(run, clock) for _ in range(repeat)]), shape
 
 
-def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL) -> float:
+def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL, target: Target = CPU_TARGET) -> float:
     """Seconds of one run of `model`, as `time_piece` times it."""
-    return time_piece(model, threads, repeat, clock)[0]
+    return time_piece(model, threads, repeat, clock, target)[0]
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -288,7 +290,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         del sess
         plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
         plain.run(None, feeds)
-        wall = fastest_run(plain, feeds, runs, MODEL_TIMED_S, clock)
+        wall = fastest_run(functools.partial(plain.run, None, feeds), runs, MODEL_TIMED_S, clock)
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     per_run: list[dict[str, float]] = [{} for _ in spans]
     anchors: dict[str, str] = {}
@@ -312,16 +314,20 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     return {name: scaled.get(name, 0.0) for name in layers}  # in another layer's kernel, or folded away
 
 
-def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None, quota: CpuQuota | None = None) -> NodeProfile:
-    """This process's node (on this host): throughput and fixed cost per kind of op, a segment boundary's costs (a
-    message's too on an MPI `comm` of more than one rank: every rank at once), and with `model`
-    that model's layers (module docstring). Under a CPU `quota` (the process's, which its threads
-    were chosen by) every run is timed without the quota's stops, and every time is then divided
-    by the share of the threads' time the quota leaves them (backends/cpu_quota.py): over an
-    inference the stops slow the node by that much."""
+def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None, quota: CpuQuota | None = None,
+                 target: Target = CPU_TARGET) -> NodeProfile:
+    """This process's node (on this host) on `target`'s provider: throughput and fixed cost per
+    kind of op, a segment boundary's costs (a message's too on an MPI `comm` of more than one rank:
+    every rank at once), and with `model` that model's layers (module docstring; on the CPU only).
+    Under a CPU `quota` (the process's, which its threads were chosen by) every run is timed without
+    the quota's stops, and every time is then divided by the share of the threads' time the quota
+    leaves them (backends/cpu_quota.py): over an inference the stops slow the node by that much."""
+    if model is not None and target.on_gpu:
+        raise BBGrapError("--model times layers with onnxruntime's CPU profiler, which a GPU's kernels are not in; "
+                          "drop --model with --provider cuda (the GPU is then priced by its kinds of op)")
     clock = BusyClock(quota, threads)
-    timed = functools.partial(time_model, threads=threads, clock=clock)
-    boundary = measure_boundary(threads, comm)
+    timed = functools.partial(time_model, threads=threads, clock=clock, target=target)
+    boundary = measure_boundary(threads, comm, target)
     # what a lone session's run costs beyond its ops: the op kinds' one-op models and the model's run are such runs
     segment = timed(add_model(1)[0])
     sizes = (7, 14, 28, 56)
@@ -345,7 +351,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads, clock=clock), layers)
     if boundary.messages:
         fields.update(message_fields(boundary.messages))
-    cold = measure_cold(threads, fields["weight_Bps"])
+    cold = measure_cold(threads, fields["weight_Bps"], target=target)
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
     node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, host=os.uname().nodename, layer_s=layers,
                        layer_scaling=scaling)
@@ -418,41 +424,46 @@ def describe(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelToTime | None = None) -> ClusterProfile:
-    """One node in this process, with all its cores (or `threads`), and `model`'s layers where given;
-    the default link. `process_pool`: on the process's one thread pool, as bbgrap-run runs (only for
-    the command: it is process-wide)."""
+def calibrate_one(threads: int | None, process_pool: bool = False, model: ModelToTime | None = None,
+                  provider: str = "cpu") -> ClusterProfile:
+    """One node in this process, with all its cores (or `threads`) on `provider` (auto, cpu or
+    cuda: its first GPU), and `model`'s layers where given; the default link. `process_pool`: on
+    the process's one thread pool, as bbgrap-run runs (only for the command: it is process-wide)."""
     quiet_onnxruntime()
+    target = target_for(provider, 0)
     quota = cpu_quota()
     mine = threads or threads_per_rank(1, quota)
     if process_pool:
         PROCESS_THREAD_POOL.start(mine)
-    return replace(DEFAULT_PROFILE, nodes=(measure_node(mine, model, quota=quota),), source="bbgrap calibrate (1 node)")
+    node = measure_node(mine, model, quota=quota, target=target)
+    return replace(DEFAULT_PROFILE, nodes=(node,), source=f"bbgrap calibrate (1 node, {target.name})")
 
 
-def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = None) -> ClusterProfile | None:
-    """Every rank measures itself (and `model`'s layers where given); the profile on rank 0 (None elsewhere)."""
+def calibrate_mpi(comm: Any, threads: int | None, model: ModelToTime | None = None, provider: str = "cpu") -> ClusterProfile | None:
+    """Every rank measures itself (and `model`'s layers where given) on `provider`, a rank's GPU as
+    bbgrap-run picks it (backends/devices.py); the profile on rank 0 (None elsewhere)."""
     from mpi4py import MPI
 
     quiet_onnxruntime()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    target = target_for(provider, device_for_rank(local.Get_rank(), visible_devices()))
     host = host_ranks(local)
     mine = threads or host.threads()
     PROCESS_THREAD_POOL.start(mine)
     poll(comm.Ibarrier(), nap=0.001)
-    node = measure_node(mine, model, comm, host.quota)
+    node = measure_node(mine, model, comm, host.quota, target)
     poll(comm.Ibarrier(), nap=0.001)
     link = measure_link(comm)
     nodes = allgather(comm, node)
     if comm.Get_rank() != 0:
         return None
     assert link is not None
-    return ClusterProfile(tuple(nodes), link, f"bbgrap calibrate ({comm.Get_size()} nodes)")
+    return ClusterProfile(tuple(nodes), link, f"bbgrap calibrate ({comm.Get_size()} nodes, {target.name})")
 
 
-def run(output: str, threads: int | None, model: ModelToTime | None = None) -> tuple[int, str]:
-    """Calibrate (under mpirun with more than one rank: one node per rank) and write `output` on
-    rank 0; with `model` its layers too. Returns (this rank, what to
+def run(output: str, threads: int | None, model: ModelToTime | None = None, provider: str = "cpu") -> tuple[int, str]:
+    """Calibrate on `provider` (under mpirun with more than one rank: one node per rank) and write
+    `output` on rank 0; with `model` its layers too. Returns (this rank, what to
     print: the profile on rank 0, '' elsewhere)."""
     from bbgrap.backends.runtime import under_mpi
 
@@ -463,9 +474,9 @@ def run(output: str, threads: int | None, model: ModelToTime | None = None) -> t
 
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
-        profile = calibrate_mpi(comm, threads, model) if comm.Get_size() > 1 else calibrate_one(threads, True, model)
+        profile = calibrate_mpi(comm, threads, model, provider) if comm.Get_size() > 1 else calibrate_one(threads, True, model, provider)
     else:
-        profile = calibrate_one(threads, True, model)
+        profile = calibrate_one(threads, True, model, provider)
     if profile is None:
         return rank, ""
     if model is not None:

@@ -14,6 +14,7 @@ import functools
 import io
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,63 @@ def providers_for(provider: str, device_id: int) -> list[Any]:
         # rounds inputs to 10 mantissa bits, about 1e-3 off the reference, where plans are exact to 1e-4.
         options["use_tf32"] = "0"
     return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a rank's measured sessions run (`bbgrap calibrate --provider`): onnxruntime's
+    providers, and how values are held between runs, as a plan's runner on that provider holds
+    them (host arrays on the CPU; device values bound with IOBinding on a GPU, the copies to and
+    from the host only where a message or the model's input and output needs them)."""
+
+    providers: tuple[Any, ...]
+    values: HostValues | DeviceValues
+
+    @property
+    def on_gpu(self) -> bool:
+        return isinstance(self.values, DeviceValues) and self.values.device == "cuda"
+
+    @property
+    def name(self) -> str:
+        return "cuda" if self.on_gpu else "cpu"
+
+    def options(self, threads: int) -> Any:
+        """Session options as load_runner gives a segment on this provider."""
+        return session_options(threads, shared_arena=not self.on_gpu)
+
+    def session(self, model: bytes, opts: Any) -> Any:
+        """An onnxruntime session of `model` on this provider (one that would fall back to the
+        CPU is an error: its times would not be the GPU's)."""
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model, opts, providers=list(self.providers))
+        if self.on_gpu and sess.get_providers()[0] != "CUDAExecutionProvider":
+            raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
+        return sess
+
+    def runner(self, sess: Any, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        """One run of `sess` on `feeds` as the plan's runner makes it: host arrays fed as they are;
+        with device values, `feeds` copied to the device once and every output left there."""
+        values = self.values
+        if isinstance(values, HostValues):
+            return lambda: sess.run(None, feeds)
+        bound = {name: values.to_device(array) for name, array in feeds.items()}
+        inputs, outputs = list(bound), [o.name for o in sess.get_outputs()]
+        return lambda: values.run(sess, inputs, outputs, bound)
+
+
+CPU_TARGET = Target(("CPUExecutionProvider",), HostValues())
+
+
+def target_for(provider: str, device_id: int) -> Target:
+    """The Target of `provider` (auto, cpu or cuda, as bbgrap-run's --provider) on GPU `device_id`:
+    auto is CUDA where onnxruntime has it and a GPU is present, else the CPU."""
+    if provider == "cuda" and not gpu_present():
+        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
+    providers = providers_for(provider, device_id)
+    if providers == ["CPUExecutionProvider"]:
+        return CPU_TARGET
+    return Target(tuple(providers), DeviceValues("cuda", device_id))
 
 
 def quiet_onnxruntime() -> None:

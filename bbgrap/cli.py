@@ -101,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
     k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores, "
                    "at most a CPU quota's whole cores)")
+    k.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where each rank's ops, segments and messages are timed, as bbgrap-run's --provider (default auto: "
+                   "CUDA when usable, each rank on its local rank's GPU as bbgrap-run picks it); plan with the profile of the "
+                   "provider the plan will run on")
     k.add_argument("--model", metavar="FILE.onnx",
                    help="also time every layer of this model on each node, in the model run whole (a few seconds more), and "
                    "how each convolution's and matmul's time scales on half its rows and half its channels: compile "
@@ -377,8 +381,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if problem is None and (args.refine is None) != (args.profile is None):
         problem = ("--refine RUN.json needs --profile FILE, the profile its plan was compiled with" if args.profile is None
                    else "--profile only matters with --refine RUN.json; drop it to measure the nodes")
-    if problem is None and args.refine is not None and (args.model or args.threads is not None or args.input_shape):
-        problem = "--refine measures nothing; drop --model, --threads and --input-shape, or drop --refine to measure"
+    if problem is None and args.refine is not None and (args.model or args.threads is not None or args.input_shape or args.provider != "auto"):
+        problem = "--refine measures nothing; drop --model, --threads, --input-shape and --provider, or drop --refine to measure"
     if problem is None and args.profile is not None and os.path.exists(args.output) and same_file(args.output, args.profile):
         problem = (f"-o {args.output} is the --profile being refined, which would be lost; write the refined one to "
                    "another file, e.g. -o refined.toml")
@@ -403,7 +407,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return refine_profile(args) if env_rank() == 0 else 0
     from bbgrap.backends.calibrate import run
 
-    rank, text = run(args.output, args.threads, model)
+    try:
+        rank, text = run(args.output, args.threads, model, args.provider)
+    except BBGrapError as exc:  # the provider (no GPU, no CUDA provider), or --model on a GPU
+        if env_rank() == 0:
+            print(f"bbgrap: error: {exc}", file=sys.stderr)
+        return 2
     if rank == 0:
         print(text)
     return 0

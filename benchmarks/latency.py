@@ -69,12 +69,12 @@ def time_session(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repea
     return out
 
 
-def run_bbgrap(plan: str, nodes: int, repeat: int, node_cores: int | None, *flags: str) -> dict[str, Any]:
-    """`mpirun -n nodes bbgrap-run plan --json` on the CPU (and further bbgrap-run `flags`): its result."""
+def run_bbgrap(plan: str, nodes: int, repeat: int, node_cores: int | None, *flags: str, provider: str = "cpu") -> dict[str, Any]:
+    """`mpirun -n nodes bbgrap-run plan --json` on `provider` (and further bbgrap-run `flags`): its result."""
     # fresh processes every round: warm them up as long as they are then timed
     bind = ["-bind-to", f"core:{node_cores}"] if node_cores else []
     cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), *bind, os.path.join(BIN, "bbgrap-run"), plan,
-           "--json", "--repeat", str(repeat), "--warmup", str(max(2, repeat)), "--provider", "cpu", *flags]
+           "--json", "--repeat", str(repeat), "--warmup", str(max(2, repeat)), "--provider", provider, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")

@@ -57,9 +57,10 @@ def models(work: str, names: list[str], resolution: int, width: float) -> Iterat
         yield name, path
 
 
-def calibrate(nodes: int, path: str, model: str | None = None) -> ClusterProfile:
-    """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun), with `model`'s layers where given."""
-    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap"), "calibrate", "-o", path]
+def calibrate(nodes: int, path: str, model: str | None = None, provider: str = "cpu") -> ClusterProfile:
+    """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun) on `provider`, with `model`'s layers where given."""
+    cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap"), "calibrate", "-o", path,
+           "--provider", provider]
     cmd += ["--model", model] if model else []
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     return read_profile(path)
@@ -74,20 +75,21 @@ class Profiles:
     work: str
     nodes: list[int]
     per_layer: bool
+    provider: str = "cpu"
     shared: dict[int, ClusterProfile] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.per_layer:
-            self.shared = {n: calibrate(n, os.path.join(self.work, f"cluster-{n}.toml")) for n in self.nodes}
+            self.shared = {n: calibrate(n, os.path.join(self.work, f"cluster-{n}.toml"), provider=self.provider) for n in self.nodes}
 
     def of(self, name: str, path: str, nodes: int) -> ClusterProfile:
         if not self.per_layer:
             return self.shared[nodes]
-        return calibrate(nodes, os.path.join(self.work, f"cluster-{name}-{nodes}.toml"), path)
+        return calibrate(nodes, os.path.join(self.work, f"cluster-{name}-{nodes}.toml"), path, self.provider)
 
 
 def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
-               repeat: int, rounds: int, workdir: str) -> dict[str, Any]:
+               repeat: int, rounds: int, workdir: str, provider: str = "cpu") -> dict[str, Any]:
     plan = os.path.join(workdir, f"plan-{name}-{nodes}-{direction}-{int(recompute)}")
     # judge=False: the plan with recompute-halos even where compile would leave the pass out (this
     # benchmark measures both)
@@ -97,7 +99,7 @@ def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute
     assert pred is not None
     # on a shared machine others' jobs only ever slow a run down: the fastest inference (as calibrate
     # takes the fastest run of its models) and the lowest median of `rounds` runs
-    runs = [run_bbgrap(plan, nodes, repeat, None) for _ in range(rounds)]
+    runs = [run_bbgrap(plan, nodes, repeat, None, provider=provider) for _ in range(rounds)]
     real = min(runs, key=lambda r: r["latency_ms"])
     # one rank runs in process and reports no per-rank profile: all of its time is its own
     ranks = real.get("profile_ms") or [{"compute": real["latency_ms"], "wait": 0.0, "send": 0.0}]
@@ -156,6 +158,8 @@ def main() -> int:
     p.add_argument("--no-cold", action="store_true",
                    help="drop what calibrate measured of a segment run after others (cold_segment_s = cold_s = 0), so it costs what it "
                    "costs alone (to compare the two)")
+    p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu",
+                   help="where calibrate times the nodes and bbgrap-run runs the plans (default cpu; cuda: each rank on its local rank's GPU)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     # the ablations: what calibrate measured that --no-scaling and --no-cold leave out of every node
@@ -164,7 +168,7 @@ def main() -> int:
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
-        profiles = Profiles(work, args.nodes, args.per_layer)
+        profiles = Profiles(work, args.nodes, args.per_layer, args.provider)
         for name, path in models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 profile = profiles.of(name, path, n)
@@ -172,7 +176,7 @@ def main() -> int:
                     profile = replace(profile, nodes=tuple(replace(p, **dropped) for p in profile.nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
-                    row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work)
+                    row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work, args.provider)
                     rows.append(row)
                     if not args.json:
                         table.row(name, n, direction, "yes" if recompute else "no", row["real_ms"], row["real_median_ms"], row["predicted_ms"],

@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
     os.makedirs(work_dir, exist_ok=True)
     try:
         profile = os.path.join(work_dir, "cluster.toml")
-        launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile,
+        launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile, "--provider", "cpu",
                                                *(["--model", args.model] if args.layer_times else [])])
         speeds = profile_speeds(graph, read_profile(profile), n)
         ratio = [s / speeds[0] for s in speeds]

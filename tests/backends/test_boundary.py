@@ -27,15 +27,21 @@ from bbgrap.backends.boundary import (
     measure_cold,
     turn,
 )
+from bbgrap.backends.engine import CPU_TARGET, DeviceValues, Target
 from bbgrap.backends.executor import Profile, run_node
 from bbgrap.backends.transports import Mailbox
 
 from bbgrap.plan_schema import RunStep, SendStep, WaitStep
 
+# device values on the CPU: the IOBinding path a GPU's Target takes (calibrate --provider cuda), testable without one
+BOUND_CPU = Target(("CPUExecutionProvider",), DeviceValues("cpu", 0))
 
+
+@pytest.mark.parametrize("target", [CPU_TARGET, BOUND_CPU], ids=["host", "bound"])
 @pytest.mark.parametrize("width", [1, 3])
-def test_a_chain_adds_each_segments_constant_to_every_value(width: int) -> None:
-    runner = chain_runner(1, width, length=5)
+def test_a_chain_adds_each_segments_constant_to_every_value(width: int, target: Target) -> None:
+    runner = chain_runner(1, width, length=5, target=target)
+    assert runner.values is target.values
     assert [type(s) for s in runner.steps] == [RunStep] * 5
     assert all(len(i) == width and len(o) == width for i, o in zip(runner.seg_inputs, runner.seg_outputs))
     profile = Profile()

@@ -29,8 +29,10 @@ from bbgrap.backends.calibrate import (
     message_fields,
     model_to_time,
     stream_speed,
+    time_piece,
     weights_model,
 )
+from bbgrap.backends.engine import CPU_TARGET, DeviceValues, Target, gpu_present, target_for
 from bbgrap.frontends.onnx import import_model
 from helpers import save
 from onnx import helper
@@ -42,7 +44,7 @@ from bbgrap.cluster import OP_KINDS, NodeProfile, read_profile
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.cost import layer_ops
-from bbgrap.ir import ShapeMap
+from bbgrap.ir import BBGrapError, ShapeMap
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import default_registry
 
@@ -164,12 +166,12 @@ def test_a_small_models_fastest_run_is_taken_over_a_span_of_time_not_a_dozen_run
 
         runs = 0
 
-        def run(self, outputs: object, feeds: object) -> None:
+        def run(self) -> None:
             self.runs += 1
             time.sleep(0.001)
 
     sess = Sleepy()
-    fastest = fastest_run(sess, {}, runs=3, seconds=0.02)
+    fastest = fastest_run(sess.run, runs=3, seconds=0.02)
     assert 3 < sess.runs <= 21  # until 20 ms of runs: more than the 3 asked for, never more than 1 ms each allows
     assert fastest >= 0.001
 
@@ -216,8 +218,33 @@ def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(sma
     assert "layer times" not in plain.compiled.prediction.profile
 
 
+def test_a_piece_is_timed_through_device_values_as_on_a_gpu() -> None:
+    # calibrate --provider cuda's path (Target.runner: inputs bound once, outputs left on the device), on the CPU
+    model, _ = conv_model(8, 14, False)
+    bound = Target(("CPUExecutionProvider",), DeviceValues("cpu", 0))
+    (host, host_shape), (dev, dev_shape) = (time_piece(model, 1, repeat=3, target=t) for t in (CPU_TARGET, bound))
+    assert host_shape == dev_shape == (1, 8, 14, 14) and host > 0 and dev > 0
+
+
+def test_a_gpu_target_is_asked_for_only_where_there_is_one() -> None:
+    assert target_for("cpu", 0) is CPU_TARGET and not CPU_TARGET.on_gpu and CPU_TARGET.name == "cpu"
+    if not gpu_present():
+        assert target_for("auto", 0) is CPU_TARGET
+        with pytest.raises(BBGrapError, match="--provider cuda"):
+            target_for("cuda", 0)
+
+
+@pytest.mark.skipif(gpu_present(), reason="this host has a GPU: --provider cuda calibrates it (tests/backends on a GPU host)")
+def test_calibrating_a_gpu_that_is_not_there_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+    assert main(["calibrate", "-o", str(tmp_path / "c.toml"), "--provider", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bbgrap: error: --provider cuda:") and "--provider cpu" in err and err.count("\n") == 1
+    assert not (tmp_path / "c.toml").exists()
+
+
 @pytest.mark.parametrize(("flags", "problem"), [
     (["--input-shape", "x:1x3x8x8"], "--input-shape only matters with --model FILE"),
+    (["--refine", "{tmp}/run.json", "--profile", "{tmp}/p.toml", "--provider", "cpu"], "--refine measures nothing"),
     (["--model", "{tmp}/missing.onnx"], "missing.onnx"),
     (["--threads", "0"], "--threads 0: give at least 1 thread"),
     (["-o", "{tmp}"], "is a directory"),
