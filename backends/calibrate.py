@@ -323,8 +323,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     the quota's stops, and every time is then divided by the share of the threads' time the quota
     leaves them (backends/cpu_quota.py): over an inference the stops slow the node by that much."""
     if model is not None and target.on_gpu:
-        raise BBGrapError("--model times layers with onnxruntime's CPU profiler, which a GPU's kernels are not in; "
-                          "drop --model with --provider cuda (the GPU is then priced by its kinds of op)")
+        raise BBGrapError("--model times layers with onnxruntime's CPU profiler, which a GPU's kernels are not in; on the "
+                          "GPU drop --model (its layers are then priced by their kinds of op), or time the CPU with --provider cpu")
     clock = BusyClock(quota, threads)
     timed = functools.partial(time_model, threads=threads, clock=clock, target=target)
     boundary = measure_boundary(threads, comm, target)

@@ -198,7 +198,7 @@ def test_kernels_are_given_to_the_layer_they_are_named_after_or_its_convolution(
 def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(small_model: str, tmp_path) -> None:
     out = tmp_path / "cluster.toml"
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "bbgrap"), "calibrate", "-o", str(out), "--threads", "1",
-                           "--model", small_model], capture_output=True, text=True, timeout=180)
+                           "--model", small_model, "--provider", "cpu"], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     profile = read_profile(str(out))
     assert profile.model_sha256 == file_sha256(small_model) and profile.model_path == os.path.abspath(small_model)

@@ -126,7 +126,8 @@ def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> Non
     assert MPIRUN, "mpirun not found"
     out = tmp_path / "cluster.toml"
     model = save(zoo.build("resnet18", resolution=32, width=0.125), str(tmp_path))
-    proc = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(out), "--model", model],
+    proc = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(out), "--model", model,
+                           "--provider", "cpu"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("wrote") == 1  # rank 0 reports, once
