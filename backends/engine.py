@@ -323,6 +323,25 @@ def unloadable_segment(plan_dir: str, program: Program) -> None:
             raise cannot_load(os.path.join(plan_dir, seg.file), exc) from None
 
 
+def cuda_wrong(plan_dir: str, program: Program) -> str | None:
+    """What in `program`'s segments onnxruntime's CUDA provider computes wrong, or None. A piece of
+    a Resize whose output rows do not map to whole input blocks is lowered as a tf_crop_and_resize
+    (rules/indexing.py, ResizeRule): the CPU provider computes it exactly, the CUDA provider's
+    result is off by the output's own size (docs/benchmarks.md, session 23)."""
+    import onnx
+
+    for k, seg in enumerate(program.segments):
+        model = onnx.load(os.path.join(plan_dir, seg.file), load_external_data=False)
+        for op in model.graph.node:
+            if op.op_type == "Resize" and any(a.name == "coordinate_transformation_mode" and a.s == b"tf_crop_and_resize"
+                                              for a in op.attribute):
+                return f"segment {k} ({seg.file}) computes a piece of a Resize as a tf_crop_and_resize"
+    return None
+
+
+CUBLAS_EXHAUSTED = "cublasCreate"  # in onnxruntime's message where a CUDA session cannot make its cuBLAS handle
+
+
 def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: str,
                 device_id: int = 0, spin: bool = True, iobinding: str = "auto",
                 layout: nchwc.NodeLayout | None = None, profile_prefix: str | None = None) -> NodeRunner:
@@ -337,6 +356,11 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
     if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
         raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
     providers = providers_for(provider, device_id)
+    if providers != ["CPUExecutionProvider"] and (wrong := cuda_wrong(plan_dir, prog)) is not None:
+        if provider == "cuda":
+            raise BBGrapError(f"--provider cuda: node {node}'s {wrong}, which onnxruntime's CUDA provider computes wrong; "
+                              "run this plan with --provider cpu (or --provider auto: such a node then runs on the CPU)")
+        providers = ["CPUExecutionProvider"]  # auto: this node on the CPU, where it is exact
     on_cpu = providers == ["CPUExecutionProvider"]
     given, layout = layout, layout if on_cpu else None
     opts = session_options(threads, spin, shared_arena=on_cpu, prepack=plan.compiled.prepack)
@@ -356,6 +380,11 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
                 else:
                     sess = segment_session(plan_dir, seg.file, opts, providers)
         except Exception as exc:
+            if not on_cpu and CUBLAS_EXHAUSTED in str(exc):
+                raise BBGrapError(f"cannot load {path} on the GPU: onnxruntime's CUDA provider gives every session a cuBLAS "
+                                  f"handle of its own, and this process could make none after node {node}'s first {k} segments "
+                                  "and any other node's it runs (one process on the H100 measured here made 546); run one rank "
+                                  "per node under mpirun, or compile a plan of fewer segments") from None
             raise cannot_load(path, exc) from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
             raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
