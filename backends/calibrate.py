@@ -2,7 +2,9 @@
 
 Run as `mpirun -n N bbgrap calibrate -o cluster.toml` (one rank per node, as bbgrap-run
 runs a plan), or `bbgrap calibrate -o cluster.toml` for one node. Each rank, with the
-threads and session options bbgrap-run would give it (backends/threads.py, engine.py):
+threads, session options and provider bbgrap-run would give it (backends/threads.py, engine.py;
+`--provider cuda`: on the rank's GPU, its values bound to the device as a plan's runner binds
+them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler they come from):
 
 * **a segment boundary** as bbgrap-run pays it (backends/boundary.py): chains of distinct
   one-element segments run through the executor give the fixed cost per segment (`segment_s`),
