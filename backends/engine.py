@@ -129,6 +129,10 @@ def providers_for(provider: str, device_id: int) -> list[Any]:
     return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
 
 
+NO_GPU = "--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu"
+FELL_BACK = "--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu"
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a rank's measured sessions run (`bbgrap calibrate --provider`): onnxruntime's
@@ -158,7 +162,7 @@ class Target:
 
         sess = ort.InferenceSession(model, opts, providers=list(self.providers))
         if self.on_gpu and sess.get_providers()[0] != "CUDAExecutionProvider":
-            raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
+            raise BBGrapError(FELL_BACK)
         return sess
 
     def runner(self, sess: Any, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
@@ -179,7 +183,7 @@ def target_for(provider: str, device_id: int) -> Target:
     """The Target of `provider` (auto, cpu or cuda, as bbgrap-run's --provider) on GPU `device_id`:
     auto is CUDA where onnxruntime has it and a GPU is present, else the CPU."""
     if provider == "cuda" and not gpu_present():
-        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
+        raise BBGrapError(NO_GPU)
     providers = providers_for(provider, device_id)
     if providers == ["CPUExecutionProvider"]:
         return CPU_TARGET
@@ -354,7 +358,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
 
     prog = plan.programs[node]
     if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
-        raise BBGrapError("--provider cuda: this host has no NVIDIA GPU (no /dev/nvidia0); use --provider cpu")
+        raise BBGrapError(NO_GPU)
     providers = providers_for(provider, device_id)
     if providers != ["CPUExecutionProvider"] and (wrong := cuda_wrong(plan_dir, prog)) is not None:
         if provider == "cuda":
@@ -387,7 +391,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
                                   "per node under mpirun, or compile a plan of fewer segments") from None
             raise cannot_load(path, exc) from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
-            raise BBGrapError("--provider cuda: onnxruntime fell back to the CPU (no usable GPU or CUDA libraries); use --provider cpu")
+            raise BBGrapError(FELL_BACK)
         if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":
             providers = ["CPUExecutionProvider"]  # no usable GPU: stop trying CUDA for the other segments
         sessions.append(sess)
