@@ -330,8 +330,8 @@ def unloadable_segment(plan_dir: str, program: Program) -> None:
 def cuda_wrong(plan_dir: str, program: Program) -> str | None:
     """What in `program`'s segments onnxruntime's CUDA provider computes wrong, or None. A piece of
     a Resize whose output rows do not map to whole input blocks is lowered as a tf_crop_and_resize
-    (rules/indexing.py, ResizeRule): the CPU provider computes it exactly, the CUDA provider's
-    result is off by the output's own size (docs/benchmarks.md, session 23)."""
+    (rules/indexing.py, ResizeRule): the CPU provider computes it exactly, onnxruntime-gpu's CUDA
+    Resize does not (docs/benchmarks.md, session 23; benchmarks/provider_check.py finds such segments)."""
     import onnx
 
     for k, seg in enumerate(program.segments):
