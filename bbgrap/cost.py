@@ -36,32 +36,35 @@ def padded(channels: int, block: int) -> int:
     return -(-channels // block) * block if block > 1 else channels
 
 
-def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None, reads: bool = True) -> float:
+def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
     """Operations to compute `region` of the layer's output, as the CPU runs them: `layer_ops`;
     for an op whose kernel works its output channels in blocks (`OpTraits.channel_block`, the
     blocked layout's convolution) a piece of some of its channels priced by those channels
-    rounded up to whole blocks, over the whole layer's own rounding (the throughputs a node is
-    measured at already hold that); and with `reads`, for an op whose pieces pay for what they
-    read (`OpTraits.read_ops`), that many operations per byte of `extra_reads`. What the planners
-    and the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
+    rounded up to whole blocks, over the whole layer's own rounding (`in_blocks`; the throughputs
+    a node is measured at already hold that); and for an op whose pieces pay for what they read
+    (`OpTraits.read_ops`), that many operations per byte of `extra_reads`. What the planners and
+    the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
     registry = registry or default_registry()
     ops = in_blocks(layer, graph, region, layer_ops(layer, graph, region, registry), registry)
-    traits = registry.traits(layer.op_type, layer.domain)
-    if len(graph.tensors[layer.outputs[0]].shape) != 4 or region.empty or not region.is_box:
-        return ops
-    return ops + traits.read_ops * extra_reads(layer, graph, region, registry) if reads and traits.read_ops else ops
+    read_ops = registry.traits(layer.op_type, layer.domain).read_ops
+    return ops + read_ops * extra_reads(layer, graph, region, registry) if read_ops and nchw_box(layer, graph, region) else ops
+
+
+def nchw_box(layer: Layer, graph: Graph, region: ShapeMap) -> bool:
+    """Whether `region` is a non-empty box of the layer's 4-D (NCHW) output: where a piece's blocks
+    and reads are priced (`in_blocks`, `extra_reads`)."""
+    return len(graph.tensors[layer.outputs[0]].shape) == 4 and not region.empty and region.is_box
 
 
 def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry: RuleRegistry) -> float:
     """`ops`, the layer's operations for `region` (`layer_ops`), as its kernel runs them where it works
     its output channels in blocks (`OpTraits.channel_block`): a piece of some of an NCHW output's
     channels by those channels rounded up to whole blocks, over the whole layer's own rounding;
-    `run_ops` without what the piece reads."""
+    `run_ops` without what the piece reads (what the per-layer search prices)."""
     block = registry.traits(layer.op_type, layer.domain).channel_block
-    shape = graph.tensors[layer.outputs[0]].shape
-    if block <= 1 or len(shape) != 4 or region.empty or not region.is_box:
+    if block <= 1 or not nchw_box(layer, graph, region):
         return ops
-    whole, part = shape[1], len(region.interval(1))
+    whole, part = graph.tensors[layer.outputs[0]].shape[1], len(region.interval(1))
     return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if part != whole else ops
 
 

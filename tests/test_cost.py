@@ -9,10 +9,11 @@ from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
 from onnx import helper
 
-from bbgrap.cost import bytes_read, layer_ops, padded, run_ops
+from bbgrap.cost import bytes_read, in_blocks, layer_ops, padded, run_ops
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.plan import read_manifest
 from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK
+from bbgrap.rules.registry import default_registry
 from tests.rules.helpers import build_model
 
 
@@ -48,7 +49,7 @@ def test_a_piece_of_a_convolutions_channels_is_priced_by_whole_blocks() -> None:
     rows = full.with_axis(2, Interval(0, 3))  # reads input rows 0-3 (its window's), which the throughput holds
     assert run_ops(conv, graph, rows) == pytest.approx(layer_ops(conv, graph, rows) + filters(graph, 256))
     assert run_ops(conv, graph, full) == pytest.approx(layer_ops(conv, graph, full) + filters(graph, 256))
-    assert run_ops(conv, graph, rows, reads=False) == layer_ops(conv, graph, rows)
+    assert in_blocks(conv, graph, rows, layer_ops(conv, graph, rows), default_registry()) == layer_ops(conv, graph, rows)
     assert bytes_read(conv, graph, rows) == (4 * 256 * 256 * 9, 4 * 256 * 4 * 5)
     relu = next(layer for layer in graph.layers if layer.op_type == "Relu")
     piece = ShapeMap.full(graph.tensors[relu.outputs[0]].shape).with_axis(1, Interval(0, 66))
