@@ -8,6 +8,8 @@ it, and ranks on one host share the file's pages.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import onnx
 from bbgrap.backends.lower import Message, NodeProgram, Step, segment_model, value_name
@@ -150,6 +152,19 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
     return plan, files
 
 
+def cpu_only(nodes: Iterable[onnx.NodeProto]) -> str:
+    """Why only onnxruntime's CPU provider computes a segment of these ops exactly, or "". A Resize in
+    tf_crop_and_resize mode (how rules/indexing.py's ResizeRule lowers a piece of a Resize whose output
+    rows do not map to whole input blocks; or the model's own) is computed exactly by the CPU provider
+    and wrongly by onnxruntime-gpu's CUDA Resize (docs/benchmarks.md, session 23;
+    benchmarks/provider_check.py compares a plan's segments on both)."""
+    for op in nodes:
+        if op.op_type == "Resize" and any(a.name == "coordinate_transformation_mode" and a.s == b"tf_crop_and_resize"
+                                          for a in op.attribute):
+            return f"computes {op.name or 'a Resize'} as a tf_crop_and_resize, which onnxruntime's CUDA provider computes wrong"
+    return ""
+
+
 def _step(graph: Graph, step: Step, node: int, segments: list[SegmentSpec], files: dict[str, bytes],
           weights: SharedWeights) -> RunStep | SendStep | WaitStep:
     """One lowered step as the manifest's; a run step's segment is built as an ONNX model, its large
@@ -158,8 +173,9 @@ def _step(graph: Graph, step: Step, node: int, segments: list[SegmentSpec], file
     if step.op == "run":
         path = f"node{node}/seg{len(segments):03d}.onnx"
         seg = step.seg
-        files[path] = segment_model(graph, seg, seg.types, seg.name, weights.initializer).SerializeToString()
-        segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs)))
+        model = segment_model(graph, seg, seg.types, seg.name, weights.initializer)
+        files[path] = model.SerializeToString()
+        segments.append(SegmentSpec(path, tuple(step.seg.inputs), tuple(step.seg.outputs), cpu_only(model.graph.node)))
         return RunStep(len(segments) - 1)
     if step.op == "send":
         return SendStep(step.msg.id, step.value)

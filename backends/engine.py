@@ -327,22 +327,6 @@ def unloadable_segment(plan_dir: str, program: Program) -> None:
             raise cannot_load(os.path.join(plan_dir, seg.file), exc) from None
 
 
-def cuda_wrong(plan_dir: str, program: Program) -> str | None:
-    """What in `program`'s segments onnxruntime's CUDA provider computes wrong, or None. A piece of
-    a Resize whose output rows do not map to whole input blocks is lowered as a tf_crop_and_resize
-    (rules/indexing.py, ResizeRule): the CPU provider computes it exactly, onnxruntime-gpu's CUDA
-    Resize does not (docs/benchmarks.md, session 23; benchmarks/provider_check.py finds such segments)."""
-    import onnx
-
-    for k, seg in enumerate(program.segments):
-        model = onnx.load(os.path.join(plan_dir, seg.file), load_external_data=False)
-        for op in model.graph.node:
-            if op.op_type == "Resize" and any(a.name == "coordinate_transformation_mode" and a.s == b"tf_crop_and_resize"
-                                              for a in op.attribute):
-                return f"segment {k} ({seg.file}) computes a piece of a Resize as a tf_crop_and_resize"
-    return None
-
-
 CUBLAS_EXHAUSTED = "cublasCreate"  # in onnxruntime's message where a CUDA session cannot make its cuBLAS handle
 
 
@@ -360,11 +344,12 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
     if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
         raise BBGrapError(NO_GPU)
     providers = providers_for(provider, device_id)
-    if providers != ["CPUExecutionProvider"] and (wrong := cuda_wrong(plan_dir, prog)) is not None:
+    kept_on_cpu = ""
+    if providers != ["CPUExecutionProvider"] and prog.cpu_only:
         if provider == "cuda":
-            raise BBGrapError(f"--provider cuda: node {node}'s {wrong}, which onnxruntime's CUDA provider computes wrong; "
+            raise BBGrapError(f"--provider cuda: node {node}'s {prog.cpu_only}; "
                               "run this plan with --provider cpu (or --provider auto: such a node then runs on the CPU)")
-        providers = ["CPUExecutionProvider"]  # auto: this node on the CPU, where it is exact
+        providers, kept_on_cpu = ["CPUExecutionProvider"], prog.cpu_only  # auto: this node on the CPU, where it is exact
     on_cpu = providers == ["CPUExecutionProvider"]
     given, layout = layout, layout if on_cpu else None
     opts = session_options(threads, spin, shared_arena=on_cpu, prepack=plan.compiled.prepack)
@@ -414,4 +399,5 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
         providers=sessions[0].get_providers() if sessions else ["CPUExecutionProvider"],
         values=values,
         block=layout.block if layout is not None and layout.agreed else 0,
+        kept_on_cpu=kept_on_cpu,
     )

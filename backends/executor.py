@@ -50,6 +50,7 @@ class NodeRunner:
     values: Values
     providers: list[str] = field(default_factory=list)
     block: int = 0  # NCHWc block of the activations between segments; 0: NCHW
+    kept_on_cpu: str = ""  # why the node runs on the CPU under --provider auto on a GPU host (a segment's cpu_only); "" otherwise
 
 
 class Transport(Protocol):

@@ -300,12 +300,14 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
            reference: dict[str, np.ndarray], latencies: list[float], ranks: int, providers: list[str], block: int,
            peak_mb: list[float], baseline_mb: list[float], profiles: list[dict[str, float]] | None = None,
            crowded: tuple[int, int] | None = None,
-           shared_gpus: tuple[int, int] | None = None, misplaced: Sequence[tuple[int, str, str]] = ()) -> int:
+           shared_gpus: tuple[int, int] | None = None, misplaced: Sequence[tuple[int, str, str]] = (),
+           kept_on_cpu: Sequence[str] = ()) -> int:
     """Print (or --json) the result; `peak_mb`: each rank's peak resident memory, `baseline_mb` its
     memory before it loaded its part of the plan (one entry each: all nodes
     in this process); `crowded` = (ranks, cores) where more threads than cores share a host,
     `shared_gpus` = (ranks, GPUs) where more ranks than GPUs share one, `misplaced`: the ranks on
-    other hosts than their nodes' (`misplaced_ranks`)."""
+    other hosts than their nodes' (`misplaced_ranks`), `kept_on_cpu`: per node, why it runs on the CPU
+    where the others may use the GPU ("" for a node that is not: `NodeRunner.kept_on_cpu`)."""
     abs_err, rel_err = compare(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     memory = plan.compiled.memory
@@ -345,6 +347,7 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
     result["oversubscribed"] = crowded is not None
     result["shared_gpus"] = shared_gpus is not None
     result["misplaced_ranks"] = [r for r, _, _ in misplaced]
+    result["kept_on_cpu"] = {str(n): why for n, why in enumerate(kept_on_cpu) if why}
     pred = plan.compiled.prediction
     result["predicted_ms"] = pred.latency_ms if pred is not None else None  # compile --profile's prediction
     result["prediction"] = pred.to_json() if pred is not None else None  # all of it: each rank's, the profile (calibrate --refine)
@@ -356,6 +359,9 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
                  else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} {against} ({'ok' if ok else 'MISMATCH'})")
         print(f"{plan.model}: {plan.nodes} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
               f"{result['layout']} between segments")
+        for n, why in enumerate(kept_on_cpu):
+            if why:
+                print(f"node {n} runs on the CPU: its {why}")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         if pred is not None and ranks > 1:
             print(f"predicted {pred.latency_ms:.2f} ms by compile --profile ({pred.profile}): measured / predicted "
@@ -437,7 +443,8 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
         save_trace(args, plan, [trace_events(args.plan, plan, r.node, r.node, p, 0.0, r if ops_dir else None)
                                     for r, p in zip(runners, profiles)])
-    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block, [peak_memory_mb()], [baseline])
+    return report(args, plan, outputs, reference, latencies, 1, runners[0].providers, runners[0].block, [peak_memory_mb()], [baseline],
+                  kept_on_cpu=[r.kept_on_cpu for r in runners])
 
 
 def trace_events(plan_dir: str, plan: Plan, rank: int, node: int, profile: Profile, offset: float,
@@ -569,6 +576,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         if k >= args.warmup:
             latencies.append(elapsed)
     profiles = allgather(comm, profile.as_ms(args.repeat))
+    kept_on_cpu = allgather(comm, runner.kept_on_cpu)
     peak_mb = allgather(comm, peak_memory_mb())
     baseline_mb = allgather(comm, baseline)
     traced = allgather(comm, trace_events(args.plan, plan, rank, rank, profile, offset, runner if ops_dir else None)
@@ -585,7 +593,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         try:
             sharing = ranks_per_device(local.Get_size(), devices) if runner.providers[0] == "CUDAExecutionProvider" else 0
             status = report(args, plan, outputs, reference, latencies, size, runner.providers, runner.block, peak_mb, baseline_mb, profiles, crowded,
-                            (local.Get_size(), devices) if sharing > 1 else None, misplaced_ranks(plan, hosts))
+                            (local.Get_size(), devices) if sharing > 1 else None, misplaced_ranks(plan, hosts), kept_on_cpu)
         except BBGrapError as exc:
             print(f"bbgrap-run: error: {exc}", file=sys.stderr)
             status = 2

@@ -261,6 +261,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "opaque": [o.to_json() for o in plan.opaque],
         "whole": whole_layers(plan),
         "on_every_node": [r.name for r in plan.compiled.layer_table if r.on_every_node()],
+        "cpu_only": {str(p.node): p.cpu_only for p in plan.programs if p.cpu_only},  # nodes run on the CPU whatever --provider
         "search": plan.compiled.search.to_json() if plan.compiled.search is not None else None,
         "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
         "memory": plan.compiled.memory.to_json() if plan.compiled.memory is not None else None,
@@ -326,6 +327,8 @@ def summary(plan: Plan, where: str) -> str:
     if info["on_every_node"]:
         lines.append(f"layers computed whole on every node: {len(info['on_every_node'])} (a squeeze-excite block's pool and 1x1 "
                      "convolutions from one exchange, or halos recomputed over every row; bbgrap inspect --layers notes them)")
+    for n, why in info["cpu_only"].items():
+        lines.append(f"node {n} runs on the CPU even with --provider auto on a GPU (--provider cuda refuses the plan): its {why}")
     s = info["search"]
     if s:
         lines.append(

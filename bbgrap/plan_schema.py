@@ -11,7 +11,8 @@ the IR's `Movement`. `Plan.from_json` also checks what crosses records: one prog
 node, every step's segment and message, every segment's file, one stats entry per node.
 
 A plan of another format version is refused (`PlanVersionError`): compile it again.
-Version 3 is the typed schema (version 2 wrote the same keys, checked less).
+Version 3 is the typed schema (version 2 wrote the same keys, checked less); version 4 adds each
+segment's `cpu_only` (a plan of version 3 does not say which segments a GPU computes wrong).
 
 Steps, in JSON tagged lists, are one type each: `["run", segment]` (RunStep),
 `["send", message, local value]` (SendStep), `["wait", message]` (WaitStep).
@@ -30,7 +31,7 @@ from bbgrap.config import DIRECTIONS, Direction
 from bbgrap.ir import BBGrapError, Movement, PlannerStats, SearchStats
 
 PLAN_FORMAT = "bbgrap-plan"
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 
 Json = dict[str, Any]
 T = TypeVar("T")
@@ -212,19 +213,22 @@ class MessageSpec:
 
 @dataclass(frozen=True)
 class SegmentSpec:
-    """One ONNX segment of a node's program: its file in the plan, the local values it reads and makes."""
+    """One ONNX segment of a node's program: its file in the plan, the local values it reads and makes;
+    `cpu_only`: why only the CPU provider computes it exactly ("" where any does: backends/emit.py's
+    `cpu_only`), which keeps its node off a GPU (backends/engine.py's `load_runner`)."""
 
     file: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    cpu_only: str = ""
 
     def to_json(self) -> Json:
-        return {"file": self.file, "inputs": list(self.inputs), "outputs": list(self.outputs)}
+        return {"file": self.file, "inputs": list(self.inputs), "outputs": list(self.outputs), "cpu_only": self.cpu_only}
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> SegmentSpec:
         rec = _object(value, where)
-        return cls(_str(rec, where, "file"), _strs(rec, where, "inputs"), _strs(rec, where, "outputs"))
+        return cls(_str(rec, where, "file"), _strs(rec, where, "inputs"), _strs(rec, where, "outputs"), _str(rec, where, "cpu_only"))
 
 
 @dataclass(frozen=True)
@@ -286,6 +290,11 @@ class Program:
     segments: tuple[SegmentSpec, ...]
     steps: tuple[Step, ...]
     outputs: Mapping[str, str]  # model output name -> local value
+
+    @property
+    def cpu_only(self) -> str:
+        """Why the node must run on the CPU: its first segment only the CPU provider computes exactly, or ""."""
+        return next((f"segment {k} ({seg.file}) {seg.cpu_only}" for k, seg in enumerate(self.segments) if seg.cpu_only), "")
 
     def to_json(self) -> Json:
         return {"node": self.node, "segments": [s.to_json() for s in self.segments], "steps": [s.to_json() for s in self.steps],

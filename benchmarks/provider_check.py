@@ -3,8 +3,8 @@ the CPU and on `--provider` with the same random inputs; prints the segments who
 by more than the tolerance (relative to the CPU output's largest magnitude), with the ops in them.
 
 A plan that is exact on the CPU and wrong on a GPU is wrong in one of its segments: this finds which
-(session 23 found onnxruntime-gpu's Resize in tf_crop_and_resize mode this way; backends/engine.py's
-`cuda_wrong` keeps such segments off the GPU since).
+(session 23 found onnxruntime-gpu's Resize in tf_crop_and_resize mode this way; compile marks such
+segments `cpu_only` since, backends/emit.py, and bbgrap-run keeps their nodes off the GPU).
 
   python benchmarks/provider_check.py PLAN_DIR --provider cuda
   python benchmarks/provider_check.py PLAN_DIR --provider cpu      # the CPU against itself: every segment agrees

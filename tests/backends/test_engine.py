@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
+import onnx
 import onnxruntime as ort
 import pytest
 from bbgrap.backends import engine
+from bbgrap.backends.emit import cpu_only
 from bbgrap.backends.engine import session_options
 from helpers import compile_plan, save
 
@@ -45,14 +49,27 @@ def test_a_plan_with_tf_crop_and_resize_pieces_does_not_run_them_on_cuda(tmp_pat
     # onnxruntime-gpu 1.31.1's CUDA Resize gets tf_crop_and_resize wrong (measured on an H100, session 23)
     plan_dir, plan = resize_plan(tmp_path, "align_corners")
     plain_dir, plain = resize_plan(tmp_path, "half_pixel")
-    assert all(engine.cuda_wrong(plan_dir, p) is not None for p in plan.programs)
-    assert "tf_crop_and_resize" in (engine.cuda_wrong(plan_dir, plan.programs[0]) or "")
-    assert all(engine.cuda_wrong(plain_dir, p) is None for p in plain.programs)
+    # compile marks the segments (the manifest says so; bbgrap-run reads no segment file to find them)
+    assert all("tf_crop_and_resize" in p.cpu_only for p in plan.programs)
+    assert all(p.cpu_only == "" for p in plain.programs)
+    marked = next(seg for seg in plan.programs[0].segments if seg.cpu_only)
+    assert cpu_only(onnx.load(os.path.join(plan_dir, marked.file), load_external_data=False).graph.node) == marked.cpu_only
     as_if_on_a_gpu(monkeypatch)
     with pytest.raises(BBGrapError, match=r"--provider cuda: node 0's segment .*tf_crop_and_resize.*--provider cpu"):
         engine.load_runner(plan_dir, plan, 0, 1, "cuda")
     runner = engine.load_runner(plan_dir, plan, 0, 1, "auto")  # auto: this node on the CPU, exact
     assert runner.providers == ["CPUExecutionProvider"] and isinstance(runner.values, engine.HostValues)
+    assert "tf_crop_and_resize" in runner.kept_on_cpu
+    plain_runner = engine.load_runner(plain_dir, plain, 0, 1, "cpu")  # asked for the CPU: not "kept" there
+    assert plain_runner.kept_on_cpu == ""
+
+
+def test_cpu_only_names_a_tf_crop_and_resize_and_nothing_else() -> None:
+    def resize(mode: str) -> onnx.NodeProto:
+        return onnx.helper.make_node("Resize", ["x", "", "", "s"], ["y"], name="up", coordinate_transformation_mode=mode)
+
+    assert "up as a tf_crop_and_resize" in cpu_only([resize("tf_crop_and_resize")])
+    assert cpu_only([resize("half_pixel"), resize("align_corners"), onnx.helper.make_node("Relu", ["x"], ["y"])]) == ""
 
 
 def test_a_gpu_out_of_cublas_handles_is_one_line_naming_the_way_out(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,3 +84,28 @@ def test_a_gpu_out_of_cublas_handles_is_one_line_naming_the_way_out(tmp_path, mo
     with pytest.raises(BBGrapError, match=r"cuBLAS handle of its own.*node 0's first 0 segments.*one rank per node") as caught:
         engine.load_runner(plan_dir, plan, 0, 1, "cuda")
     assert "\n" not in str(caught.value)
+
+
+def test_a_node_kept_on_the_cpu_is_named_by_inspect_and_by_bbgrap_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from argparse import Namespace
+
+    import numpy as np
+    from bbgrap.backends.runtime import report
+
+    from bbgrap.cli import summary
+
+    plan_dir, plan = resize_plan(tmp_path, "align_corners")
+    text = summary(plan, plan_dir)
+    assert "node 0 runs on the CPU even with --provider auto on a GPU" in text and "tf_crop_and_resize" in text
+    plain_dir, plain = resize_plan(tmp_path, "half_pixel")
+    assert "runs on the CPU" not in summary(plain, plain_dir)
+    # bbgrap-run's report: a line per node kept on the CPU (NodeRunner.kept_on_cpu, gathered from every rank), and --json
+    out = {"y": np.ones(1, np.float32)}
+    args = Namespace(plan=plan_dir, output=None, json=False, quiet=False, check=False, tolerance=1e-4)
+    kept = ["", plan.programs[1].cpu_only]
+    assert report(args, plan, out, out, [1e-3], 2, ["CUDAExecutionProvider"], 0, [1.0, 1.0], [0.0, 0.0], kept_on_cpu=kept) == 0
+    said = capsys.readouterr().out
+    assert f"node 1 runs on the CPU: its {kept[1]}" in said and "node 0 runs on the CPU" not in said
+    assert report(Namespace(**{**vars(args), "json": True}), plan, out, out, [1e-3], 2, ["CUDAExecutionProvider"], 0,
+                  [1.0, 1.0], [0.0, 0.0], kept_on_cpu=kept) == 0
+    assert json.loads(capsys.readouterr().out)["kept_on_cpu"] == {"1": kept[1]}
