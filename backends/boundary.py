@@ -24,6 +24,14 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   median of the receiver's takes; calibrate fits `send_s` + bytes x `send_byte_s` and `recv_s`
   + bytes x `recv_byte_s` through them. Ranks take turns (`turn`): a rank and the one it sends
   to never send at once;
+* **jitter** (`measure_jitter`, under MPI, every rank at once): ranks in lockstep, as a plan's ranks
+  are between two exchanges: each runs a segment (a MatMul of LOCKSTEP_SIZES' shapes, about 10 µs
+  to 1 ms on one core), sends a one-element value to the next rank and waits for the previous
+  rank's, LOCKSTEP_ROUNDS times. Both ranks' segments vary from run to run, and a rank waits for
+  the later of the two ends, which comes on average after both means; what a wait takes grows
+  with the segments' length. The slope of the mean wait over the segment's median time (least
+  squares, at least 0) is `wait_share`: the share of the segment before it that a wait costs
+  beyond the message's arrival and take, which the link's latency and `recv_s` price already;
 * **cold** (`measure_cold`): those chains fit in a core's cache, a plan's segments do not. A
   node's segments each have their own weights, and by the time one runs again (the next
   inference) the others have pushed its session's kernels, buffers and weights out of the
@@ -67,6 +75,8 @@ COLD_CHANNELS, COLD_SIDE = 16, 8  # each value: COLD_CHANNELS x COLD_SIDE x COLD
 # float32 values of the messages timed: 4 B to 512 KB (a CNN's halos and pieces at 224 px)
 MESSAGE_ELEMENTS = (1, 4096, 32768, 131072)
 ASLEEP_S = 0.01  # how long a receiver sleeps before it takes its messages: far beyond any sender's chain
+LOCKSTEP_ROUNDS = 32  # segments of a lockstep chain, each followed by an exchange
+LOCKSTEP_SIZES = ((1, 16), (16, 128), (64, 256), (128, 512), (256, 512))  # its MatMul: rows x width (x width weights)
 
 
 @dataclass(frozen=True)
@@ -91,11 +101,13 @@ class Message:
 @dataclass(frozen=True)
 class Boundary:
     """What calibrate measured of a segment boundary (module docstring), in seconds; `messages` one
-    per size of MESSAGE_ELEMENTS, none where there was no other rank to send to."""
+    per size of MESSAGE_ELEMENTS, none where there was no other rank to send to (nor `wait_share`, a
+    share of a segment: 0)."""
 
     segment_s: float
     value_s: float
     messages: tuple[Message, ...] = ()
+    wait_share: float = 0.0
 
 
 def value(i: int, j: int) -> str:
@@ -234,14 +246,66 @@ def measure_messages(threads: int, comm: Any, repeat: int = REPEAT, target: Targ
     return tuple(out)
 
 
+def lockstep_runner(threads: int, ring: Ring, rows: int, width: int, rounds: int = LOCKSTEP_ROUNDS,
+                    target: Target = CPU_TARGET) -> NodeRunner:
+    """A node's program of `rounds` rounds on `target`: segment i computes tanh(a_i W) (a_i: `rows` x
+    `width`, W: `width` x `width`) and its largest value, sends that to `ring.dst` and waits for
+    `ring.src`'s of round i (module docstring, jitter). Message ids: sender * rounds + round."""
+    opts = target.options(threads)
+    w = (np.random.default_rng(0).standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    sessions, seg_inputs, seg_outputs = [], [], []
+    steps: list[PlanStep] = []
+    messages: dict[int, MessageSpec] = {}
+    for i in range(rounds):
+        a, b, top, got = f"a{i}", f"a{i + 1}", f"top{i}", f"got{i}"
+        nodes = [helper.make_node("MatMul", [a, "w"], ["m"]), helper.make_node("Tanh", ["m"], [b]),
+                 helper.make_node("ReduceMax", [b], [top], keepdims=1)]
+        model = float_model(nodes, {a: (rows, width)}, {b: (rows, width), top: (1, 1)}, {"w": w}, "lockstep")
+        sessions.append(target.session(model.SerializeToString(), opts))
+        seg_inputs.append([a])
+        seg_outputs.append([b, top])
+        sent = MessageSpec(ring.node * rounds + i, ring.node, ring.dst, top, ((0, 1), (0, 1)), (1, 1), "float32", top)
+        taken = MessageSpec(ring.src * rounds + i, ring.src, ring.node, got, ((0, 1), (0, 1)), (1, 1), "float32", got)
+        messages[sent.id], messages[taken.id] = sent, taken
+        steps += [RunStep(i), SendStep(sent.id, top), WaitStep(taken.id)]
+    return NodeRunner(ring.node, steps, sessions, seg_inputs, seg_outputs, {"y": f"a{rounds}"}, {"x": "a0"}, messages, target.values)
+
+
+def measure_jitter(threads: int, comm: Any, repeat: int = REPEAT, target: Target = CPU_TARGET) -> float:
+    """`wait_share` (module docstring): every rank of `comm` calls this at once. Per shape of
+    LOCKSTEP_SIZES, `repeat` runs after two: the median of a round's busy time (its segment and
+    send) and the mean of its wait; the slope of the waits over the busy times."""
+    from bbgrap.backends.transports import MPITransport
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    ring = Ring(rank, (rank + 1) % size, (rank - 1) % size)
+    busy, waits = [], []
+    for rows, width in LOCKSTEP_SIZES:
+        runner = lockstep_runner(threads, ring, rows, width, target=target)
+        inputs = {"x": np.ones((rows, width), np.float32)}
+        comm.Barrier()
+        runs = [(elapsed - profile.wait, profile.wait) for elapsed, profile in
+                timed_runs(runner, MPITransport(comm, runner), repeat, inputs)]
+        busy.append(float(np.median([b for b, _ in runs])) / LOCKSTEP_ROUNDS)
+        waits.append(float(np.mean([w for _, w in runs])) / LOCKSTEP_ROUNDS)
+    return fit_wait_share(busy, waits)
+
+
+def fit_wait_share(busy: list[float], waits: list[float]) -> float:
+    """The slope of the waits over the segments' times (least squares), at least 0."""
+    return max(0.0, float(np.polyfit(np.asarray(busy), np.asarray(waits), 1)[0]))
+
+
 def measure_boundary(threads: int, comm: Any = None, target: Target = CPU_TARGET) -> Boundary:
-    """This node's segment boundary on `target` (module docstring); its messages only on an MPI
-    `comm` of more than one rank, whose every rank must call this at once."""
+    """This node's segment boundary on `target` (module docstring); its messages and jitter only on
+    an MPI `comm` of more than one rank, whose every rank must call this at once."""
     narrow = busy_seconds(chain_runner(threads, target=target), Mailbox()) / CHAIN
     wide = busy_seconds(chain_runner(threads, WIDE, target=target), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
-    messages = measure_messages(threads, comm, target=target) if comm is not None and comm.Get_size() > 1 else ()
-    return Boundary(max(0.0, narrow - 2 * value_s), value_s, messages)
+    if comm is None or comm.Get_size() < 2:
+        return Boundary(max(0.0, narrow - 2 * value_s), value_s)
+    return Boundary(max(0.0, narrow - 2 * value_s), value_s, measure_messages(threads, comm, target=target),
+                    measure_jitter(threads, comm, target=target))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   per value a segment takes or gives (`value_s`) and, under mpirun with more than one rank,
   what a message of 4 B to 512 KB costs its sender to post (`send_s` + bytes x `send_byte_s`)
   and its receiver, busy elsewhere while it came, to take (`recv_s` + bytes x `recv_byte_s`;
-  `message_fields`; one node keeps the defaults); and what each op and value
+  `message_fields`; one node keeps the defaults), and what a wait costs as ranks' segments vary
+  (`wait_share`: ranks in lockstep); and what each op and value
   of a segment costs more where the node runs other segments between two of its runs, as a
   plan's node does (`cold_segment_s` and `cold_s`: two chains of CNN-shaped segments with their
   weights, in sequence against each alone);
@@ -355,8 +356,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         fields.update(message_fields(boundary.messages))
     cold = measure_cold(threads, fields["weight_Bps"], target=target)
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
-    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, host=os.uname().nodename, layer_s=layers,
-                       layer_scaling=scaling)
+    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, wait_share=boundary.wait_share,
+                       host=os.uname().nodename, layer_s=layers, layer_scaling=scaling)
     return node.slowed(quota.share(threads)) if quota is not None else node
 
 
@@ -414,7 +415,7 @@ def describe(profile: ClusterProfile) -> str:
                      f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; "
                      f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
                      f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
-                     f"per message sent {p.send_s * 1e6:.1f} us + {p.send_byte_s * 1e12:.0f} ps/B, taken {p.recv_s * 1e6:.1f} us + {p.recv_byte_s * 1e12:.0f} ps/B; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
+                     f"per message sent {p.send_s * 1e6:.1f} us + {p.send_byte_s * 1e12:.0f} ps/B, taken {p.recv_s * 1e6:.1f} us + {p.recv_byte_s * 1e12:.0f} ps/B, a wait {100 * p.wait_share:.1f} % of the segment before it; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
         if p.cpu_share < 1.0:
             lines.append(f"  under a CPU quota: {p.cpu_share:.0%} of its threads' time, every figure above slowed by it")
         if p.cache_bytes and p.stream_ops_per_s:

@@ -28,6 +28,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     send_byte_s = 0.0          # ... and each of its bytes (s); 0: not measured
     recv_s = 0.0               # what taking one message that has been sent costs its receiver (s); 0: not measured
     recv_byte_s = 0.0          # ... and each of its bytes (s: on one host, the copy MPI makes when it is taken); 0: not measured
+    wait_share = 0.0           # what each wait costs more, as a share of the segment the node ran before it (ranks' jitter); 0: not measured
     cpu_share = 1.0            # the share of its threads' time a CPU quota leaves the node; the figures above are slowed by it already
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
@@ -71,7 +72,7 @@ from bbgrap.paths import written_whole
 
 OP_KINDS = ("conv", "depthwise", "matmul", "other")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "latency_s", "stream_ops_per_s", "cache_bytes")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -142,6 +143,11 @@ class NodeProfile:
     send_byte_s: float = 0.0
     recv_s: float = 0.0
     recv_byte_s: float = 0.0
+    # what a wait costs beyond the message's arrival and take, as a share of the segment the node ran
+    # just before it: two ranks' segments vary from run to run, and the later of the two ends, which
+    # the waiting rank waits for, comes on average after both means (backends/boundary.py measures it:
+    # ranks in lockstep; 0: not measured, the default). A share, not a time: `faster` keeps it
+    wait_share: float = 0.0
     # the share of its threads' time a CPU quota (a container's CPU limit) leaves the node, which
     # every time here is already divided by (`slowed`; 1: no quota)
     cpu_share: float = 1.0

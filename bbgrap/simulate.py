@@ -16,8 +16,9 @@ on its own clock:
   the link from sender to receiver is free (messages on one link go one after another);
 * **wait**: the rank takes the message (`NodeProfile.taken`): `recv_s` + bytes x `recv_byte_s`
   from the wait's start (the MPI test that completes it; on one host the copy MPI makes only
-  when the receiver asks), and no sooner than `recv_s` after its arrival; bbgrap-run counts it
-  as waiting, and so does the prediction.
+  when the receiver asks), and no sooner than `recv_s` after its arrival; then `wait_share` of the
+  segment the rank ran before the wait more (the ranks' jitter: the later of two varying ends comes
+  after both means); bbgrap-run counts it all as waiting, and so does the prediction.
 
 The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
 (a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a
@@ -276,6 +277,7 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
     compute = [0.0] * n
     wait = [0.0] * n
     segments: list[list[float]] = [[] for _ in range(n)]
+    last = [0.0] * n  # each rank's latest segment (a wait's jitter is a share of it)
     at = [0] * n
     arrival: dict[int, float] = {}
     link_free: dict[tuple[int, int], float] = {}
@@ -290,6 +292,7 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     clock[r] += dt
                     compute[r] += dt
                     segments[r].append(dt)
+                    last[r] = dt
                 elif step.op == "send":
                     dt = profile.node(r).send_time(step.nbytes)
                     clock[r] += dt
@@ -297,7 +300,8 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     start = max(clock[r], link_free.get((step.src, step.dst), 0.0))
                     arrival[step.message] = link_free[(step.src, step.dst)] = start + profile.link.message_s(step.nbytes)
                 elif step.message in arrival:
-                    ready = profile.node(r).taken(clock[r], arrival[step.message], step.nbytes)
+                    node = profile.node(r)
+                    ready = node.taken(clock[r], arrival[step.message], step.nbytes) + node.wait_share * last[r]
                     wait[r] += ready - clock[r]
                     clock[r] = ready
                 else:

@@ -123,6 +123,23 @@ def test_a_message_that_is_already_there_costs_no_wait_but_recv_s() -> None:
     assert math.isclose(late.ranks[1].wait, 0.014 + 3e-4) and math.isclose(late.latency, 0.015 + 3e-4)
 
 
+def test_a_wait_costs_wait_share_of_the_segment_before_it() -> None:
+    """The ranks' jitter: each wait costs `wait_share` of the waiting rank's latest segment more, on
+    top of the message's arrival and take, counted as waiting; none before a rank's first segment."""
+    jittery = replace(PROFILE, nodes=(replace(NODE, wait_share=0.02),))
+    # rank 1 runs 0.101 s, then takes a message that is there: 2 % of 0.101 s more
+    there = simulate([[send(0, 0, 1, 0)], [run(conv=1e8), wait(0, 0, 1, 0)]], jittery)
+    assert math.isclose(there.ranks[1].wait, 0.02 * 0.101) and math.isclose(there.latency, 0.101 * 1.02)
+    # a wait before any segment: nothing more (0.014 s for the message, as without the share)
+    first = simulate([[run(conv=1e7), send(0, 0, 1, 1000)], [wait(0, 0, 1, 1000), run()]], jittery)
+    assert math.isclose(first.ranks[1].wait, 0.014)
+    # the share is of the latest segment only: 1 ms, then 0.101 s, then the wait
+    two = simulate([[send(0, 0, 1, 0)], [run(), run(conv=1e8), wait(0, 0, 1, 0)]], jittery)
+    assert math.isclose(two.ranks[1].wait, 0.02 * 0.101)
+    # the profile keeps it through scaling: a share, not a time
+    assert replace(NODE, wait_share=0.02).faster(2.0).wait_share == 0.02
+
+
 def test_a_message_costs_its_sender_and_its_receiver_per_byte() -> None:
     """send_byte_s a byte more to post; taking it, recv_byte_s a byte from the wait's start, and no
     sooner than recv_s after its arrival (NodeProfile.taken)."""

@@ -23,6 +23,8 @@ from bbgrap.backends.boundary import (
     chain_runner,
     cold_chain,
     cold_line,
+    fit_wait_share,
+    lockstep_runner,
     measure_boundary,
     measure_cold,
     turn,
@@ -58,6 +60,33 @@ def test_a_sending_chain_sends_each_segments_value_and_waits_for_the_peers_at_th
     got = [runner.messages[s.message] for s in runner.steps if isinstance(s, WaitStep)]
     assert [(m.id, m.src, m.dst) for m in sent] == [(3, 1, 2), (4, 1, 2), (5, 1, 2)]  # ids: sender * length + segment
     assert [(m.id, m.src, m.dst) for m in got] == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
+
+
+class Answering(Mailbox):
+    """A peer that has always sent: every receive gets a one-element value at once."""
+
+    def receive(self, msg):  # type: ignore[no-untyped-def]
+        return np.zeros((1, 1), np.float32)
+
+
+@pytest.mark.parametrize("target", [CPU_TARGET, BOUND_CPU], ids=["host", "bound"])
+def test_a_lockstep_chain_computes_sends_and_waits_round_by_round(target: Target) -> None:
+    runner = lockstep_runner(1, Ring(node=1, dst=2, src=0), rows=3, width=4, rounds=3, target=target)
+    assert [type(s) for s in runner.steps] == [RunStep, SendStep, WaitStep] * 3
+    sent = [runner.messages[s.message] for s in runner.steps if isinstance(s, SendStep)]
+    got = [runner.messages[s.message] for s in runner.steps if isinstance(s, WaitStep)]
+    assert [(m.id, m.src, m.dst, m.shape) for m in sent] == [(3, 1, 2, (1, 1)), (4, 1, 2, (1, 1)), (5, 1, 2, (1, 1))]
+    assert [(m.id, m.src, m.dst) for m in got] == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]  # round i waits for the peer's round i
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    out = run_node(runner, Answering(), {"x": x})
+    w = (np.random.default_rng(0).standard_normal((4, 4)) / np.sqrt(4)).astype(np.float32)
+    np.testing.assert_allclose(out["y"], np.tanh(np.tanh(np.tanh(x @ w) @ w) @ w), rtol=1e-5)
+
+
+def test_the_wait_share_is_the_slope_of_the_waits_over_the_segments_and_never_negative() -> None:
+    busy = [1e-5, 1e-4, 4e-4, 8e-4]
+    assert math.isclose(fit_wait_share(busy, [1.2e-6 + 0.012 * b for b in busy]), 0.012)
+    assert fit_wait_share(busy, [5e-6 - 0.001 * b for b in busy]) == 0.0
 
 
 def test_busy_time_leaves_out_waiting() -> None:
@@ -102,7 +131,7 @@ def test_the_cold_line_runs_through_the_two_chains_and_is_never_negative() -> No
 
 def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
     got = measure_boundary(1)
-    assert isinstance(got, Boundary) and got.messages == ()
+    assert isinstance(got, Boundary) and got.messages == () and got.wait_share == 0.0
     assert got.segment_s > 0 and got.value_s > 0
     assert CHAIN >= 16  # enough segments that the chain's own start and end are a small part of it
 
@@ -120,13 +149,14 @@ def test_under_mpirun_every_rank_measures_what_sending_and_receiving_cost(tmp_pa
         "b = measure_boundary(1, comm)\n"
         "m = b.messages\n"
         "got = comm.gather((b.segment_s > 0, b.value_s > 0, [x.nbytes for x in m] == [4 * e for e in MESSAGE_ELEMENTS],\n"
-        "                   all(x.send_s >= 0 and x.recv_s > 0 for x in m), m[-1].recv_s > m[0].recv_s), root=0)\n"
+        "                   all(x.send_s >= 0 and x.recv_s > 0 for x in m), m[-1].recv_s > m[0].recv_s,\n"
+        "                   0 <= b.wait_share < 1), root=0)\n"
         "if r == 0:\n"
         "    print(got)\n")
     proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[(True, True, True, True, True), (True, True, True, True, True)]", proc.stdout
+    assert proc.stdout.strip() == "[(True, True, True, True, True, True), (True, True, True, True, True, True)]", proc.stdout
 
 
 @pytest.mark.parametrize("size", range(2, 8))
