@@ -341,9 +341,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
     import onnxruntime as ort
 
     prog = plan.programs[node]
-    if provider == "cuda" and not gpu_present():  # before onnxruntime tries, and logs, loading CUDA
-        raise BBGrapError(NO_GPU)
-    providers = providers_for(provider, device_id)
+    providers = list(target_for(provider, device_id).providers)  # no GPU under --provider cuda: NO_GPU, before onnxruntime tries CUDA
     kept_on_cpu = ""
     if providers != ["CPUExecutionProvider"] and prog.cpu_only:
         if provider == "cuda":
