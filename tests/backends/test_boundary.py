@@ -33,7 +33,7 @@ from bbgrap.backends.engine import CPU_TARGET, DeviceValues, Target
 from bbgrap.backends.executor import Profile, run_node
 from bbgrap.backends.transports import Mailbox
 
-from bbgrap.plan_schema import RunStep, SendStep, WaitStep
+from bbgrap.plan_schema import MessageSpec, RunStep, SendStep, WaitStep
 
 # device values on the CPU: the IOBinding path a GPU's Target takes (calibrate --provider cuda), testable without one
 BOUND_CPU = Target(("CPUExecutionProvider",), DeviceValues("cpu", 0))
@@ -65,7 +65,7 @@ def test_a_sending_chain_sends_each_segments_value_and_waits_for_the_peers_at_th
 class Answering(Mailbox):
     """A peer that has always sent: every receive gets a one-element value at once."""
 
-    def receive(self, msg):  # type: ignore[no-untyped-def]
+    def receive(self, msg: MessageSpec) -> np.ndarray | None:
         return np.zeros((1, 1), np.float32)
 
 
