@@ -277,7 +277,6 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
     compute = [0.0] * n
     wait = [0.0] * n
     segments: list[list[float]] = [[] for _ in range(n)]
-    last = [0.0] * n  # each rank's latest segment (a wait's jitter is a share of it)
     at = [0] * n
     arrival: dict[int, float] = {}
     link_free: dict[tuple[int, int], float] = {}
@@ -292,7 +291,6 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     clock[r] += dt
                     compute[r] += dt
                     segments[r].append(dt)
-                    last[r] = dt
                 elif step.op == "send":
                     dt = profile.node(r).send_time(step.nbytes)
                     clock[r] += dt
@@ -301,7 +299,8 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     arrival[step.message] = link_free[(step.src, step.dst)] = start + profile.link.message_s(step.nbytes)
                 elif step.message in arrival:
                     node = profile.node(r)
-                    ready = node.taken(clock[r], arrival[step.message], step.nbytes) + node.wait_share * last[r]
+                    latest = segments[r][-1] if segments[r] else 0.0  # a wait's jitter is a share of the rank's latest segment
+                    ready = node.taken(clock[r], arrival[step.message], step.nbytes) + node.wait_share * latest
                     wait[r] += ready - clock[r]
                     clock[r] = ready
                 else:
