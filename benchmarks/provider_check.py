@@ -58,7 +58,8 @@ def main() -> int:
     differing = 0
     for node, program in enumerate(plan.programs):
         for k, seg in enumerate(program.segments):
-            blob = segment_model(args.plan, seg.file).SerializeToString()
+            model = segment_model(args.plan, seg.file)
+            blob = model.SerializeToString()
             cpu = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
             feeds = random_feeds(cpu, 1000 * node + k)
             want = cpu.run(None, feeds)
@@ -66,7 +67,7 @@ def main() -> int:
             error = max((relative(g, w) for g, w in zip(got, want)), default=0.0)
             if not error <= args.tolerance:
                 differing += 1
-                ops = Counter(op.op_type for op in segment_model(args.plan, seg.file).graph.node)
+                ops = Counter(op.op_type for op in model.graph.node)
                 print(f"node {node} segment {k} ({seg.file}): relative error {error:.2e}; ops {dict(ops)}")
     total = sum(len(p.segments) for p in plan.programs)
     print(f"{differing} of {total} segments differ on {args.provider} from the CPU by more than {args.tolerance:g}")
