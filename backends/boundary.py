@@ -29,9 +29,10 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   to 1 ms on one core), sends a one-element value to the next rank and waits for the previous
   rank's, LOCKSTEP_ROUNDS times. Both ranks' segments vary from run to run, and a rank waits for
   the later of the two ends, which comes on average after both means; what a wait takes grows
-  with the segments' length. The slope of the mean wait over the segment's median time (least
-  squares, at least 0) is `wait_share`: the share of the segment before it that a wait costs
-  beyond the message's arrival and take, which the link's latency and `recv_s` price already;
+  with the segments' length. Per shape the segment's median time and the mean wait (`Lockstep`);
+  calibrate fits `wait_share`, the share of the segment before it that a wait costs beyond the
+  message's arrival and take (which the link's latency and `recv_s` price already), as the slope
+  of the waits over the segments (least squares, at least 0);
 * **cold** (`measure_cold`): those chains fit in a core's cache, a plan's segments do not. A
   node's segments each have their own weights, and by the time one runs again (the next
   inference) the others have pushed its session's kernels, buffers and weights out of the
@@ -99,15 +100,24 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Lockstep:
+    """One shape of the lockstep chain (module docstring, jitter), in seconds per round: the
+    segment's (and send's) median time, and the mean wait after it."""
+
+    busy_s: float
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class Boundary:
     """What calibrate measured of a segment boundary (module docstring), in seconds; `messages` one
-    per size of MESSAGE_ELEMENTS, none where there was no other rank to send to (nor `wait_share`, a
-    share of a segment: 0)."""
+    per size of MESSAGE_ELEMENTS and `lockstep` one per shape of LOCKSTEP_SIZES, none where there
+    was no other rank to send to."""
 
     segment_s: float
     value_s: float
     messages: tuple[Message, ...] = ()
-    wait_share: float = 0.0
+    lockstep: tuple[Lockstep, ...] = ()
 
 
 def value(i: int, j: int) -> str:
@@ -271,29 +281,23 @@ def lockstep_runner(threads: int, ring: Ring, rows: int, width: int, rounds: int
     return NodeRunner(ring.node, steps, sessions, seg_inputs, seg_outputs, {"y": f"a{rounds}"}, {"x": "a0"}, messages, target.values)
 
 
-def measure_jitter(threads: int, comm: Any, repeat: int = REPEAT, target: Target = CPU_TARGET) -> float:
-    """`wait_share` (module docstring): every rank of `comm` calls this at once. Per shape of
-    LOCKSTEP_SIZES, `repeat` runs after two: the median of a round's busy time (its segment and
-    send) and the mean of its wait; the slope of the waits over the busy times."""
+def measure_jitter(threads: int, comm: Any, repeat: int = REPEAT, target: Target = CPU_TARGET) -> tuple[Lockstep, ...]:
+    """The lockstep chain (module docstring, jitter): every rank of `comm` calls this at once. Per
+    shape of LOCKSTEP_SIZES, `repeat` runs after two: the median of a round's busy time (its
+    segment and send) and the mean of its wait."""
     from bbgrap.backends.transports import MPITransport
 
     rank, size = comm.Get_rank(), comm.Get_size()
     ring = Ring(rank, (rank + 1) % size, (rank - 1) % size)
-    busy, waits = [], []
+    out = []
     for rows, width in LOCKSTEP_SIZES:
         runner = lockstep_runner(threads, ring, rows, width, target=target)
         inputs = {"x": np.ones((rows, width), np.float32)}
         comm.Barrier()
         runs = [(elapsed - profile.wait, profile.wait) for elapsed, profile in
                 timed_runs(runner, MPITransport(comm, runner), repeat, inputs)]
-        busy.append(float(np.median([b for b, _ in runs])) / LOCKSTEP_ROUNDS)
-        waits.append(float(np.mean([w for _, w in runs])) / LOCKSTEP_ROUNDS)
-    return fit_wait_share(busy, waits)
-
-
-def fit_wait_share(busy: list[float], waits: list[float]) -> float:
-    """The slope of the waits over the segments' times (least squares), at least 0."""
-    return max(0.0, float(np.polyfit(np.asarray(busy), np.asarray(waits), 1)[0]))
+        out.append(Lockstep(float(np.median([b for b, _ in runs])) / LOCKSTEP_ROUNDS, float(np.mean([w for _, w in runs])) / LOCKSTEP_ROUNDS))
+    return tuple(out)
 
 
 def measure_boundary(threads: int, comm: Any = None, target: Target = CPU_TARGET) -> Boundary:

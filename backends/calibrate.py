@@ -12,7 +12,7 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   what a message of 4 B to 512 KB costs its sender to post (`send_s` + bytes x `send_byte_s`)
   and its receiver, busy elsewhere while it came, to take (`recv_s` + bytes x `recv_byte_s`;
   `message_fields`; one node keeps the defaults), and what a wait costs as ranks' segments vary
-  (`wait_share`: ranks in lockstep); and what each op and value
+  (`wait_share`: ranks in lockstep, `wait_share` fits them); and what each op and value
   of a segment costs more where the node runs other segments between two of its runs, as a
   plan's node does (`cold_segment_s` and `cold_s`: two chains of CNN-shaped segments with their
   weights, in sequence against each alone);
@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from bbgrap.backends.boundary import Message, measure_boundary, measure_cold
+from bbgrap.backends.boundary import Lockstep, Message, measure_boundary, measure_cold
 from bbgrap.backends.cpu_quota import WALL, BusyClock, CpuQuota, cpu_quota
 from bbgrap.backends.devices import device_for_rank, visible_devices
 from bbgrap.backends.engine import CPU_TARGET, Target, first_line, quiet_onnxruntime, session_options, target_for
@@ -356,7 +356,9 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         fields.update(message_fields(boundary.messages))
     cold = measure_cold(threads, fields["weight_Bps"], target=target)
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
-    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, wait_share=boundary.wait_share,
+    if boundary.lockstep:
+        fields["wait_share"] = wait_share(boundary.lockstep)
+    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s,
                        host=os.uname().nodename, layer_s=layers, layer_scaling=scaling)
     return node.slowed(quota.share(threads)) if quota is not None else node
 
@@ -373,6 +375,12 @@ def message_fields(messages: Sequence[Message]) -> dict[str, float]:
         out[f"{side}_s"] = getattr(smallest, f"{side}_s")
         out[f"{side}_byte_s"] = max(0.0, fit_line(sizes, costs)[1])
     return out
+
+
+def wait_share(lockstep: Sequence[Lockstep]) -> float:
+    """`wait_share` from the lockstep chain's shapes (backends/boundary.py): the slope of the waits
+    over the segments' times (least squares), at least 0."""
+    return max(0.0, fit_line([p.busy_s for p in lockstep], [p.wait_s for p in lockstep])[1])
 
 
 def ping_pong(comm: Any, peer: int, nbytes: int, repeat: int = REPEAT) -> float:

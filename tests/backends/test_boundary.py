@@ -23,7 +23,6 @@ from bbgrap.backends.boundary import (
     chain_runner,
     cold_chain,
     cold_line,
-    fit_wait_share,
     lockstep_runner,
     measure_boundary,
     measure_cold,
@@ -83,12 +82,6 @@ def test_a_lockstep_chain_computes_sends_and_waits_round_by_round(target: Target
     np.testing.assert_allclose(out["y"], np.tanh(np.tanh(np.tanh(x @ w) @ w) @ w), rtol=1e-5)
 
 
-def test_the_wait_share_is_the_slope_of_the_waits_over_the_segments_and_never_negative() -> None:
-    busy = [1e-5, 1e-4, 4e-4, 8e-4]
-    assert math.isclose(fit_wait_share(busy, [1.2e-6 + 0.012 * b for b in busy]), 0.012)
-    assert fit_wait_share(busy, [5e-6 - 0.001 * b for b in busy]) == 0.0
-
-
 def test_busy_time_leaves_out_waiting() -> None:
     runner = chain_runner(1, length=4)
     assert 0 < busy_seconds(runner, Mailbox(), repeat=3) < 1.0
@@ -131,7 +124,7 @@ def test_the_cold_line_runs_through_the_two_chains_and_is_never_negative() -> No
 
 def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
     got = measure_boundary(1)
-    assert isinstance(got, Boundary) and got.messages == () and got.wait_share == 0.0
+    assert isinstance(got, Boundary) and got.messages == () and got.lockstep == ()
     assert got.segment_s > 0 and got.value_s > 0
     assert CHAIN >= 16  # enough segments that the chain's own start and end are a small part of it
 
@@ -143,14 +136,15 @@ def test_under_mpirun_every_rank_measures_what_sending_and_receiving_cost(tmp_pa
     script = tmp_path / "ring.py"
     script.write_text(
         "from mpi4py import MPI\n"
-        "from bbgrap.backends.boundary import MESSAGE_ELEMENTS, measure_boundary\n"
+        "from bbgrap.backends.boundary import LOCKSTEP_SIZES, MESSAGE_ELEMENTS, measure_boundary\n"
+        "from bbgrap.backends.calibrate import wait_share\n"
         "comm = MPI.COMM_WORLD\n"
         "r = comm.Get_rank()\n"
         "b = measure_boundary(1, comm)\n"
         "m = b.messages\n"
         "got = comm.gather((b.segment_s > 0, b.value_s > 0, [x.nbytes for x in m] == [4 * e for e in MESSAGE_ELEMENTS],\n"
         "                   all(x.send_s >= 0 and x.recv_s > 0 for x in m), m[-1].recv_s > m[0].recv_s,\n"
-        "                   0 <= b.wait_share < 1), root=0)\n"
+        "                   len(b.lockstep) == len(LOCKSTEP_SIZES) and 0 <= wait_share(b.lockstep) < 1), root=0)\n"
         "if r == 0:\n"
         "    print(got)\n")
     proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=180,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import onnx
 import pytest
-from bbgrap.backends.boundary import Message
+from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
     add_model,
     calibrate_one,
@@ -30,6 +30,7 @@ from bbgrap.backends.calibrate import (
     model_to_time,
     stream_speed,
     time_piece,
+    wait_share,
     weights_model,
 )
 from bbgrap.backends.engine import CPU_TARGET, DeviceValues, Target, gpu_present, target_for
@@ -72,6 +73,12 @@ def test_message_costs_are_the_smallest_messages_and_the_slope_per_byte() -> Non
     assert got["recv_byte_s"] == pytest.approx(1e-10, rel=0.01)
     # a cost falling with bytes (noise): nothing per byte
     assert message_fields([Message(4, 6e-6, 5e-7), Message(65536, 5e-6, 5e-7)])["send_byte_s"] == 0.0
+
+
+def test_the_wait_share_is_the_slope_of_the_waits_over_the_segments_and_never_negative() -> None:
+    busy = [1e-5, 1e-4, 4e-4, 8e-4]
+    assert math.isclose(wait_share([Lockstep(b, 1.2e-6 + 0.012 * b) for b in busy]), 0.012)
+    assert wait_share([Lockstep(b, 5e-6 - 0.001 * b) for b in busy]) == 0.0
 
 
 def test_calibrate_one_node_measures_every_kind_of_op() -> None:
