@@ -364,10 +364,10 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
                 print(f"node {n} runs on the CPU: its {why}")
         print(f"latency {result['latency_ms']:.2f} ms (median of {len(latencies)}), {check}")
         if pred is not None and ranks > 1:
-            print(f"predicted {pred.latency_ms:.2f} ms by compile --profile ({pred.profile}): measured / predicted "
+            print(f"predicted {pred.latency_ms:.2f} ms by compile --profile ({pred.label}): measured / predicted "
                   f"{result['latency_ms'] / max(pred.latency_ms, 1e-9):.2f}")
         elif pred is not None:
-            print(f"predicted {pred.latency_ms:.2f} ms on {plan.nodes} separate nodes by compile --profile ({pred.profile}); "
+            print(f"predicted {pred.latency_ms:.2f} ms on {plan.nodes} separate nodes by compile --profile ({pred.label}); "
                   "this process runs them one after another")
         predicted_ranks = pred.ranks if pred is not None else ()
         off = []  # the ranks whose time in segments and sends is more than REFINE_HINT off their prediction
@@ -381,7 +381,7 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         if off and pred is not None:
             print(f"note: rank(s) {', '.join(map(str, off))} computed more than {REFINE_HINT:.0%} off the prediction; to correct "
                   "the profile by a run: bbgrap-run --json --trace t.json > run.json, then bbgrap calibrate --refine run.json "
-                  f"--profile {pred.profile_path} -o refined.toml, and compile with --profile refined.toml")
+                  f"--profile {pred.profile} -o refined.toml, and compile with --profile refined.toml")
         if not profiles:
             print(f"peak memory {peak_mb[0]:.0f} MB (this process, every node it runs: {plan_memory(0, None)})")
         if crowded is not None:

@@ -220,7 +220,7 @@ def prediction_text(pred: PredictionRecord) -> str:
     """compile --profile's lines: each rank's predicted compute / wait / total, the speed-up over one
     node, and where the plan has fewer nodes than asked for, why (one line) and which of the
     profile's nodes it runs on (one line)."""
-    lines = [f"predicted with {pred.profile}: {pred.latency_ms:.3f} ms per inference on {pred.nodes} node(s), "
+    lines = [f"predicted with {pred.label}: {pred.latency_ms:.3f} ms per inference on {pred.nodes} node(s), "
              f"{pred.one_node_ms:.3f} ms on one node: speed-up {pred.speedup:.2f}x"]
     lines += [f"  rank {n}: compute {r.compute:.3f} ms, wait {r.wait:.3f} ms, total {r.total:.3f} ms" for n, r in enumerate(pred.ranks)]
     from bbgrap.compiler import PLANNER_MARGIN

@@ -16,17 +16,7 @@ from bbgrap.forked import Forked
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import (
-    LAYER_TIMES_NOTE,
-    CompileRecord,
-    MemoryRecord,
-    Plan,
-    PlannerRecord,
-    PredictionRecord,
-    RankPrediction,
-    RecomputeRecord,
-    Source,
-)
+from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, RecomputeRecord, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.simulate import Prediction, predict, profile_speeds
@@ -175,7 +165,8 @@ def prediction_record(profile: ClusterProfile, requested: int, chosen: tuple[int
     pred, one = plans[len(chosen)].prediction, plans[1].prediction
     assert pred is not None and one is not None
     return PredictionRecord(
-        profile=profile.source + LAYER_TIMES_NOTE if any(n.layer_s for n in profile.nodes) else profile.source,
+        profile=profile.source,
+        layer_times=any(n.layer_s for n in profile.nodes),
         requested_nodes=requested,
         nodes=len(chosen),
         latency_ms=round(pred.latency * 1e3, 4),

@@ -12,7 +12,9 @@ node, every step's segment and message, every segment's file, one stats entry pe
 
 A plan of another format version is refused (`PlanVersionError`): compile it again.
 Version 3 is the typed schema (version 2 wrote the same keys, checked less); version 4 adds each
-segment's `cpu_only` (a plan of version 3 does not say which segments a GPU computes wrong).
+segment's `cpu_only` (a plan of version 3 does not say which segments a GPU computes wrong); version 5
+records the prediction's profile as its path and `layer_times` apart (version 4 appended a note to the
+path, which a reader had to strip).
 
 Steps, in JSON tagged lists, are one type each: `["run", segment]` (RunStep),
 `["send", message, local value]` (SendStep), `["wait", message]` (WaitStep).
@@ -31,7 +33,7 @@ from bbgrap.config import DIRECTIONS, Direction
 from bbgrap.ir import BBGrapError, Movement, PlannerStats, SearchStats
 
 PLAN_FORMAT = "bbgrap-plan"
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 Json = dict[str, Any]
 T = TypeVar("T")
@@ -86,6 +88,11 @@ def _take(rec: Mapping[str, Any], where: str, key: str, ok: Callable[[Any], bool
 
 def _str(rec: Mapping[str, Any], where: str, key: str) -> str:
     value: str = _take(rec, where, key, lambda v: isinstance(v, str), "a string")
+    return value
+
+
+def _bool(rec: Mapping[str, Any], where: str, key: str) -> bool:
+    value: bool = _take(rec, where, key, lambda v: isinstance(v, bool), "true or false")
     return value
 
 
@@ -436,7 +443,7 @@ class LayerRow:
         whole = None
         if cut == "whole":
             whole = WholeLayer(_int(rec, where, "whole_on"), _str(rec, where, "reason"),
-                               _take(rec, where, "no_rule", lambda v: isinstance(v, bool), "true or false"))
+                               _bool(rec, where, "no_rule"))
         extent = _take(rec, where, "extent", lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0 or null")
         return cls(_str(rec, where, "name"), _str(rec, where, "op_type"), cut, _shape(rec, where, "output_shape"), extent,
                    _number(rec, where, "flops"), _int(rec, where, "bytes_sent"), _records(rec, where, "per_node", LayerNodeRow.from_json),
@@ -489,19 +496,21 @@ class RankPrediction:
                    _numbers(rec, where, "segments") if "segments" in rec else ())
 
 
-# what compile appends to `PredictionRecord.profile` where the profile priced the model's layers by their measured times
+# what `PredictionRecord.label` adds to the profile's path where it priced the model's layers by their measured times
 LAYER_TIMES_NOTE = ", with this model's layer times"
 
 
 @dataclass(frozen=True)
 class PredictionRecord:
-    """What `compile --profile` predicted (bbgrap/simulate.py): the profile, the node count asked
-    for and the one compiled, the plan's latency and each rank's time, one node's latency, the
+    """What `compile --profile` predicted (bbgrap/simulate.py): the profile's path and whether it
+    priced this model's layers by their measured times (`layer_times`), the node count asked for and
+    the one compiled, the plan's latency and each rank's time, one node's latency, the
     speed-up, the latency of every node count it simulated, and which of the profile's nodes the
     plan's are (the fastest where it has fewer: `compiler.fastest_nodes`), with their host names
     where calibrate recorded them ("" where not)."""
 
     profile: str
+    layer_times: bool
     requested_nodes: int
     nodes: int
     latency_ms: float
@@ -513,9 +522,10 @@ class PredictionRecord:
     hosts: tuple[str, ...]
 
     @property
-    def profile_path(self) -> str:
-        """The profile file compile was given (`profile` without LAYER_TIMES_NOTE)."""
-        return self.profile.removesuffix(LAYER_TIMES_NOTE)
+    def label(self) -> str:
+        """The profile as compile, bbgrap-run and inspect name it: its path, and LAYER_TIMES_NOTE where
+        it priced the model's layers by their measured times."""
+        return self.profile + (LAYER_TIMES_NOTE if self.layer_times else "")
 
     @property
     def on_picked_nodes(self) -> bool:
@@ -524,7 +534,7 @@ class PredictionRecord:
         return self.profile_nodes != tuple(range(self.nodes))
 
     def to_json(self) -> Json:
-        return {"profile": self.profile, "requested_nodes": self.requested_nodes, "nodes": self.nodes,
+        return {"profile": self.profile, "layer_times": self.layer_times, "requested_nodes": self.requested_nodes, "nodes": self.nodes,
                 "plan": {"nodes": self.nodes, "latency_ms": self.latency_ms, "ranks": [r.to_json() for r in self.ranks]},
                 "one_node_ms": self.one_node_ms, "speedup": self.speedup,
                 "candidates_ms": {str(n): ms for n, ms in sorted(self.candidates_ms.items())},
@@ -543,7 +553,7 @@ class PredictionRecord:
         hosts = _strs(rec, where, "hosts") if "hosts" in rec else ("",) * nodes
         if len(hosts) != nodes:
             raise PlanSchemaError(f"'{_path(where, 'hosts')}' does not hold one host name for each of the {nodes} nodes")
-        return cls(_str(rec, where, "profile"), _int(rec, where, "requested_nodes", positive=True), nodes,
+        return cls(_str(rec, where, "profile"), _bool(rec, where, "layer_times"), _int(rec, where, "requested_nodes", positive=True), nodes,
                    _number(plan, _path(where, "plan"), "latency_ms"), _records(plan, _path(where, "plan"), "ranks", RankPrediction.from_json),
                    _number(rec, where, "one_node_ms"), _number(rec, where, "speedup"), {int(k): float(ms) for k, ms in candidates.items()},
                    profile_nodes, hosts)
@@ -552,7 +562,7 @@ class PredictionRecord:
 def planner_stats_from_json(value: Any, where: str) -> PlannerStats:
     """The plan-network pass's statistics (bbgrap.ir.PlannerStats, which writes itself with to_json)."""
     rec = _object(value, where)
-    exact = _take(rec, where, "exact", lambda v: isinstance(v, bool), "true or false")
+    exact = _bool(rec, where, "exact")
     return PlannerStats(_str(rec, where, "planner"), _int(rec, where, "layers"), _int(rec, where, "candidates"),
                         _int(rec, where, "evaluated"), exact, *(_number(rec, where, k) for k in (
                             "synchronous_ms", "timeline_ms", "start_synchronous_ms", "start_timeline_ms", "seconds")))
@@ -616,7 +626,7 @@ class RecomputeRecord:
     @classmethod
     def from_json(cls, value: Any, where: str) -> RecomputeRecord:
         rec = _object(value, where)
-        kept = _take(rec, where, "kept", lambda v: isinstance(v, bool), "true or false")
+        kept = _bool(rec, where, "kept")
         pricing = _take(rec, where, "pricing", lambda v: v in RECOMPUTE_PRICINGS, " or ".join(map(repr, RECOMPUTE_PRICINGS)))
         return cls(kept, _str(rec, where, "profile"), pricing, _number(rec, where, "by_kind_ms"), _number(rec, where, "alike_ms"),
                    _number(rec, where, "without_ms"))
@@ -653,7 +663,7 @@ class MemoryRecord:
     @classmethod
     def from_json(cls, value: Any, where: str) -> MemoryRecord:
         rec = _object(value, where)
-        prepack = _take(rec, where, "prepack", lambda v: isinstance(v, bool), "true or false")
+        prepack = _bool(rec, where, "prepack")
         return cls(prepack, *(_numbers(rec, where, k) for k in ("limit_mb", "weights_mb", "activations_mb", "estimate_mb")))
 
 

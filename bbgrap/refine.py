@@ -208,7 +208,7 @@ def refine(profile: ClusterProfile, runs: Sequence[MeasuredRun]) -> tuple[Cluste
     checks: list[RankCheck] = []
     used = 0
     for run in runs:
-        compiled_with = run.prediction.profile_path
+        compiled_with = run.prediction.profile
         if os.path.exists(compiled_with) and not same_file(compiled_with, profile.source):
             raise BBGrapError(f"--refine {run.source}: its plan was compiled with the profile {compiled_with}, not "
                               f"{profile.source}; refine that profile by it, or give only runs of plans compiled with "

@@ -58,7 +58,7 @@ def test_json_round_trip_is_identical(compiled: tuple[Plan, Path]) -> None:
     plan = Plan.from_json(json.loads(text))
     assert manifest_text(plan.to_json()) == text  # same keys, order, and numbers (an integer stays one)
     assert Plan.from_json(plan.to_json()) == plan
-    assert plan.to_json()["version"] == PLAN_VERSION == 4
+    assert plan.to_json()["version"] == PLAN_VERSION == 5
 
 
 def fields(value: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
@@ -157,14 +157,15 @@ def test_a_step_names_a_message_of_its_node(raw: dict[str, Any]) -> None:
     assert f"sends message {sender['id']}, which goes from node {sender['src']}" in schema_error(raw)
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 def test_another_version_is_refused(compiled: tuple[Plan, Path], raw: dict[str, Any], tmp_path: Path, version: int) -> None:
-    # version 3 plans do not say which segments only the CPU computes exactly: run on a GPU they could be wrong
+    # version 3 plans do not say which segments only the CPU computes exactly (run on a GPU they could be wrong);
+    # version 4 plans name their profile with a note appended to its path
     raw["version"] = version
     with pytest.raises(PlanVersionError):
         Plan.from_json(raw)
     (tmp_path / MANIFEST).write_text(json.dumps(raw))
-    with pytest.raises(BBGrapError, match=rf"has format version {version}, this bbgrap reads version 4; compile it again"):
+    with pytest.raises(BBGrapError, match=rf"has format version {version}, this bbgrap reads version 5; compile it again"):
         read_manifest(str(tmp_path))
     raw.pop("format")
     assert "not a bbgrap plan manifest" in schema_error(raw)
@@ -175,7 +176,7 @@ def test_a_prediction_without_its_nodes_ran_on_the_first_and_bad_ones_are_named(
     as run on the first ones, hosts unknown; a list of the wrong length is one error naming it."""
     from bbgrap.plan_schema import PredictionRecord
 
-    rec = PredictionRecord("p", 3, 2, 1.0, (), 2.0, 2.0, {1: 2.0, 2: 1.0, 3: 1.5}, (1, 2), ("b", "c"))
+    rec = PredictionRecord("p", False, 3, 2, 1.0, (), 2.0, 2.0, {1: 2.0, 2: 1.0, 3: 1.5}, (1, 2), ("b", "c"))
     value = json.loads(json.dumps(rec.to_json()))
     assert PredictionRecord.from_json(value, "compiled.prediction") == rec
     old = {k: v for k, v in value.items() if k not in ("profile_nodes", "hosts")}
@@ -185,3 +186,20 @@ def test_a_prediction_without_its_nodes_ran_on_the_first_and_bad_ones_are_named(
         PredictionRecord.from_json({**value, "profile_nodes": [1]}, "compiled.prediction")
     with pytest.raises(PlanSchemaError, match=r"'compiled.prediction.hosts' does not hold one host name for each of the 2 nodes"):
         PredictionRecord.from_json({**value, "hosts": ["b"]}, "compiled.prediction")
+
+
+def test_a_prediction_names_its_profile_by_path_and_says_apart_whether_it_used_layer_times() -> None:
+    """The profile's path is recorded as compile was given it (calibrate --refine opens it; a path
+    ending in the words of the note reads back as itself), the layer times beside it."""
+    from bbgrap.plan_schema import LAYER_TIMES_NOTE, PredictionRecord
+
+    odd_path = "profiles/p" + LAYER_TIMES_NOTE
+    rec = PredictionRecord(odd_path, True, 2, 2, 1.0, (), 2.0, 2.0, {2: 1.0}, (0, 1), ("", ""))
+    value = json.loads(json.dumps(rec.to_json()))
+    assert value["profile"] == odd_path and value["layer_times"] is True
+    back = PredictionRecord.from_json(value, "compiled.prediction")
+    assert back == rec and back.profile == odd_path and back.label == odd_path + LAYER_TIMES_NOTE
+    assert PredictionRecord.from_json({**value, "layer_times": False}, "compiled.prediction").label == odd_path
+    for broken in ({k: v for k, v in value.items() if k != "layer_times"}, {**value, "layer_times": "yes"}):
+        with pytest.raises(PlanSchemaError, match=r"'compiled.prediction.layer_times'"):
+            PredictionRecord.from_json(broken, "compiled.prediction")

@@ -24,7 +24,7 @@ NODE = replace(PLAIN, layer_s={"conv1": 2e-3})  # with a measured layer (a profi
 def prediction(profile: str, computes: list[float], nodes: tuple[int, ...] | None = None) -> PredictionRecord:
     ranks = tuple(RankPrediction(c, 0.1, c + 0.1) for c in computes)
     n = len(computes)
-    return PredictionRecord(profile, n, n, max(computes) + 0.1, ranks, 10.0, 1.0, {n: 1.0}, nodes or tuple(range(n)), ("",) * n)
+    return PredictionRecord(profile, False, n, n, max(computes) + 0.1, ranks, 10.0, 1.0, {n: 1.0}, nodes or tuple(range(n)), ("",) * n)
 
 
 def run_json(path: str, pred: PredictionRecord | None, measured: list[tuple[float, float]], mode: str = "mpi",
@@ -59,7 +59,7 @@ def test_a_ranks_segments_give_a_line_its_slope_scales_the_node_and_its_intercep
     # under-priced); rank 1 ran two segments only: its total's ratio alone
     profile = ClusterProfile((NODE, NODE), source=str(tmp_path / "cluster.toml"))
     predicted = [2.0, 0.5, 0.02, 1.0]
-    pred = PredictionRecord(profile.source, 2, 2, 4.0, (RankPrediction(3.52, 0.1, 3.62, tuple(predicted)), RankPrediction(2.0, 0.1, 2.1, (1.0, 1.0))),
+    pred = PredictionRecord(profile.source, False, 2, 2, 4.0, (RankPrediction(3.52, 0.1, 3.62, tuple(predicted)), RankPrediction(2.0, 0.1, 2.1, (1.0, 1.0))),
                             10.0, 1.0, {2: 4.0}, (0, 1), ("", ""))
     measured = [0.9 * p + 0.04 for p in predicted]
     run = MeasuredRun("run.json", (sum(measured), 3.0), None, pred, (tuple(measured), (1.5, 1.5)))
@@ -163,7 +163,7 @@ def test_several_runs_put_each_nodes_segments_of_all_of_them_on_one_line(tmp_pat
     profile = ClusterProfile((NODE, NODE), source=str(tmp_path / "cluster.toml"))
 
     def run(name: str, node0: tuple[float, ...], node1: float) -> MeasuredRun:
-        pred = PredictionRecord(profile.source, 2, 2, 4.0, (RankPrediction(sum(node0), 0.1, 4.0, node0), RankPrediction(node1, 0.1, 4.0, ())),
+        pred = PredictionRecord(profile.source, False, 2, 2, 4.0, (RankPrediction(sum(node0), 0.1, 4.0, node0), RankPrediction(node1, 0.1, 4.0, ())),
                                 10.0, 1.0, {2: 4.0}, (0, 1), ("", ""))
         measured = tuple(0.8 * p + 0.03 for p in node0)
         return MeasuredRun(name, (sum(measured), 1.2 * node1), None, pred, (measured, ()))

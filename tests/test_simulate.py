@@ -389,7 +389,7 @@ def test_bbgrap_run_notes_ranks_on_other_hosts_than_their_nodes_where_speeds_dif
     off = [{"compute": pred.ranks[0].compute * 1.05, "wait": 0.0, "send": 0.0}, {"compute": pred.ranks[1].compute * 1.3, "wait": 0.0, "send": 0.0}]
     assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], off) == 0
     said_off = capsys.readouterr().out
-    assert "note: rank(s) 1 computed more than 10% off the prediction" in said_off and f"--profile {pred.profile_path} " in said_off
+    assert "note: rank(s) 1 computed more than 10% off the prediction" in said_off and f"--profile {pred.profile} " in said_off
     close = [{"compute": pred.ranks[r].compute * f, "wait": 0.0, "send": 0.0} for r, f in ((0, 1.05), (1, 0.95))]
     assert report(args, plan, out, out, [1e-3], 2, [], 0, [1.0, 1.0], [0.0, 0.0], close) == 0
     assert "calibrate --refine" not in capsys.readouterr().out
@@ -409,7 +409,7 @@ def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_severa
     from bbgrap.plan_schema import PredictionRecord
 
     def line(nodes: tuple[int, ...], hosts: tuple[str, ...]) -> str:
-        pred = PredictionRecord("p", 3, len(nodes), 1.0, (), 2.0, 2.0, {}, nodes, hosts)
+        pred = PredictionRecord("p", False, 3, len(nodes), 1.0, (), 2.0, 2.0, {}, nodes, hosts)
         plan = SimpleNamespace(nodes=len(nodes), compiled=SimpleNamespace(prediction=pred))
         return run_line(plan, "bbgrap-plan")  # type: ignore[arg-type]
 
@@ -417,7 +417,7 @@ def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_severa
     assert line((1, 2), ("h", "h")) == "run it: mpirun -n 2 bbgrap-run"  # one host: ranks, not hosts, tell them apart
     assert line((1, 2), ("b", "")) == "run it: mpirun -n 2 bbgrap-run"  # a host not recorded
     assert line((0, 1), ("a", "b")) == "run it: mpirun -n 2 bbgrap-run"  # the first nodes: as mpirun starts them
-    two = PredictionRecord("p", 3, 2, 1.0, (), 2.0, 2.0, {2: 1.0, 3: 1.1}, (1, 2), ("b", "c"))
+    two = PredictionRecord("p", False, 3, 2, 1.0, (), 2.0, 2.0, {2: 1.0, 3: 1.1}, (1, 2), ("b", "c"))
     assert "its 2 nodes are the profile's fastest, nodes 1 (b), 2 (c): run rank k on the k-th of them" in prediction_text(two)
 
 

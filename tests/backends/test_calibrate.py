@@ -221,8 +221,9 @@ def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(sma
     plain = compile_model(small_model, Config(nodes=1), str(tmp_path / "plain"), profile=replace(profile, model_sha256="0" * 64))
     assert plan.compiled.prediction is not None and plain.compiled.prediction is not None
     assert plan.compiled.prediction.latency_ms != plain.compiled.prediction.latency_ms
-    assert plan.compiled.prediction.profile.endswith("with this model's layer times")
-    assert "layer times" not in plain.compiled.prediction.profile
+    assert plan.compiled.prediction.layer_times and not plain.compiled.prediction.layer_times
+    assert plan.compiled.prediction.profile == plain.compiled.prediction.profile == profile.source
+    assert plan.compiled.prediction.label.endswith("with this model's layer times") and plain.compiled.prediction.label == profile.source
 
 
 def test_a_piece_is_timed_through_device_values_as_on_a_gpu() -> None:
