@@ -166,11 +166,10 @@ class Target:
         return sess
 
     def runner(self, sess: Any, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
-        """One run of `sess` on `feeds` as the plan's runner makes it: host arrays fed as they are;
-        with device values, `feeds` copied to the device once and every output left there."""
+        """One run of `sess` on `feeds` through the values' `run`, as the plan's runner makes it: host
+        arrays fed as they are; with device values, `feeds` copied to the device once and every output
+        left there."""
         values = self.values
-        if isinstance(values, HostValues):
-            return lambda: sess.run(None, feeds)
         bound = {name: values.to_device(array) for name, array in feeds.items()}
         inputs, outputs = list(bound), [o.name for o in sess.get_outputs()]
         return lambda: values.run(sess, inputs, outputs, bound)

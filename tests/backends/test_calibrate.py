@@ -11,9 +11,11 @@ import tempfile
 import time
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
@@ -33,7 +35,7 @@ from bbgrap.backends.calibrate import (
     wait_share,
     weights_model,
 )
-from bbgrap.backends.engine import CPU_TARGET, DeviceValues, Target, gpu_present, target_for
+from bbgrap.backends.engine import CPU_TARGET, DeviceValues, HostValues, Target, gpu_present, target_for
 from bbgrap.frontends.onnx import import_model
 from helpers import save
 from onnx import helper
@@ -232,6 +234,30 @@ def test_a_piece_is_timed_through_device_values_as_on_a_gpu() -> None:
     bound = Target(("CPUExecutionProvider",), DeviceValues("cpu", 0))
     (host, host_shape), (dev, dev_shape) = (time_piece(model, 1, repeat=3, target=t) for t in (CPU_TARGET, bound))
     assert host_shape == dev_shape == (1, 8, 14, 14) and host > 0 and dev > 0
+
+
+class CountingHostValues(HostValues):
+    """Host values that count the runs made through them."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run(self, session: Any, inputs: list[str], outputs: list[str], values: dict[str, Any]) -> list[Any]:
+        self.runs += 1
+        return super().run(session, inputs, outputs, values)
+
+
+def test_a_run_calibrate_times_goes_through_the_values_run_as_a_plans_segment_does() -> None:
+    # the plan's runner runs every segment through its values' `run` (on the host onnxruntime's binding,
+    # without InferenceSession.run's per-call checks); calibrate times its runs the same way on any target
+    model, _ = conv_model(8, 14, False)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 8, 14, 14)).astype(np.float32)
+    values = CountingHostValues()
+    run = Target(("CPUExecutionProvider",), values).runner(sess, {sess.get_inputs()[0].name: x})
+    got = run()
+    assert values.runs == 1 and isinstance(got, list) and len(got) == 1
+    np.testing.assert_array_equal(got[0], sess.run(None, {sess.get_inputs()[0].name: x})[0])
 
 
 def test_a_gpu_target_is_asked_for_only_where_there_is_one() -> None:
