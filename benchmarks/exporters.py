@@ -13,6 +13,7 @@ failed export or compile is a row, not a skip.
   python benchmarks/exporters.py --models all --nodes 2 4 16   # every torchvision model
   python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
   python benchmarks/exporters.py --files exported/*.onnx --nodes 2 4 16   # files exported before (no torch)
+  python benchmarks/exporters.py --files exported/*.onnx --nodes 3 --direction c --planner heft
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from bbgrap.backends.runtime import compare, embedded_runners, run_embedded
 from table import Table  # benchmarks/table.py, beside this script
 
 from bbgrap.compiler import compile_model
-from bbgrap.config import Config, Direction
+from bbgrap.config import PLANNERS, Config, Direction
 from bbgrap.plan import read_manifest, read_sample
 from bbgrap.plan_schema import Plan
 
@@ -262,7 +263,7 @@ def survey(path: str, base: dict[str, Any], args: argparse.Namespace, work: str,
     rows: list[dict[str, Any]] = []
     for nodes in args.nodes:
         plan_dir = os.path.join(work, f"plan-{base['model']}-{base['exporter']}-{nodes}")
-        cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search)
+        cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search, planner=args.planner)
         row: dict[str, Any] = base | {"nodes": nodes}
         try:
             t0 = time.perf_counter()
@@ -302,6 +303,7 @@ def main() -> int:
     p.add_argument("--threshold", type=float, default=20.0)
     p.add_argument("--direction", default="h")
     p.add_argument("--search", default="exact")
+    p.add_argument("--planner", default=Config.planner, choices=PLANNERS, help=f"as compile's --planner (default {Config.planner})")
     p.add_argument("--files", nargs="+", default=None, metavar="ONNX",
                    help="compile these ONNX files (exported before, named MODEL-EXPORTER.onnx or any name) "
                         "instead of exporting models: needs no torch")
