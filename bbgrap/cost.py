@@ -163,7 +163,11 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = Tr
     the segment before it gives, the halo the one after it takes, and the concat; the simulator
     prices each, bbgrap/simulate.py); per byte the sender's, the link's time for it or the
     receiver's take where that is longer (`NodeProfile.taken`), and the concat's and the session
-    hand-over's (an "other" operation per element each)."""
+    hand-over's (an "other" operation per element each). Not `NodeProfile.wait_share`: a wait's
+    jitter is that share of the segment before it, and a receive more splits a segment rather than
+    adding one (the next wait's jitter loses what the new one's gains; only a node's last wait
+    adds its segment's), so it prices candidates alike; the simulator, which judges the
+    planners' plans, prices it."""
     slowest = pricing_node(profile)
     ops_per_s = slowest.conv_ops_per_s
     per_byte = (slowest.send_byte_s + max(1.0 / profile.link.bandwidth_Bps, slowest.recv_byte_s)
