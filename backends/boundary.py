@@ -53,10 +53,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import onnx
 from bbgrap.backends.engine import CPU_TARGET, Target
 from bbgrap.backends.executor import NodeRunner, Profile, Transport, execute, run_node
 from bbgrap.backends.probe_models import float_model
@@ -120,6 +121,43 @@ class Boundary:
     lockstep: tuple[Lockstep, ...] = ()
 
 
+@dataclass
+class ProgramBuilder:
+    """A probe node's program on `target`, step by step (the chains and the lockstep chain): each
+    segment's session, its inputs and outputs, the steps and the messages they name."""
+
+    target: Target
+    threads: int
+    sessions: list[Any] = field(default_factory=list)
+    seg_inputs: list[list[str]] = field(default_factory=list)
+    seg_outputs: list[list[str]] = field(default_factory=list)
+    steps: list[PlanStep] = field(default_factory=list)
+    messages: dict[int, MessageSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.opts = self.target.options(self.threads)
+
+    def run(self, model: onnx.ModelProto, inputs: list[str], outputs: list[str]) -> None:
+        """A segment computing `outputs` from `inputs`, run in the next step."""
+        self.steps.append(RunStep(len(self.sessions)))
+        self.sessions.append(self.target.session(model.SerializeToString(), self.opts))
+        self.seg_inputs.append(inputs)
+        self.seg_outputs.append(outputs)
+
+    def send(self, message: MessageSpec) -> None:
+        self.messages[message.id] = message
+        self.steps.append(SendStep(message.id, message.value))
+
+    def wait(self, message: MessageSpec) -> None:
+        self.messages[message.id] = message
+        self.steps.append(WaitStep(message.id))
+
+    def runner(self, node: int, outputs: dict[str, str], inputs: dict[str, str]) -> NodeRunner:
+        """Node `node`'s runner of the program: `outputs` and `inputs` map the program's names to its values."""
+        return NodeRunner(node, self.steps, self.sessions, self.seg_inputs, self.seg_outputs, outputs, inputs, self.messages,
+                          self.target.values)
+
+
 def value(i: int, j: int) -> str:
     return f"v{i}_{j}"
 
@@ -131,10 +169,7 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
     `ring.dst` after it and, at the end, a wait for each of `ring.src`'s. Message ids: sender *
     length + segment."""
     node = ring.node if ring is not None else 0
-    sessions, seg_inputs, seg_outputs = [], [], []
-    steps: list[PlanStep] = []
-    messages: dict[int, MessageSpec] = {}
-    opts = target.options(threads)
+    program = ProgramBuilder(target, threads)
 
     def message(src: int, dst: int, i: int, name: str) -> MessageSpec:
         return MessageSpec(src * length + i, src, dst, name, ((0, elements),), (elements,), "float32", name)
@@ -142,23 +177,14 @@ def chain_runner(threads: int, width: int = 1, ring: Ring | None = None, length:
     for i in range(length):
         ins, outs = [value(i, j) for j in range(width)], [value(i + 1, j) for j in range(width)]
         nodes = [helper.make_node("Add", [a, "c"], [b]) for a, b in zip(ins, outs)]
-        model = float_model(nodes, dict.fromkeys(ins, (elements,)), dict.fromkeys(outs, (elements,)), {"c": np.full((1,), i + 1, np.float32)},
-                            "boundary")
-        sessions.append(target.session(model.SerializeToString(), opts))
-        seg_inputs.append(ins)
-        seg_outputs.append(outs)
-        steps.append(RunStep(i))
+        program.run(float_model(nodes, dict.fromkeys(ins, (elements,)), dict.fromkeys(outs, (elements,)),
+                                {"c": np.full((1,), i + 1, np.float32)}, "boundary"), ins, outs)
         if ring is not None:
-            sent = message(node, ring.dst, i, outs[0])
-            messages[sent.id] = sent
-            steps.append(SendStep(sent.id, outs[0]))
+            program.send(message(node, ring.dst, i, outs[0]))
     if ring is not None:
         for i in range(length):
-            got = message(ring.src, node, i, f"got{i}")
-            messages[got.id] = got
-            steps.append(WaitStep(got.id))
-    return NodeRunner(node, steps, sessions, seg_inputs, seg_outputs, {"y": value(length, 0)},
-                      {f"x{j}": value(0, j) for j in range(width)}, messages, target.values)
+            program.wait(message(ring.src, node, i, f"got{i}"))
+    return program.runner(node, {"y": value(length, 0)}, {f"x{j}": value(0, j) for j in range(width)})
 
 
 def chain_inputs(width: int, elements: int = 1) -> dict[str, np.ndarray]:
@@ -261,24 +287,16 @@ def lockstep_runner(threads: int, ring: Ring, rows: int, width: int, rounds: int
     """A node's program of `rounds` rounds on `target`: segment i computes tanh(a_i W) (a_i: `rows` x
     `width`, W: `width` x `width`) and its largest value, sends that to `ring.dst` and waits for
     `ring.src`'s of round i (module docstring, jitter). Message ids: sender * rounds + round."""
-    opts = target.options(threads)
     w = (np.random.default_rng(0).standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-    sessions, seg_inputs, seg_outputs = [], [], []
-    steps: list[PlanStep] = []
-    messages: dict[int, MessageSpec] = {}
+    program = ProgramBuilder(target, threads)
     for i in range(rounds):
         a, b, top, got = f"a{i}", f"a{i + 1}", f"top{i}", f"got{i}"
         nodes = [helper.make_node("MatMul", [a, "w"], ["m"]), helper.make_node("Tanh", ["m"], [b]),
                  helper.make_node("ReduceMax", [b], [top], keepdims=1)]
-        model = float_model(nodes, {a: (rows, width)}, {b: (rows, width), top: (1, 1)}, {"w": w}, "lockstep")
-        sessions.append(target.session(model.SerializeToString(), opts))
-        seg_inputs.append([a])
-        seg_outputs.append([b, top])
-        sent = MessageSpec(ring.node * rounds + i, ring.node, ring.dst, top, ((0, 1), (0, 1)), (1, 1), "float32", top)
-        taken = MessageSpec(ring.src * rounds + i, ring.src, ring.node, got, ((0, 1), (0, 1)), (1, 1), "float32", got)
-        messages[sent.id], messages[taken.id] = sent, taken
-        steps += [RunStep(i), SendStep(sent.id, top), WaitStep(taken.id)]
-    return NodeRunner(ring.node, steps, sessions, seg_inputs, seg_outputs, {"y": f"a{rounds}"}, {"x": "a0"}, messages, target.values)
+        program.run(float_model(nodes, {a: (rows, width)}, {b: (rows, width), top: (1, 1)}, {"w": w}, "lockstep"), [a], [b, top])
+        program.send(MessageSpec(ring.node * rounds + i, ring.node, ring.dst, top, ((0, 1), (0, 1)), (1, 1), "float32", top))
+        program.wait(MessageSpec(ring.src * rounds + i, ring.src, ring.node, got, ((0, 1), (0, 1)), (1, 1), "float32", got))
+    return program.runner(ring.node, {"y": f"a{rounds}"}, {"x": "a0"})
 
 
 def measure_jitter(threads: int, comm: Any, repeat: int = REPEAT, target: Target = CPU_TARGET) -> tuple[Lockstep, ...]:
@@ -330,8 +348,7 @@ def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES
     rng = np.random.default_rng(0)
     c, side = COLD_CHANNELS, COLD_SIDE
     wide = values * c
-    opts = target.options(threads)
-    sessions, seg_inputs, seg_outputs = [], [], []
+    program = ProgramBuilder(target, threads)
     for i in range(length):
         ins, out = [f"x{i}_{j}" for j in range(values)], f"y{i}"
         nodes = [helper.make_node("Concat", ins, ["cat"], axis=1), helper.make_node("Conv", ["cat", "w1"], ["t"]),
@@ -339,13 +356,9 @@ def cold_chain(threads: int, length: int = COLD_CHAIN, values: int = COLD_VALUES
                  helper.make_node("Relu", ["z"], [out])]
         weights = {"w1": (rng.standard_normal((64, wide, 1, 1)) * np.sqrt(2 / wide)).astype(np.float32),
                    "w3": (rng.standard_normal((c, 64, 3, 3)) * np.sqrt(2 / (64 * 9))).astype(np.float32)}
-        model = float_model(nodes, dict.fromkeys(ins, (1, c, side, side)), {out: (1, c, side, side)}, weights, "cold")
-        sessions.append(target.session(model.SerializeToString(), opts))
-        seg_inputs.append(ins)
-        seg_outputs.append([out])
-    names = [x for ins in seg_inputs for x in ins]
-    runner = NodeRunner(0, [RunStep(i) for i in range(length)], sessions, seg_inputs, seg_outputs, {"y": f"y{length - 1}"},
-                        {x: x for x in names}, {}, target.values)
+        program.run(float_model(nodes, dict.fromkeys(ins, (1, c, side, side)), {out: (1, c, side, side)}, weights, "cold"), ins, [out])
+    names = [x for ins in program.seg_inputs for x in ins]
+    runner = program.runner(0, {"y": f"y{length - 1}"}, {x: x for x in names})
     inputs = {x: rng.random((1, c, side, side), dtype=np.float32) for x in names}
     # five ops, `values` values in and one out
     return ColdChain(runner, inputs, 4 * (64 * wide + c * 64 * 9), 5 + values + 1)
