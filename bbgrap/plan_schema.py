@@ -135,8 +135,8 @@ def _record(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, 
 
 
 def _optional_record(rec: Mapping[str, Any], where: str, key: str, parse: Callable[[Any, str], T]) -> T | None:
-    """A record that plans written before it existed lack: None where `key` is absent or null."""
-    if key not in rec or _take(rec, where, key, lambda v: v is None or isinstance(v, dict), "an object or null") is None:
+    """A record, or None where `key` is null (the compile made none)."""
+    if _take(rec, where, key, lambda v: v is None or isinstance(v, dict), "an object or null") is None:
         return None
     return _record(rec, where, key, parse)
 
@@ -493,7 +493,7 @@ class RankPrediction:
     def from_json(cls, value: Any, where: str) -> RankPrediction:
         rec = _object(value, where)
         return cls(_number(rec, where, "compute"), _number(rec, where, "wait"), _number(rec, where, "total"),
-                   _numbers(rec, where, "segments") if "segments" in rec else ())
+                   _numbers(rec, where, "segments"))
 
 
 # what `PredictionRecord.label` adds to the profile's path where it priced the model's layers by their measured times
@@ -547,10 +547,9 @@ class PredictionRecord:
         candidates = _take(rec, where, "candidates_ms", lambda v: isinstance(v, dict) and all(
             k.isdigit() and _is_number(ms) for k, ms in v.items()), "an object of node counts and latencies")
         nodes = _int(rec, where, "nodes", positive=True)
-        # plans written before these were recorded ran on the profile's first nodes
         profile_nodes = tuple(_take(rec, where, "profile_nodes", lambda v: isinstance(v, list) and len(v) == nodes and all(
-            _is_int(n) and n >= 0 for n in v), f"a list of {nodes} node numbers")) if "profile_nodes" in rec else tuple(range(nodes))
-        hosts = _strs(rec, where, "hosts") if "hosts" in rec else ("",) * nodes
+            _is_int(n) and n >= 0 for n in v), f"a list of {nodes} node numbers"))
+        hosts = _strs(rec, where, "hosts")
         if len(hosts) != nodes:
             raise PlanSchemaError(f"'{_path(where, 'hosts')}' does not hold one host name for each of the {nodes} nodes")
         return cls(_str(rec, where, "profile"), _bool(rec, where, "layer_times"), _int(rec, where, "requested_nodes", positive=True), nodes,
@@ -712,13 +711,9 @@ class CompileRecord:
         rec = _object(value, where)
         speeds = _take(rec, where, "speeds", lambda v: isinstance(v, list) and all(_is_number(s) and s > 0 for s in v),
                        "a list of positive numbers")
-        search = None
-        if _take(rec, where, "search", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
-            search = _record(rec, where, "search", search_stats_from_json)
+        search = _optional_record(rec, where, "search", search_stats_from_json)
         source = _record(rec, where, "source", Source.from_json) if "source" in rec else None  # absent: a model in memory
-        prediction = None
-        if _take(rec, where, "prediction", lambda v: v is None or isinstance(v, dict), "an object or null") is not None:
-            prediction = _record(rec, where, "prediction", PredictionRecord.from_json)
+        prediction = _optional_record(rec, where, "prediction", PredictionRecord.from_json)
         planner = _optional_record(rec, where, "planner", PlannerRecord.from_json)
         memory = _optional_record(rec, where, "memory", MemoryRecord.from_json)
         recompute = _optional_record(rec, where, "recompute", RecomputeRecord.from_json)

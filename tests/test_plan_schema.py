@@ -20,7 +20,7 @@ from bbgrap.plan_schema import PLAN_VERSION, Plan, PlanSchemaError, PlanVersionE
 from tests.rules.helpers import build_model
 
 MAPS = {"files", "outputs"}  # objects of names, not records: checked whole
-OPTIONAL = {"source", "planner", "memory", "recompute"}  # absent for a plan built from a model in memory, or compiled before planners, memory or recompute records
+OPTIONAL = {"source"}  # absent for a plan built from a model in memory
 
 
 def conv_then_hardmax_model() -> Any:
@@ -171,17 +171,15 @@ def test_another_version_is_refused(compiled: tuple[Plan, Path], raw: dict[str, 
     assert "not a bbgrap plan manifest" in schema_error(raw)
 
 
-def test_a_prediction_without_its_nodes_ran_on_the_first_and_bad_ones_are_named() -> None:
-    """Plans compiled before the prediction recorded which of the profile's nodes they run on read
-    as run on the first ones, hosts unknown; a list of the wrong length is one error naming it."""
+def test_a_predictions_nodes_and_hosts_are_named_where_missing_or_of_the_wrong_length() -> None:
     from bbgrap.plan_schema import PredictionRecord
 
     rec = PredictionRecord("p", False, 3, 2, 1.0, (), 2.0, 2.0, {1: 2.0, 2: 1.0, 3: 1.5}, (1, 2), ("b", "c"))
     value = json.loads(json.dumps(rec.to_json()))
     assert PredictionRecord.from_json(value, "compiled.prediction") == rec
-    old = {k: v for k, v in value.items() if k not in ("profile_nodes", "hosts")}
-    back = PredictionRecord.from_json(old, "compiled.prediction")
-    assert back.profile_nodes == (0, 1) and back.hosts == ("", "")
+    for key in ("profile_nodes", "hosts"):
+        with pytest.raises(PlanSchemaError, match=rf"'compiled.prediction.{key}' is missing"):
+            PredictionRecord.from_json({k: v for k, v in value.items() if k != key}, "compiled.prediction")
     with pytest.raises(PlanSchemaError, match=r"'compiled.prediction.profile_nodes' is not a list of 2 node numbers"):
         PredictionRecord.from_json({**value, "profile_nodes": [1]}, "compiled.prediction")
     with pytest.raises(PlanSchemaError, match=r"'compiled.prediction.hosts' does not hold one host name for each of the 2 nodes"):
