@@ -15,8 +15,8 @@ scales every figure of the node by a (throughputs over a, fixed costs and measur
 and adds b to each segment's fixed cost, so that the simulator would have predicted the measured times
 for this plan's segments; compiling again with the refined profile cuts each layer in the proportions the
 nodes showed and weighs a boundary at what it cost. Where a rank ran fewer than MIN_FIT_SEGMENTS
-segments, their predictions do not differ, the line's slope is not positive, or the plan predates
-per-segment predictions, the node is scaled by its total measured over predicted time alone (a = that
+segments, their predictions do not differ, the line's slope is not positive, or the run's segments do
+not match the plan's (a run without its segments' times), the node is scaled by its total measured over predicted time alone (a = that
 ratio, b = 0). A node the run says nothing of (a rank that computed nothing, a node of the profile the plan
 did not use) takes the median a and b of the measured ones: an idle node kept as it was would come out
 faster than every measured one only because it was not measured. Waiting is not a node's speed and is left
@@ -191,7 +191,7 @@ def read_run(path: str) -> MeasuredRun:
     cpu = tuple(float(t["compute_cpu"]) + float(t["send_cpu"]) for t in times) if has(("compute_cpu", "send_cpu")) else None
 
     def segments(key: str) -> tuple[tuple[float, ...], ...]:
-        """Each rank's segments' medians under `key` (empty where a rank lacks them: a run of an older bbgrap-run)."""
+        """Each rank's segments' medians under `key` (empty where a rank lacks them: `segments_cpu` of a run without --trace)."""
         got = [t.get(key) for t in times]
         if not all(isinstance(g, list) and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in g) for g in got):
             return ()
