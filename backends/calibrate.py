@@ -81,7 +81,7 @@ from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
 from onnx import helper
 
-from bbgrap.cluster import BYTES_MOVED, DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, write_profile
+from bbgrap.cluster import BYTES_MOVED, DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, fit_line, write_profile
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -165,12 +165,6 @@ def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
 def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL, target: Target = CPU_TARGET) -> float:
     """Seconds of one run of `model`, as `time_piece` times it."""
     return time_piece(model, threads, repeat, clock, target)[0]
-
-
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares intercept and slope of y over x."""
-    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
-    return float(intercept), float(slope)
 
 
 def slice_model(channels: int, size: int) -> tuple[onnx.ModelProto, float]:

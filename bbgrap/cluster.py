@@ -59,8 +59,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+import numpy as np
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,6 +81,12 @@ LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 HOST = "host"  # a node's host name (NodeProfile.host)
 
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of y over x: how calibrate fits a profile's figures from its
+    measurements, and `calibrate --refine` a node's correction from a run's segments."""
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(intercept), float(slope)
 
 @dataclass(frozen=True)
 class Scaling:

@@ -38,9 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from bbgrap.cluster import ClusterProfile, NodeProfile
+from bbgrap.cluster import ClusterProfile, NodeProfile, fit_line
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import same_file
 from bbgrap.plan_schema import PlanSchemaError, PredictionRecord
@@ -110,7 +108,7 @@ def correction(checks: Sequence[RankCheck]) -> Correction:
         return Correction(1.0)
     points = [point for c in ran for point in c.segments]
     if all(c.segments for c in ran) and len(points) >= MIN_FIT_SEGMENTS and len({p for p, _ in points}) > 1:
-        slope, intercept = (float(v) for v in np.polyfit(np.asarray([p for p, _ in points]), np.asarray([m for _, m in points]), 1))
+        intercept, slope = fit_line([p for p, _ in points], [m for _, m in points])
         if slope > 0:
             return Correction(slope, intercept / 1e3, fitted=True)
     return Correction(math.fsum(c.measured_ms for c in ran) / math.fsum(c.predicted_ms for c in ran))

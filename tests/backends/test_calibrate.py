@@ -23,7 +23,6 @@ from bbgrap.backends.calibrate import (
     calibrate_one,
     conv_model,
     fastest_run,
-    fit_line,
     fusion_anchor,
     kernel_layer,
     matmul_model,
@@ -43,7 +42,7 @@ from onnx_builder import build_model
 
 from bbgrap import zoo
 from bbgrap.cli import main
-from bbgrap.cluster import OP_KINDS, NodeProfile, read_profile
+from bbgrap.cluster import OP_KINDS, NodeProfile, fit_line, read_profile
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config
 from bbgrap.cost import layer_ops
