@@ -287,7 +287,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         del sess
         plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
         plain.run(None, feeds)
-        wall = fastest_run(functools.partial(plain.run, None, feeds), runs, MODEL_TIMED_S, clock)
+        wall = fastest_run(CPU_TARGET.runner(plain, feeds), runs, MODEL_TIMED_S, clock)
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     per_run: list[dict[str, float]] = [{} for _ in spans]
     anchors: dict[str, str] = {}
