@@ -403,9 +403,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         except BBGrapError as exc:
             problem = str(exc)
     if problem:
-        if env_rank() == 0:  # every rank finds the same problem; one line is enough
-            print(f"bbgrap: error: {problem}", file=sys.stderr)
-        return 2
+        return calibrate_error(problem)
     if args.refine is not None:
         return refine_profile(args) if env_rank() == 0 else 0
     from bbgrap.backends.calibrate import run
@@ -413,12 +411,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         rank, text = run(args.output, args.threads, model, args.provider)
     except BBGrapError as exc:  # the provider (no GPU, no CUDA provider), or --model on a GPU
-        if env_rank() == 0:
-            print(f"bbgrap: error: {exc}", file=sys.stderr)
-        return 2
+        return calibrate_error(str(exc))
     if rank == 0:
         print(text)
     return 0
+
+
+def calibrate_error(problem: str) -> int:
+    """calibrate's exit status 2 for `problem`, which every rank finds: one line, by rank 0."""
+    from bbgrap.backends.runtime import env_rank
+
+    if env_rank() == 0:
+        print(f"bbgrap: error: {problem}", file=sys.stderr)
+    return 2
 
 
 def refine_profile(args: argparse.Namespace) -> int:
