@@ -478,8 +478,7 @@ class Source:
 @dataclass(frozen=True)
 class RankPrediction:
     """One rank's predicted time per inference, in ms: in its segments, waiting, and its end; and each of
-    its segments' in program order (what `calibrate --refine` fits a run's segments to; empty in plans
-    written before it was recorded)."""
+    its segments' in program order (what `calibrate --refine` fits a run's segments to)."""
 
     compute: float
     wait: float
