@@ -1,5 +1,6 @@
 """Models from the PyTorch ONNX exporters (issue 14): each model exported with the TorchScript
-exporter (dynamo=False, opset 17) and the dynamo exporter (its default opset), compiled for 2 and
+exporter (dynamo=False, opset 17) and the dynamo exporter (its default opset), or both at --opset,
+compiled for 2 and
 4 nodes (16 with --nodes), run in this process and checked against the plan's reference.
 
 Needs torch (pip install -e ".[export]"). Uses torchvision's architectures at 224 x 224 where
@@ -14,6 +15,7 @@ failed export or compile is a row, not a skip.
   python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
   python benchmarks/exporters.py --files exported/*.onnx --nodes 2 4 16   # files exported before (no torch)
   python benchmarks/exporters.py --files exported/*.onnx --nodes 3 --direction c --planner heft
+  python benchmarks/exporters.py --exporters torchscript --opset 11   # an older opset, as older exports have
 """
 
 from __future__ import annotations
@@ -221,16 +223,19 @@ def build(name: str, torchvision: Any | None, resolution: int | None) -> tuple[A
     return model.eval(), size
 
 
-def export(model: Any, resolution: int, exporter: str, path: str) -> None:
+def export(model: Any, resolution: int, exporter: str, path: str, opset: int | None = None) -> None:
+    """Export `model` on a random image with `exporter` at `opset` (None: 17 for the TorchScript
+    exporter, the dynamo exporter's own default)."""
     import torch
 
     x = torch.randn(1, 3, resolution, resolution)
     with warnings.catch_warnings():  # grad on: no fused fast path (TransformerEncoderLayer) the TorchScript exporter lacks
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
-            torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["input"], output_names=["output"])
+            torch.onnx.export(model, (x,), path, dynamo=False, opset_version=opset or 17, input_names=["input"], output_names=["output"])
         else:  # weights inside the one file, as the TorchScript exporter writes them
-            torch.onnx.export(model, (x,), path, dynamo=True, external_data=False, verbose=False, input_names=["input"], output_names=["output"])
+            torch.onnx.export(model, (x,), path, dynamo=True, external_data=False, verbose=False, opset_version=opset,
+                              input_names=["input"], output_names=["output"])
 
 
 def check(plan_dir: str) -> float:
@@ -299,6 +304,10 @@ def main() -> int:
                         f"(default: {' '.join(TORCHVISION_DEFAULT)}; the hand-written ones without torchvision)")
     p.add_argument("--resolution", type=int, default=None, help="input height and width (default 224, inception_v3 299)")
     p.add_argument("--exporters", nargs="+", default=list(EXPORTERS), choices=EXPORTERS)
+    p.add_argument("--opset", type=int, default=None,
+                   help="the ONNX opset both exporters write (default: 17 for the TorchScript exporter, the dynamo "
+                        "exporter's own; the TorchScript exporter writes opset 11 and up for these models, 14 and up "
+                        "for vit_b_16's attention)")
     p.add_argument("--nodes", nargs="+", type=int, default=[2, 4])
     p.add_argument("--threshold", type=float, default=20.0)
     p.add_argument("--direction", default="h")
@@ -336,10 +345,10 @@ def main() -> int:
             model, resolution = build(name, torchvision, args.resolution)
             for exporter in args.exporters:
                 path = os.path.join(work, f"{name}-{exporter}.onnx")
-                base = {"model": name, "exporter": exporter, "resolution": resolution}
+                base = {"model": name, "exporter": exporter, "resolution": resolution, "opset": args.opset}
                 try:
                     t0 = time.perf_counter()
-                    export(model, resolution, exporter, path)
+                    export(model, resolution, exporter, path, args.opset)
                     base["export_s"] = time.perf_counter() - t0
                 except Exception as e:  # an exporter that fails for this model: one row says so
                     note = f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
