@@ -16,12 +16,17 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   of a segment costs more where the node runs other segments between two of its runs, as a
   plan's node does (`cold_segment_s` and `cold_s`: two chains of CNN-shaped segments with their
   weights, in sequence against each alone);
-* **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): a one-op model
-  (a 3x3 convolution, a 3x3 depthwise convolution, a MatMul, an Add) at four or five sizes
-  each, from small feature maps to large; the line through (operations, time)
-  gives 1 / throughput as its slope, and the op's fixed cost is what a tiny one of its kind
-  (a 4x4 map of 8 channels; for "other" a crop, as lowering adds them) takes beyond a
-  segment's cost and its operations at that throughput;
+* **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): for each kind
+  (a 3x3 convolution, a depthwise convolution of 3x3 and of 7x7 kernels, a grouped 3x3 one of
+  FEW_PER_GROUP channels per group, a MatMul, an Add) probes at four or five sizes each, from
+  small feature maps to large, each timed as one op and as a chain of CHAIN: one op's share of
+  the chain beyond the first (`marginal_time`) is what an op costs inside a model, without the
+  session's run and the layout reorders a lone convolution pays. The line through (operations,
+  time) gives 1 / throughput as its slope; for the depthwise convolution, whose two kernel sizes
+  write alike output values for operations 49 / 9 apart, a plane through (operations, values,
+  time) also gives what each output value costs (`depthwise_elements_per_s`). The op's fixed
+  cost is what a tiny one of its kind (a 4x4 map of 8 channels; for "other" an Add of 64
+  values) takes in a chain beyond its operations at that throughput;
 * **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
   takes between one size and the next (the slope) jumps once an op's input and output no longer
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
@@ -60,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import tempfile
@@ -81,11 +87,11 @@ from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
 from onnx import helper
 
-from bbgrap.cluster import BYTES_MOVED, DEFAULT_PROFILE, ClusterProfile, LinkProfile, NodeProfile, fit_line, write_profile
+from bbgrap.cluster import BYTES_MOVED, DEFAULT_PROFILE, OP_KINDS, ClusterProfile, LinkProfile, NodeProfile, fit_line, write_profile
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import fusion_anchor
+from bbgrap.simulate import FEW_PER_GROUP, fusion_anchor
 
 REPEAT = 15
 LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
@@ -96,21 +102,47 @@ WEIGHT_PROBE_BYTES = 32 * 2**20  # weights_model's: beyond a core's cache, as a 
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
-def conv_model(channels: int, size: int, depthwise: bool, kernel: int = 3) -> tuple[onnx.ModelProto, float]:
-    """A kernel x kernel convolution (padded, so the output is size x size) and its operations (bbgrap/cost.py's count)."""
-    per_group = 1 if depthwise else channels
+@dataclass(frozen=True)
+class Probe:
+    """A probe of one kind of op: `build(chain)` makes a model of `chain` such ops in sequence; `ops`
+    and `elements` are one op's operations (bbgrap/cost.py's count) and output values."""
+
+    build: Callable[[int], onnx.ModelProto]
+    ops: float
+    elements: float
+
+
+def _chain(op: str, shape: tuple[int, ...], constant: str, value: np.ndarray, chain: int, **attrs: Any) -> onnx.ModelProto:
+    """`chain` ops `op`, each on the one before's output and the constant `value` (named `constant`),
+    from an input of `shape` to an output of the same shape."""
+    nodes = [helper.make_node(op, ["x" if i == 0 else f"y{i - 1}", constant], [f"y{i}"], **attrs) for i in range(chain)]
+    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, {constant: value})
+
+
+def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain: int = 1) -> tuple[onnx.ModelProto, float]:
+    """`chain` kernel x kernel convolutions of `per_group` input channels per group (1: depthwise;
+    `channels`: dense), padded, so every output is size x size; and one's operations."""
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((channels, per_group, kernel, kernel)).astype(np.float32)
-    pad = kernel // 2
-    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pad] * 4, group=channels if depthwise else 1)
-    shape = (1, channels, size, size)
-    return float_model([node], {"x": shape}, {"y": shape}, {"w": w}), 2.0 * per_group * kernel * kernel * channels * size * size
+    w = (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
+    model = _chain("Conv", (1, channels, size, size), "w", w, chain, pads=[kernel // 2] * 4, group=channels // per_group)
+    return model, 2.0 * per_group * kernel * kernel * channels * size * size
 
 
-def matmul_model(rows: int, size: int) -> tuple[onnx.ModelProto, float]:
-    w = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
-    node = helper.make_node("MatMul", ["x", "w"], ["y"])
-    return float_model([node], {"x": (rows, size)}, {"y": (rows, size)}, {"w": w}), 2.0 * rows * size * size
+def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Probe:
+    """`conv_model`'s convolutions as a `Probe`."""
+    return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_model(channels, size, per_group, kernel)[1],
+                 float(channels * size * size))
+
+
+def matmul_model(rows: int, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
+    """`chain` MatMuls of `rows` x `size` by a `size` x `size` weight; and one's operations."""
+    w = (np.random.default_rng(0).standard_normal((size, size)) / math.sqrt(size)).astype(np.float32)
+    return _chain("MatMul", (rows, size), "w", w, chain), 2.0 * rows * size * size
+
+
+def matmul_probe(rows: int, size: int) -> Probe:
+    """`matmul_model`'s MatMuls as a `Probe`."""
+    return Probe(lambda chain: matmul_model(rows, size, chain)[0], matmul_model(rows, size)[1], float(rows * size))
 
 
 def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
@@ -122,10 +154,14 @@ def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
     return float_model([node], {"x": (1, rows)}, {"y": (1, w.shape[1])}, {"w": w}), float(w.nbytes)
 
 
-def add_model(elements: int) -> tuple[onnx.ModelProto, float]:
-    """An Add of a constant to `elements` values."""
-    node = helper.make_node("Add", ["x", "one"], ["y"])
-    return float_model([node], {"x": (elements,)}, {"y": (elements,)}, {"one": np.ones((1,), dtype=np.float32)}), float(elements)
+def add_model(elements: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
+    """`chain` Adds of a constant to `elements` values; and one's operations (one per value)."""
+    return _chain("Add", (elements,), "one", np.ones((1,), dtype=np.float32), chain), float(elements)
+
+
+def add_probe(elements: int) -> Probe:
+    """`add_model`'s Adds as a `Probe`."""
+    return Probe(lambda chain: add_model(elements, chain)[0], float(elements), float(elements))
 
 
 def timed_run(run: Callable[[], object], clock: BusyClock = WALL) -> float:
@@ -167,40 +203,59 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
     return time_piece(model, threads, repeat, clock, target)[0]
 
 
-def slice_model(channels: int, size: int) -> tuple[onnx.ModelProto, float]:
-    """The first half of the rows of a channels x size x size map: a crop as lowering writes them
-    (a Slice), and its operations (one per element written)."""
-    bounds = {k: np.array([v], np.int64) for k, v in (("s", 0), ("e", size // 2), ("a", 2))}
-    node = helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])
-    return float_model([node], {"x": (1, channels, size, size)}, {"y": (1, channels, size // 2, size)}, bounds), float(channels * (size // 2) * size)
+# A tiny op of each kind: what it takes beyond its operations (`op_speed`) is the kind's fixed cost per op
+TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8, 4, 1), "grouped": conv_probe(16, 4, 8),
+                          "matmul": matmul_probe(1, 16), "other": add_probe(64)}
+CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
+SMALL_TERM = 0.01  # a fitted term for output values below this share of the largest probe's time is none (`op_speed`)
 
 
-# A tiny op of each kind: what it takes beyond a segment's own cost and its operations is the
-# kind's fixed cost per op (with the layout reorders a lone convolution brings, as in a segment)
-TINY: dict[str, Callable[[], tuple[onnx.ModelProto, float]]] = {
-    "conv": functools.partial(conv_model, 8, 4, False), "depthwise": functools.partial(conv_model, 8, 4, True),
-    "matmul": functools.partial(matmul_model, 1, 16), "other": functools.partial(slice_model, 8, 4)}
-
-
-def op_speed(builds: Sequence[Callable[[], tuple[onnx.ModelProto, float]]], tiny: Callable[[], tuple[onnx.ModelProto, float]],
-             timed: Callable[[onnx.ModelProto], float], segment: float) -> tuple[float, float]:
-    """Operations per second and fixed seconds per op of one kind of op: 1 / the slope of the line
-    through the (operations, time) of the one-op models `builds` make (least squares), and what the
-    `tiny` one-op model's time leaves beyond a segment's fixed cost `segment` and its operations at
-    that speed (not the line's intercept, which one noisy large model moves by far more than the
-    fixed cost; nor what the larger models leave, which their better cache fit can make negative).
-    Where noise makes the slope no larger than 0: the largest model's operations over its time.
+def marginal_time(probe: Probe, timed: Callable[[onnx.ModelProto], float]) -> float:
+    """Seconds one more op of the probe's kind takes in a chain of them: a chain of CHAIN ops' time
+    less one op's, over CHAIN - 1 (at least 0). A model of one op pays what an op inside a model
+    does not: the session's run, and for a convolution the reorders of its input and output
+    between NCHW and onnxruntime's blocked layout, which take longer than a depthwise or a 1x1
+    convolution itself (docs/benchmarks.md, session 26); both cancel in the difference, as they do
+    in a plan, whose segment boundaries pay them (`segment_s`, `value_s`, the values' copies).
     `timed`: seconds of one run of a model (`time_model` with the node's threads and clock)."""
-    ops, times = [], []
-    for build in builds:
-        model, n = build()
-        ops.append(n)
-        times.append(timed(model))
-    _, slope = fit_line(ops, times)
-    if slope <= 0:
-        slope = times[-1] / ops[-1]
-    model, n = tiny()
-    return 1.0 / slope, max(0.0, timed(model) - segment - n * slope)
+    return max(0.0, (timed(probe.build(CHAIN)) - timed(probe.build(1))) / (CHAIN - 1))
+
+
+@dataclass(frozen=True)
+class KindSpeed:
+    """One kind of op's figures: operations per second, fixed seconds per op, and output values
+    per second beyond the operations (0: not fitted)."""
+
+    ops_per_s: float
+    op_s: float
+    elements_per_s: float = 0.0
+
+
+def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> KindSpeed:
+    """One kind of op's figures from the `marginal_time`s of its `probes` (least squares): with
+    `elements`, time = operations / ops_per_s + output values / elements_per_s + a constant (for a
+    depthwise convolution, whose probes of two kernel sizes write alike values for unlike
+    operations), else the line through (operations, time), whose slope is 1 / ops_per_s; the fixed
+    cost is what the `tiny` probe's marginal time leaves beyond its operations and values at those
+    speeds (not the fit's constant, which one noisy large probe moves by far more than the fixed
+    cost). Where noise makes the operations' slope no larger than 0: the largest probe's operations
+    over its time, and no term for values; where the values take under SMALL_TERM of the largest
+    probe's time (rounding, noise), none either."""
+    times = [marginal_time(p, timed) for p in probes]
+    ops = [p.ops for p in probes]
+    per_op = per_value = 0.0
+    if elements:
+        design = np.array([[p.ops, p.elements, 1.0] for p in probes])
+        (per_op, per_value, _), *_ = np.linalg.lstsq(design, np.array(times), rcond=None)
+        if per_value * max(p.elements for p in probes) <= SMALL_TERM * max(times):
+            per_op = per_value = 0.0
+    if per_op <= 0:
+        _, per_op = fit_line(ops, times)
+        per_value = 0.0
+    if per_op <= 0:
+        per_op = max(times[-1], 1e-12) / ops[-1]
+    fixed = max(0.0, float(marginal_time(tiny, timed) - tiny.ops * per_op - tiny.elements * per_value))
+    return KindSpeed(1.0 / float(per_op), fixed, 1.0 / float(per_value) if per_value > 0 else 0.0)
 
 
 def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) -> tuple[float, float]:
@@ -328,17 +383,20 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     # what a lone session's run costs beyond its ops: the op kinds' one-op models and the model's run are such runs
     segment = timed(add_model(1)[0])
     sizes = (7, 14, 28, 56)
-    builds: dict[str, list[Callable[[], tuple[onnx.ModelProto, float]]]] = {
-        # (one kernel size: 1x1 convolutions lie on a line of their own, and mixing the two lines makes
-        # the intercept no fixed cost); up to 112 x 112, where a large map's memory traffic shows
-        "conv": [functools.partial(conv_model, 64, s, False) for s in (*sizes, 112)],
-        "depthwise": [functools.partial(conv_model, 128, s, True) for s in sizes],
-        "matmul": [functools.partial(matmul_model, 16, s) for s in (64, 128, 256, 512)],
-        "other": [functools.partial(add_model, s * s * 64) for s in sizes],
+    probes: dict[str, list[Probe]] = {
+        # (up to 112 x 112, where a large map's memory traffic shows)
+        "conv": [conv_probe(64, s, 64) for s in (*sizes, 112)],
+        # two kernel sizes: output values alike, operations 49 / 9 apart
+        "depthwise": [conv_probe(128, s, 1, k) for k in (3, 7) for s in sizes],
+        "grouped": [conv_probe(128, s, FEW_PER_GROUP) for s in sizes],
+        "matmul": [matmul_probe(16, s) for s in (64, 128, 256, 512)],
+        # (in the core's cache: a chain of Adds over a 56 x 56 map spills it, which `stream_ops_per_s` prices)
+        "other": [add_probe(s * s * 64) for s in (7, 14, 21, 28)],
     }
-    speeds = {kind: op_speed(b, TINY[kind], timed, segment) for kind, b in builds.items()}
-    fields: dict[str, Any] = {f"{kind}_ops_per_s": speed for kind, (speed, _) in speeds.items()}
-    fields.update({f"{kind}_op_s": fixed for kind, (_, fixed) in speeds.items()})
+    speeds = {kind: op_speed(p, TINY[kind], timed, elements=kind == "depthwise") for kind, p in probes.items()}
+    fields: dict[str, Any] = {f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()}
+    fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
+    fields["depthwise_elements_per_s"] = speeds["depthwise"].elements_per_s
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
@@ -413,10 +471,12 @@ def describe(profile: ClusterProfile) -> str:
     """A few lines for the terminal: each node's throughputs and fixed costs, the link."""
     lines = []
     for n, p in enumerate(profile.nodes):
-        lines.append(f"node {n}{f' ({p.host})' if p.host else ''}: conv {p.conv_ops_per_s / 1e9:.2f}, depthwise {p.depthwise_ops_per_s / 1e9:.2f}, "
-                     f"matmul {p.matmul_ops_per_s / 1e9:.2f}, other {p.other_ops_per_s / 1e9:.2f} Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; "
-                     f"per op conv {p.conv_op_s * 1e6:.1f}, depthwise {p.depthwise_op_s * 1e6:.1f}, matmul {p.matmul_op_s * 1e6:.1f}, "
-                     f"other {p.other_op_s * 1e6:.1f} us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
+        values = f" + {1e9 / p.depthwise_elements_per_s:.2f} ns per output value" if p.depthwise_elements_per_s else ""
+        lines.append(f"node {n}{f' ({p.host})' if p.host else ''}: "
+                     + ", ".join(f"{kind} {p.ops_per_s(kind) / 1e9:.2f}{values if kind == 'depthwise' else ''}" for kind in OP_KINDS)
+                     + f" Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; per op "
+                     + ", ".join(f"{kind} {p.op_s(kind) * 1e6:.1f}" for kind in OP_KINDS)
+                     + f" us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
                      f"per message sent {p.send_s * 1e6:.1f} us + {p.send_byte_s * 1e12:.0f} ps/B, taken {p.recv_s * 1e6:.1f} us + {p.recv_byte_s * 1e12:.0f} ps/B, a wait {100 * p.wait_share:.1f} % of the segment before it; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
         if p.cpu_share < 1.0:
             lines.append(f"  under a CPU quota: {p.cpu_share:.0%} of its threads' time, every figure above slowed by it")

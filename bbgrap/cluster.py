@@ -10,12 +10,15 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     [[node]]                   # one table per node (MPI rank), in rank order
     host = "node-a"            # the host calibrate measured it on ("" or absent: not recorded)
     conv_ops_per_s = 2.5e10    # operations per second (bbgrap/cost.py's count) of a dense convolution
-    depthwise_ops_per_s = 5e9  # ... of a depthwise convolution (one channel per group, or a few: simulate.FEW_PER_GROUP)
+    depthwise_ops_per_s = 5e9  # ... of a depthwise convolution (one input channel per group)
+    depthwise_elements_per_s = 0.0  # ... and output values per second it writes beyond them; 0: not measured
+    grouped_ops_per_s = 5e9    # ... of a grouped convolution of a few input channels per group (simulate.FEW_PER_GROUP)
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
     weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at
     conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
     depthwise_op_s = 1e-05
+    grouped_op_s = 1e-05
     matmul_op_s = 1e-05
     other_op_s = 5e-06
     stream_ops_per_s = 0.0     # "other" operations per second of an op that reads and writes more than
@@ -73,9 +76,10 @@ else:  # pragma: no cover
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
-OP_KINDS = ("conv", "depthwise", "matmul", "other")
-# may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
+OP_KINDS = ("conv", "depthwise", "grouped", "matmul", "other")
+# may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; depthwise_elements_per_s:
+# not measured); every other throughput must be positive
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "depthwise_elements_per_s", "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -119,6 +123,14 @@ class NodeProfile:
 
     conv_ops_per_s: float = 2.5e10
     depthwise_ops_per_s: float = 5e9
+    # a depthwise convolution writes each output value after a few operations (its kernel's taps), so
+    # beside its operations each output value costs 1 / depthwise_elements_per_s: a 7 x 7 kernel does
+    # 5.4 times a 3 x 3 one's operations in about twice the time; 0: not measured, operations only
+    depthwise_elements_per_s: float = 0.0
+    # a grouped convolution of a few input channels per group runs on another kernel than a
+    # depthwise or a dense one, several times slower per operation than either (a profile written
+    # before it was measured on its own gives it its depthwise figures: `_node`)
+    grouped_ops_per_s: float = 5e9
     matmul_ops_per_s: float = 2.5e10
     other_ops_per_s: float = 2.5e9
     # bytes of weights per second a convolution or matmul reads (from beyond the core's cache: the
@@ -128,6 +140,7 @@ class NodeProfile:
     weight_Bps: float = 4e9
     conv_op_s: float = 1e-5
     depthwise_op_s: float = 1e-5
+    grouped_op_s: float = 1e-5
     matmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
@@ -225,20 +238,31 @@ class NodeProfile:
         """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
         return ops / self.ops_per_s(kind) + self.op_s(kind)
 
+    def element_time(self, kind: str, elements: float) -> float:
+        """Seconds an op of `kind` takes to write `elements` output values beyond its operations: a
+        depthwise convolution's `depthwise_elements_per_s` (0: not measured, nothing), no other kind's."""
+        if kind != "depthwise" or not self.depthwise_elements_per_s:
+            return 0.0
+        return elements / self.depthwise_elements_per_s
+
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
-                   weight_bytes: float = 0.0) -> float:
+                   weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
-        output), reading `weight_share` of its `weight_bytes` of weights. Where the layer was
-        measured: its kind's fixed cost (at most the measured time: a piece is one more op in a
-        segment) plus the rest of the measured time scaled by its `Scaling` where measured too, else
-        in proportion to the operations. Else a roofline: a convolution or matmul takes its
-        operations at its kind's throughput or its weights at `weight_Bps`, whichever is longer (a
-        classifier's Gemm on one image is all weights: cutting its output channels halves them,
+        output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
+        output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
+        residual Add: one "other" operation each, in its kernel). Where the layer was measured
+        (its time holds its fused ops'): its kind's fixed cost (at most the measured time: a piece
+        is one more op in a segment) plus the rest of the measured time scaled by its `Scaling`
+        where measured too, else in proportion to the operations. Else a roofline: a convolution
+        or matmul takes its operations at its kind's throughput (with what its output values cost
+        beyond them, `element_time`, and its fused ops' values) or its weights at `weight_Bps`,
+        whichever is longer (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
         cutting rows does not), plus its kind's fixed cost."""
         measured = self.layer_s.get(name)
         if measured is None:
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
-            return max(ops / self.ops_per_s(kind), streamed) + self.op_s(kind)
+            computed = ops / self.ops_per_s(kind) + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
+            return max(computed, streamed) + self.op_s(kind)
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
         fixed = min(self.op_s(kind), measured)
@@ -316,6 +340,9 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
     rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST)}
+    for field_name in ("ops_per_s", "op_s"):  # written before grouped convolutions were measured: priced as depthwise then
+        if f"grouped_{field_name}" not in rest and f"depthwise_{field_name}" in rest:
+            rest[f"grouped_{field_name}"] = rest[f"depthwise_{field_name}"]
     host = table.get(HOST, "")
     if not isinstance(host, str):
         raise BBGrapError(f"{source}: '{where}.{HOST}' must be a string, the node's host name")

@@ -4,7 +4,7 @@ A rank walks its program (backends/lower.py: run a segment, send a message, wait
 on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
-  that kind (a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
+  that kind (a depthwise convolution's output values at its `depthwise_elements_per_s` too; a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
   takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
   cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
   executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
@@ -23,7 +23,8 @@ on its own clock:
 The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
 (a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a
 crop, a concat or another op lowering added costs one "other" operation per element it writes;
-an op onnxruntime fuses into the convolution before it costs nothing; every value a segment
+an op onnxruntime fuses into the convolution before it costs one "other" operation per value it
+writes on the convolution's account (a BatchNormalization, folded into the weights, nothing); every value a segment
 takes or gives costs one "other" operation per element (handed from one onnxruntime session to
 the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest
 rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
@@ -49,7 +50,8 @@ if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
 @dataclass(frozen=True)
 class LayerWork:
     """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole
-    output, the share of its weights it reads here and their bytes (all of them)."""
+    output, the share of its weights it reads here and their bytes (all of them), and the output
+    values it writes here, and those the ops fused into it write (`NodeProfile.layer_time`)."""
 
     name: str
     kind: str
@@ -57,6 +59,8 @@ class LayerWork:
     whole_ops: float
     weight_share: float = 1.0
     weight_bytes: float = 0.0
+    elements: float = 0.0
+    fused_values: float = 0.0  # values of the ops onnxruntime fuses into it that its kernel computes (`OpTraits.fuses_into_conv`)
 
 
 @dataclass(frozen=True)
@@ -102,19 +106,22 @@ class Prediction:
                 "ranks": [{k: round(getattr(r, k) * 1e3, 4) for k in ("compute", "wait", "total")} for r in self.ranks]}
 
 
-FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as a depthwise one
+CONVOLUTIONS = ("conv", "depthwise", "grouped")  # the kinds onnxruntime fuses a following activation or Add into
+FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
 
 
 def op_kind(layer: Layer, graph: Graph) -> str:
-    """Which of OP_KINDS the layer's op is, for its throughput. A grouped convolution with at
-    most FEW_PER_GROUP input channels per group is "depthwise": onnxruntime runs it at about a
-    depthwise convolution's speed per operation, several times below a dense one's
-    (docs/benchmarks.md, session 13; regnet_y's 8 channels per group)."""
+    """Which of OP_KINDS the layer's op is, for its throughput. A convolution of one input channel
+    per group is "depthwise"; one of a few more (at most FEW_PER_GROUP, regnet_y's 8) is "grouped":
+    onnxruntime runs it on neither the depthwise kernel nor the dense one, several times slower per
+    operation than both (docs/benchmarks.md, sessions 13 and 26)."""
     if layer.op_type in ("Conv", "ConvTranspose") and is_default_domain(layer.domain):
         group = int(layer.attrs.get("group", 1))
         weight = graph.tensors[layer.inputs[1]].shape
         per_group = weight[1] if layer.op_type == "Conv" else weight[0] // max(group, 1)
-        return "depthwise" if group > 1 and per_group <= FEW_PER_GROUP else "conv"
+        if group > 1 and per_group <= FEW_PER_GROUP:
+            return "depthwise" if per_group == 1 else "grouped"
+        return "conv"
     if layer.op_type in ("Gemm", "MatMul") and is_default_domain(layer.domain):
         return "matmul"
     return "other"
@@ -158,8 +165,9 @@ def value_elements(graph: Graph, value: str) -> int:
 
 def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
-    one per element a crop, concat or other op of lowering's writes, none for an op onnxruntime fuses
-    into the convolution before it (`OpTraits.fuses_into_conv`), and one per element of every value the
+    one per element a crop, concat or other op of lowering's writes, for an op onnxruntime fuses into
+    the convolution before it (`OpTraits.fuses_into_conv`) none of its own but the values it writes on
+    that convolution's account (`LayerWork.fused_values`; none where it folds into the weights), and one per element of every value the
     segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
     blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`). `whole`: each
     layer's `whole_ops` by name (counted once for all the plan's segments: `program_steps`)."""
@@ -169,21 +177,28 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     count = dict.fromkeys(OP_KINDS, 0)
     works: list[LayerWork] = []
     moved: list[float] = []
-    convolved: set[str] = set()  # values a convolution of this segment (with what is fused into it) makes
+    convolved: dict[str, int] = {}  # values a convolution of this segment (with what is fused into it) makes: its index in works
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
-        if registry.traits(onnx_node.op_type, onnx_node.domain).fuses_into_conv and any(i in convolved for i in onnx_node.input):
-            convolved.update(outputs)
+        traits = registry.traits(onnx_node.op_type, onnx_node.domain)
+        anchor = next((convolved[i] for i in onnx_node.input if i in convolved), None)
+        if traits.fuses_into_conv and anchor is not None:
+            if not traits.folds_into_weights:
+                fused = works[anchor]
+                works[anchor] = replace(fused, fused_values=fused.fused_values + sum(value_elements(graph, o) for o in outputs))
+            convolved.update(dict.fromkeys(outputs, anchor))
             continue
         layer = layers.get(onnx_node.name)
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
             part = graph.partitions[layer.name]
-            here = run_ops(layer, graph, part.emitted(node), registry)
+            region = part.emitted(node)
+            here = run_ops(layer, graph, region, registry)
             ops[kind] += here
-            works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph)))
-            if kind in ("conv", "depthwise"):
-                convolved.update(outputs)
+            works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
+                                   float(region.volume)))
+            if kind in CONVOLUTIONS:
+                convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
             kind = "other"
             written = float(sum(value_elements(graph, o) for o in outputs))
@@ -242,11 +257,12 @@ def profile_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: 
     (`NodeProfile.layer_time`), over this node's, to two decimals. All 1.0 where every node is
     within EQUAL_SPEEDS of the fastest: like nodes calibrated a few percent apart keep what equal
     speeds allow (even cuts, band pools)."""
-    work = [(layer.name, op_kind(layer, graph), whole_ops(layer, graph, registry), weight_bytes(layer, graph)) for layer in graph.layers]
+    work = [(layer.name, op_kind(layer, graph), whole_ops(layer, graph, registry), weight_bytes(layer, graph),
+             float(math.prod(graph.tensors[layer.outputs[0]].shape))) for layer in graph.layers]
     times = []
     for n in range(nodes):
         p = profile.node(n)
-        times.append(math.fsum(p.layer_time(name, kind, ops, ops, 1.0, nbytes) for name, kind, ops, nbytes in work))
+        times.append(math.fsum(p.layer_time(name, kind, ops, ops, 1.0, nbytes, elements) for name, kind, ops, nbytes, elements in work))
     if max(times) <= (1 + EQUAL_SPEEDS) * min(times):
         return (1.0,) * nodes
     return tuple(round(max(times) / t, 2) for t in times)
@@ -264,7 +280,8 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
                                     *(p.streamed_s(m) for m in work.moved),
-                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes) - p.kind_time(w.kind, w.ops)
+                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values)
+                                      - p.kind_time(w.kind, w.ops)
                                       for w in work.layers)])
 
 

@@ -40,7 +40,7 @@ from bbgrap.movement import OUTPUT_NODE, derive_gathers, hull_of, pieces
 from bbgrap.pass_manager import Pass, PassError, PassResult
 from bbgrap.rules.base import Local
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import fusion_anchor, op_kind
+from bbgrap.simulate import CONVOLUTIONS, fusion_anchor, op_kind
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class _Walk:
         Add): it costs no time of its own, as the simulator prices it."""
         if layer.name not in self._fused:
             anchor = fusion_anchor(layer, self.graph, self.options.registry)
-            self._fused[layer.name] = anchor != layer.name and op_kind(self.layers[anchor], self.graph) in ("conv", "depthwise")
+            self._fused[layer.name] = anchor != layer.name and op_kind(self.layers[anchor], self.graph) in CONVOLUTIONS
         return self._fused[layer.name]
 
     def op_weight(self, layer: Layer) -> float:

@@ -574,15 +574,66 @@ def test_the_streaming_regime_round_trips_scales_with_speed_and_may_be_absent(tm
         read_profile(str(tmp_path / "bad.toml"))
 
 
-@pytest.mark.parametrize(("channels", "group", "kind"), [(16, 16, "depthwise"), (16, 2, "depthwise"), (32, 2, "conv"), (16, 1, "conv")])
-def test_a_grouped_convolution_with_few_channels_per_group_is_priced_as_a_depthwise_one(channels: int, group: int, kind: str) -> None:
-    """onnxruntime runs a convolution of FEW_PER_GROUP (8) input channels per group at about a
-    depthwise one's speed per operation: 16 channels in 2 groups is one, 32 in 2 groups a dense one."""
+@pytest.mark.parametrize(("channels", "group", "kind"), [(16, 16, "depthwise"), (16, 2, "grouped"), (64, 8, "grouped"), (32, 2, "conv"),
+                                                          (16, 1, "conv")])
+def test_a_convolution_is_depthwise_grouped_or_dense_by_its_input_channels_per_group(channels: int, group: int, kind: str) -> None:
+    """One input channel per group runs on onnxruntime's depthwise kernel; up to FEW_PER_GROUP (8)
+    on a grouped one, several times slower per operation: 16 channels in 2 groups, 64 in 8; 32 in
+    2 groups is a dense one."""
     w = np.zeros((channels, channels // group, 3, 3), np.float32)
     model = build_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4, group=group)],
                         {"x": [1, channels, 8, 8]}, {"w": w}, ["y"], 17)
     graph = import_proto(model).graph
     assert op_kind(graph.layers[0], graph) == kind
+
+
+def test_a_depthwise_convolution_pays_for_its_output_values_beside_its_operations(tmp_path) -> None:
+    node = replace(NODE, depthwise_ops_per_s=1e10, depthwise_elements_per_s=1e8)
+    assert math.isclose(node.layer_time("dw", "depthwise", 1e6, 1e6, elements=1e4), 1e6 / 1e10 + 1e4 / 1e8 + 1e-4)
+    assert math.isclose(node.layer_time("c", "conv", 1e6, 1e6, elements=1e4), 1e6 / 1e9 + 1e-4)  # no other kind
+    assert math.isclose(NODE.layer_time("dw", "depthwise", 1e6, 1e6, elements=1e4), 1e6 / 1e9 + 1e-4)  # 0: not measured
+    # a segment's depthwise layer pays it; a node twice as fast pays half; the profile keeps it
+    work = SegmentWork({"depthwise": 1e6}, {"depthwise": 1}, (LayerWork("dw", "depthwise", 1e6, 1e6, 1.0, 0.0, 1e4),))
+    profile = ClusterProfile((node,), PROFILE.link)
+    assert math.isclose(simulate([[SimStep("run", work=work)]], profile).latency, 1e-3 + 1e6 / 1e10 + 1e4 / 1e8 + 1e-4)
+    assert with_speeds(profile, (2.0,)).nodes[0].element_time("depthwise", 1e4) == 1e4 / 2e8
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, profile)
+    assert read_profile(path).nodes[0].depthwise_elements_per_s == 1e8
+
+
+def test_an_activation_fused_into_a_convolution_is_priced_on_its_account_and_a_batch_norm_not(tmp_path) -> None:
+    from bbgrap.backends.lower import lower
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import segment_work, whole_ops
+
+    c = 8
+    w = np.ones((c, c, 3, 3), np.float32)
+    bn = [np.ones(c, np.float32), np.zeros(c, np.float32), np.zeros(c, np.float32), np.ones(c, np.float32)]
+    model = build_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+                         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+                         helper.make_node("Relu", ["n"], ["y"], name="relu")],
+                        {"x": [1, c, 6, 6]}, {"w": w, "s": bn[0], "b": bn[1], "m": bn[2], "v": bn[3]}, ["y"], 17)
+    graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(import_proto(model).graph)
+    programs, _ = lower(graph)
+    (seg,) = [s.segment for s in programs[0].steps if s.op == "run"]
+    work = segment_work(graph, 0, seg, {layer.name: whole_ops(layer, graph) for layer in graph.layers})
+    (conv,) = work.layers
+    assert conv.name == "conv" and conv.fused_values == c * 36  # the Relu's values; the BatchNormalization's none
+    assert work.count["other"] == 0  # no op of their own
+    node = replace(NODE, other_ops_per_s=1e8)
+    assert math.isclose(node.layer_time("conv", "conv", 1e6, 1e6, fused_values=288), 1e6 / 1e9 + 288 / 1e8 + 1e-4)
+    assert replace(node, layer_s={"conv": 2e-3}).layer_time("conv", "conv", 1e6, 1e6, fused_values=288) == 2e-3  # measured: held
+
+
+def test_a_profile_written_before_grouped_convolutions_were_measured_prices_them_as_depthwise(tmp_path) -> None:
+    (tmp_path / "old.toml").write_text("[[node]]\ndepthwise_ops_per_s = 3e9\ndepthwise_op_s = 2e-6\n")
+    node = read_profile(str(tmp_path / "old.toml")).nodes[0]
+    assert (node.grouped_ops_per_s, node.grouped_op_s) == (3e9, 2e-6) and node.depthwise_elements_per_s == 0.0
+    (tmp_path / "new.toml").write_text("[[node]]\ndepthwise_ops_per_s = 3e9\ngrouped_ops_per_s = 1e9\n")
+    assert read_profile(str(tmp_path / "new.toml")).nodes[0].grouped_ops_per_s == 1e9
 
 
 def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measures() -> None:

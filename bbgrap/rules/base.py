@@ -100,7 +100,10 @@ class OpTraits:
     segment of such ops is folded into the segment before it). `layout`: see `Layout`.
     `fuses_into_conv`: onnxruntime folds it into the convolution that produces its input
     (Conv+BatchNormalization into the weights, Conv+activation, Conv+Add in the blocked
-    layout), so it takes no time of its own (the simulator's cost of a segment).
+    layout), so it has no kernel of its own: no fixed cost, and with `folds_into_weights` (a
+    BatchNormalization, whose scale and shift become the convolution's weights and bias) no
+    time at all; else the convolution's kernel spends one "other" operation per value on it
+    (the simulator's cost of a segment: a Clip after a depthwise convolution adds a third to its time).
     `channel_block`: its CPU kernel works its output channels in blocks of this many, padding
     the last (the blocked layout's convolution; docs/design.md, "Operations as run"), so a piece is priced by its
     channels rounded up to whole blocks and a cut of its channels prefers whole blocks
@@ -114,6 +117,7 @@ class OpTraits:
     moves_data: bool = False
     layout: Layout = Layout.PLAIN
     fuses_into_conv: bool = False
+    folds_into_weights: bool = False
     channel_block: int = 0
     read_ops: float = 0.0
 

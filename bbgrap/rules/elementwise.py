@@ -80,5 +80,5 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True))
     registry.register(ARITHMETIC, arithmetic)
     registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True))
-    registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True))
+    registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())

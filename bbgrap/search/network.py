@@ -15,7 +15,8 @@ one it has; a layer too short to cut still has its placements.
 
 **Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
-computes, the profile's throughput for the op's kind), or where the profile measured L on n
+computes, the profile's throughput for the op's kind; a depthwise convolution's output values
+at the node's `depthwise_elements_per_s` too), or where the profile measured L on n
 (`calibrate --model`) the kind's fixed cost plus the rest of L's measured time scaled to the
 piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 (`NodeProfile.layer_time`). Reading an input whose producer chose
@@ -261,9 +262,10 @@ class NetworkCost:
             nbytes = weight_bytes(layer, self.graph)
             times = [0.0] * self.nodes
             for n in part.active_nodes():
-                ops = run_ops(layer, self.graph, part.emitted(n), self.registry)
+                region = part.emitted(n)
+                ops = run_ops(layer, self.graph, region, self.registry)
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]),
-                                                           nbytes)
+                                                           nbytes, float(region.volume))
             got = self._compute[key] = tuple(times)
         return got
 

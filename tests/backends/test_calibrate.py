@@ -20,15 +20,20 @@ import pytest
 from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
     add_model,
+    CHAIN,
+    Probe,
     calibrate_one,
     conv_model,
+    conv_probe,
     fastest_run,
     fusion_anchor,
     kernel_layer,
+    marginal_time,
     matmul_model,
     measure_layers,
     message_fields,
     model_to_time,
+    op_speed,
     stream_speed,
     time_piece,
     wait_share,
@@ -52,7 +57,8 @@ from bbgrap.rules.registry import default_registry
 
 
 @pytest.mark.parametrize(("model", "ops"), [
-    conv_model(8, 6, depthwise=False), conv_model(8, 6, depthwise=True), matmul_model(4, 16), add_model(10),
+    conv_model(8, 6, per_group=8), conv_model(8, 6, per_group=1), conv_model(16, 6, per_group=8), conv_model(8, 6, 1, kernel=7),
+    matmul_model(4, 16), add_model(10),
 ])
 def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.ModelProto, ops: float) -> None:
     path = str(tmp_path / "m.onnx")
@@ -60,6 +66,54 @@ def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.Mo
     graph = import_model(path).graph
     counted = sum(layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) for layer in graph.layers)
     assert math.isclose(counted, ops)
+
+
+def test_a_probe_chains_its_op_and_counts_one_ops_work() -> None:
+    probe = conv_probe(16, 6, 1, kernel=7)
+    model = probe.build(CHAIN)
+    assert [n.op_type for n in model.graph.node] == ["Conv"] * CHAIN
+    assert all(a.i == 16 for n in model.graph.node for a in n.attribute if a.name == "group")
+    assert probe.ops == conv_model(16, 6, 1, kernel=7)[1] == 2.0 * 49 * 16 * 36 and probe.elements == 16 * 36
+    # the chain runs: every op keeps the map's shape
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.ones((1, 16, 6, 6), np.float32)})[0].shape == (1, 16, 6, 6)
+
+
+def _chain_clock(model_s: float, per_op: Any) -> Any:
+    """A `timed` whose model of n ops takes `model_s` (a session's run, a lone op's reorders) + n x per_op(model)."""
+    return lambda model: model_s + len(model.graph.node) * per_op(model)
+
+
+def test_one_ops_time_is_its_share_of_a_chain_without_what_the_model_costs_once() -> None:
+    probe = conv_probe(8, 4, 8)
+    assert marginal_time(probe, _chain_clock(5e-5, lambda m: 2e-6)) == pytest.approx(2e-6)
+    assert marginal_time(probe, lambda m: 1e-5 / len(m.graph.node)) == 0.0  # noise: a longer chain faster, nothing
+
+
+def _work(model: onnx.ModelProto) -> tuple[float, float]:
+    """A one-kind chain's per-op operations and output values, from its first op."""
+    probe = {"Add": lambda: (1.0, 1.0)}.get(model.graph.node[0].op_type)
+    if probe is not None:
+        n = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+        return float(n), float(n)
+    w = next(i for i in model.graph.initializer if i.name == "w")
+    x = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    elements = float(np.prod(x))
+    return 2.0 * w.dims[1] * w.dims[2] * w.dims[3] * elements, elements
+
+
+def test_a_depthwise_convolutions_operations_and_output_values_are_priced_apart() -> None:
+    # 1e11 operations per second, 2e9 values per second and 3 us per op; a lone model's 40 us cancels out
+    per_op = lambda m: 3e-6 + _work(m)[0] / 1e11 + _work(m)[1] / 2e9  # noqa: E731
+    probes = [conv_probe(32, s, 1, k) for k in (3, 7) for s in (7, 14, 28)]
+    speed = op_speed(probes, conv_probe(8, 4, 1), _chain_clock(4e-5, per_op), elements=True)
+    assert speed.ops_per_s == pytest.approx(1e11) and speed.elements_per_s == pytest.approx(2e9) and speed.op_s == pytest.approx(3e-6)
+    # without the values' term (another kind): the line through the operations alone
+    line = op_speed([conv_probe(32, s, 32) for s in (7, 14, 28)], conv_probe(8, 4, 8), _chain_clock(4e-5, lambda m: 3e-6 + _work(m)[0] / 1e11))
+    assert line.ops_per_s == pytest.approx(1e11) and line.elements_per_s == 0.0 and line.op_s == pytest.approx(3e-6)
+    # values that cost nothing (or noise below it): no values' term, the operations' line
+    flat = op_speed(probes, conv_probe(8, 4, 1), _chain_clock(4e-5, lambda m: 3e-6 + _work(m)[0] / 1e11), elements=True)
+    assert flat.elements_per_s == 0.0 and flat.ops_per_s == pytest.approx(1e11, rel=1e-6)
 
 
 def test_fit_line_recovers_a_line() -> None:
@@ -86,6 +140,7 @@ def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     profile = calibrate_one(threads=1)
     (node,) = profile.nodes
     assert all(node.ops_per_s(kind) > 0 for kind in OP_KINDS)
+    assert node.depthwise_elements_per_s >= 0  # 0 where noise left the values' slope at or below 0
     assert node.segment_s > 0 and node.value_s > 0 and all(node.op_s(kind) >= 0 for kind in OP_KINDS)
     # one node sends nothing: the defaults stay
     assert all(getattr(node, f) == getattr(NodeProfile(), f) for f in ("send_s", "send_byte_s", "recv_s", "recv_byte_s"))
@@ -229,7 +284,7 @@ def test_calibrate_with_a_model_writes_its_layer_times_and_compile_uses_them(sma
 
 def test_a_piece_is_timed_through_device_values_as_on_a_gpu() -> None:
     # calibrate --provider cuda's path (Target.runner: inputs bound once, outputs left on the device), on the CPU
-    model, _ = conv_model(8, 14, False)
+    model, _ = conv_model(8, 14, per_group=8)
     bound = Target(("CPUExecutionProvider",), DeviceValues("cpu", 0))
     (host, host_shape), (dev, dev_shape) = (time_piece(model, 1, repeat=3, target=t) for t in (CPU_TARGET, bound))
     assert host_shape == dev_shape == (1, 8, 14, 14) and host > 0 and dev > 0
@@ -249,7 +304,7 @@ class CountingHostValues(HostValues):
 def test_a_run_calibrate_times_goes_through_the_values_run_as_a_plans_segment_does() -> None:
     # the plan's runner runs every segment through its values' `run` (on the host onnxruntime's binding,
     # without InferenceSession.run's per-call checks); calibrate times its runs the same way on any target
-    model, _ = conv_model(8, 14, False)
+    model, _ = conv_model(8, 14, per_group=8)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((1, 8, 14, 14)).astype(np.float32)
     values = CountingHostValues()
