@@ -19,9 +19,8 @@ import onnxruntime as ort
 import pytest
 from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
-    add_model,
     CHAIN,
-    Probe,
+    add_model,
     calibrate_one,
     conv_model,
     conv_probe,
