@@ -119,30 +119,40 @@ def _chain(op: str, shape: tuple[int, ...], constant: str, value: np.ndarray, ch
     return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, {constant: value})
 
 
+def conv_ops(channels: int, size: int, per_group: int, kernel: int = 3) -> float:
+    """Operations of one of `conv_model`'s convolutions (bbgrap/cost.py's count)."""
+    return 2.0 * per_group * kernel * kernel * channels * size * size
+
+
 def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` kernel x kernel convolutions of `per_group` input channels per group (1: depthwise;
     `channels`: dense), padded, so every output is size x size; and one's operations."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
     model = _chain("Conv", (1, channels, size, size), "w", w, chain, pads=[kernel // 2] * 4, group=channels // per_group)
-    return model, 2.0 * per_group * kernel * kernel * channels * size * size
+    return model, conv_ops(channels, size, per_group, kernel)
 
 
 def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Probe:
-    """`conv_model`'s convolutions as a `Probe`."""
-    return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_model(channels, size, per_group, kernel)[1],
+    """`conv_model`'s convolutions as a `Probe` (no model built until timed)."""
+    return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_ops(channels, size, per_group, kernel),
                  float(channels * size * size))
+
+
+def matmul_ops(rows: int, size: int) -> float:
+    """Operations of one of `matmul_model`'s MatMuls."""
+    return 2.0 * rows * size * size
 
 
 def matmul_model(rows: int, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` MatMuls of `rows` x `size` by a `size` x `size` weight; and one's operations."""
     w = (np.random.default_rng(0).standard_normal((size, size)) / math.sqrt(size)).astype(np.float32)
-    return _chain("MatMul", (rows, size), "w", w, chain), 2.0 * rows * size * size
+    return _chain("MatMul", (rows, size), "w", w, chain), matmul_ops(rows, size)
 
 
 def matmul_probe(rows: int, size: int) -> Probe:
-    """`matmul_model`'s MatMuls as a `Probe`."""
-    return Probe(lambda chain: matmul_model(rows, size, chain)[0], matmul_model(rows, size)[1], float(rows * size))
+    """`matmul_model`'s MatMuls as a `Probe` (no model built until timed)."""
+    return Probe(lambda chain: matmul_model(rows, size, chain)[0], matmul_ops(rows, size), float(rows * size))
 
 
 def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
