@@ -181,8 +181,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
         traits = registry.traits(onnx_node.op_type, onnx_node.domain)
-        anchor = next((convolved[i] for i in onnx_node.input if i in convolved), None)
-        if traits.fuses_into_conv and anchor is not None:
+        anchor = next((convolved[i] for i in onnx_node.input if i in convolved), None) if traits.fuses_into_conv else None
+        if anchor is not None:
             if not traits.folds_into_weights:
                 fused = works[anchor]
                 works[anchor] = replace(fused, fused_values=fused.fused_values + sum(value_elements(graph, o) for o in outputs))
