@@ -240,13 +240,19 @@ class NodeProfile:
 
     def element_time(self, kind: str, elements: float) -> float:
         """Seconds an op of `kind` takes to write `elements` output values beyond its operations: a
-        depthwise convolution's `depthwise_elements_per_s` (0: not measured, nothing), no other kind's."""
+        depthwise convolution's `depthwise_elements_per_s` (0: not measured, nothing); for an "other"
+        op (an activation, a normalisation, an elementwise Mul) whose values no longer fit in the
+        core's cache, what they take at `stream_ops_per_s` beyond the in-cache throughput its
+        operations are priced at (`streamed_s`: its throughput is measured on maps in the cache,
+        and a GELU over a 56 x 56 x 384 map moves 5 MB); no other kind's."""
+        if kind == "other":
+            return self.streamed_s(elements)
         if kind != "depthwise" or not self.depthwise_elements_per_s:
             return 0.0
         return elements / self.depthwise_elements_per_s
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
-                   weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0) -> float:
+                   weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
@@ -257,9 +263,12 @@ class NodeProfile:
         or matmul takes its operations at its kind's throughput (with what its output values cost
         beyond them, `element_time`, and its fused ops' values) or its weights at `weight_Bps`,
         whichever is longer (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
-        cutting rows does not), plus its kind's fixed cost."""
+        cutting rows does not), plus its kind's fixed cost; a `chained` op (computed in the kernel of
+        the op after it, `simulate.chained_layers`) only its operations."""
         measured = self.layer_s.get(name)
         if measured is None:
+            if chained:
+                return ops / self.ops_per_s(kind)
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
             computed = ops / self.ops_per_s(kind) + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind)

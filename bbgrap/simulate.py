@@ -23,8 +23,13 @@ on its own clock:
 The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
 (a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a
 crop, a concat or another op lowering added costs one "other" operation per element it writes;
-an op onnxruntime fuses into the convolution before it costs one "other" operation per value it
-writes on the convolution's account (a BatchNormalization, folded into the weights, nothing); every value a segment
+an "other" op writing more values than the core's cache holds writes them at `stream_ops_per_s`
+(`NodeProfile.element_time`); an op onnxruntime fuses into the convolution before it costs one
+"other" operation per value it writes on the convolution's account (a BatchNormalization, folded
+into the weights, nothing; a matmul takes only a constant bias or an activation, as its Gemm);
+the elementwise ops of an activation written as several (x·sigmoid(x), erf's GELU) cost their
+operations, and only the last of them an op's fixed cost and a pass over the values
+(`chained_layers`); every value a segment
 takes or gives costs one "other" operation per element (handed from one onnxruntime session to
 the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest
 rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
@@ -61,6 +66,7 @@ class LayerWork:
     weight_bytes: float = 0.0
     elements: float = 0.0
     fused_values: float = 0.0  # values of the ops onnxruntime fuses into it that its kernel computes (`OpTraits.fuses_into_conv`)
+    chained: bool = False  # computed in the kernel of the op after it (`chained_layers`): no fixed cost, its values not written out
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class Prediction:
 
 
 CONVOLUTIONS = ("conv", "depthwise", "grouped")  # the kinds onnxruntime fuses a following activation or Add into
+FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a Gemm only a bias or an activation
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
 
 
@@ -148,6 +155,41 @@ def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int
     return got[1] if got is not None else layer.name
 
 
+def chained_layers(graph: Graph, registry: RuleRegistry | None = None) -> frozenset[str]:
+    """The layers onnxruntime computes inside the kernel of an op after them: elementwise ops
+    (`OpTraits.fuses_in_chain`) that, with the ops they feed, compute a function of one value and
+    constants, every use of their output inside that chain. The exporters write an activation so:
+    SiLU as x·sigmoid(x) (onnxruntime's QuickGelu kernel), GELU as x·(1 + erf(x/√2))/2 (its
+    Gelu kernel), and such a chain runs as one op, one pass over its values. A layer's chain is
+    the value it traces back to through such ops (`root`); an op of two values (a residual Add,
+    a squeeze-excite Mul) starts a chain of its own, and the op whose output leaves the chain is
+    not in the set. A chain onnxruntime does not fuse is priced so too: one pass, not several."""
+    registry = registry or default_registry()
+    producers, consumers = graph.producers(), graph.consumers()
+
+    def chains(layer: Layer) -> bool:
+        return registry.traits(layer.op_type, layer.domain).fuses_in_chain and len([t for t in layer.outputs if t]) == 1
+
+    root: dict[str, str | None] = {}  # a chaining layer -> the value its chain computes a function of (None: of several)
+    for layer in graph.layers:
+        if not chains(layer):
+            continue
+        sources = set()
+        for t in layer.inputs:
+            if not t or t in graph.constants:
+                continue
+            producer = producers.get(t)
+            traced = root.get(producer.name) if producer is not None else None
+            sources.add(traced if traced is not None and all(chains(c) for c in consumers.get(t, [])) else t)
+        root[layer.name] = sources.pop() if len(sources) == 1 else None
+    inner = set()
+    for layer in graph.layers:
+        value, users = layer.outputs[0], consumers.get(layer.outputs[0], [])
+        if root.get(layer.name) is not None and users and value not in graph.outputs and all(root.get(u.name) == root[layer.name] for u in users):
+            inner.add(layer.name)
+    return frozenset(inner)
+
+
 def value_elements(graph: Graph, value: str) -> int:
     """Elements of a local value named `tensor@region` (lower.value_name), or of a whole tensor
     bound under its own name; 0 for a name that is neither."""
@@ -163,25 +205,33 @@ def value_elements(graph: Graph, value: str) -> int:
         return 0
 
 
-def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None) -> SegmentWork:
+def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None,
+                 chained: frozenset[str] = frozenset()) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
     one per element a crop, concat or other op of lowering's writes, for an op onnxruntime fuses into
-    the convolution before it (`OpTraits.fuses_into_conv`) none of its own but the values it writes on
-    that convolution's account (`LayerWork.fused_values`; none where it folds into the weights), and one per element of every value the
+    the convolution before it (`OpTraits.fuses_into_conv`; into a matmul only a bias, a constant
+    operand, or an activation: its Gemm) none of its own but the values it writes on that
+    convolution's account (`LayerWork.fused_values`; none where it folds into the weights), for a
+    layer in `chained` (`chained_layers`) whose output stays in the segment its operations only
+    (`LayerWork.chained`), and one per element of every value the
     segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
     blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`). `whole`: each
     layer's `whole_ops` by name (counted once for all the plan's segments: `program_steps`)."""
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
+    given = set(seg.outputs)
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = dict.fromkeys(OP_KINDS, 0)
     works: list[LayerWork] = []
     moved: list[float] = []
-    convolved: dict[str, int] = {}  # values a convolution of this segment (with what is fused into it) makes: its index in works
+    convolved: dict[str, int] = {}  # values a convolution or matmul of this segment (with what is fused into it) makes: its index in works
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
         traits = registry.traits(onnx_node.op_type, onnx_node.domain)
         anchor = next((convolved[i] for i in onnx_node.input if i in convolved), None) if traits.fuses_into_conv else None
+        if anchor is not None and works[anchor].kind == "matmul" and any(
+                i not in convolved and i not in seg.initializers for i in onnx_node.input if i):
+            anchor = None  # a residual Add: onnxruntime's Gemm takes only a constant bias
         if anchor is not None:
             if not traits.folds_into_weights:
                 fused = works[anchor]
@@ -195,9 +245,10 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             region = part.emitted(node)
             here = run_ops(layer, graph, region, registry)
             ops[kind] += here
+            in_chain = layer.name in chained and not given.intersection(outputs)
             works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
-                                   float(region.volume)))
-            if kind in CONVOLUTIONS:
+                                   0.0 if in_chain else float(region.volume), chained=in_chain))
+            if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
             kind = "other"
@@ -226,12 +277,13 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
     """Lowered programs as the simulator's steps (a node's segments `after_others` where it has more than one)."""
     out: list[list[SimStep]] = []
     whole = {layer.name: whole_ops(layer, graph, registry) for layer in graph.layers}
+    chained = chained_layers(graph, registry)
     for program in programs:
         steps: list[SimStep] = []
         several = sum(step.op == "run" for step in program.steps) > 1
         for step in program.steps:
             if step.op == "run":
-                work = segment_work(graph, program.node, step.seg, whole, registry)
+                work = segment_work(graph, program.node, step.seg, whole, registry, chained)
                 steps.append(SimStep("run", work=replace(work, after_others=True) if several else work))
             else:
                 m = step.msg
@@ -280,7 +332,8 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
                                     *(p.streamed_s(m) for m in work.moved),
-                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values)
+                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values,
+                                                   w.chained)
                                       - p.kind_time(w.kind, w.ops)
                                       for w in work.layers)])
 

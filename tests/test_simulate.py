@@ -649,3 +649,74 @@ def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measur
     copying = receive_cost(ClusterProfile((replace(base, send_byte_s=1e-11, recv_byte_s=3e-10),), link))
     assert copying.byte_ops - cheap.byte_ops == pytest.approx((1e-11 + 3e-10 - 1e-10) * 1e10)
     assert base.boundary_s(2) == pytest.approx(base.segment_s + 2 * base.value_s)
+
+
+def test_an_elementwise_op_whose_values_leave_the_cache_writes_them_at_the_streaming_speed() -> None:
+    """An "other" op's throughput is measured on maps in the core's cache; one writing more values
+    than fit there (8 bytes moved per value) pays what a copy that large does, a chained op of a
+    fused activation (computed in the kernel after it) only its operations."""
+    node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e6)
+    assert node.layer_time("relu", "other", 1e5, 1e5, elements=1e5) == pytest.approx(1e5 / 1e8 + 1e-5)  # 0.8 MB: in the cache
+    assert node.layer_time("relu", "other", 1e6, 1e6, elements=1e6) == pytest.approx(1e6 / 2.5e7 + 1e-5)
+    assert node.layer_time("erf", "other", 1e6, 1e6, elements=1e6, chained=True) == pytest.approx(1e6 / 1e8)
+    assert node.element_time("conv", 1e6) == 0.0  # a convolution's values are in its throughput
+    assert NODE.layer_time("relu", "other", 1e6, 1e6, elements=1e6) == pytest.approx(1e6 / 1e8 + 1e-5)  # no regime measured
+    # measured: as measured, chained or not
+    assert replace(node, layer_s={"erf": 3e-4}).layer_time("erf", "other", 1e6, 1e6, elements=1e6, chained=True) == 3e-4
+
+
+def _elementwise(nodes: list, outputs: list[str], c: int = 4) -> Graph:
+    return import_proto(build_model(nodes, {"x": [1, c, 5, 5]}, {"w": np.ones((c, c, 1, 1), np.float32), "k": np.full((1,), 2.0, np.float32),
+                                                                  "one": np.ones((1,), np.float32)}, outputs, 17)).graph
+
+
+def test_an_activation_written_as_elementwise_ops_of_one_value_is_one_chain() -> None:
+    from bbgrap.simulate import chained_layers
+
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], name="conv")
+    # SiLU: x * sigmoid(x); GELU: x * (1 + erf(x / k)) / k
+    silu = [helper.make_node("Sigmoid", ["c"], ["s"], name="sig"), helper.make_node("Mul", ["c", "s"], ["y"], name="silu")]
+    assert chained_layers(_elementwise([conv, *silu], ["y"])) == {"sig"}
+    gelu = [helper.make_node("Div", ["c", "k"], ["d"], name="div"), helper.make_node("Erf", ["d"], ["e"], name="erf"),
+            helper.make_node("Add", ["e", "one"], ["e1"], name="add1"), helper.make_node("Mul", ["c", "e1"], ["m"], name="mul"),
+            helper.make_node("Div", ["m", "k"], ["y"], name="half")]
+    assert chained_layers(_elementwise([conv, *gelu], ["y"])) == {"div", "erf", "add1", "mul"}
+    # a squeeze-excite scale (two values: its gate is a kernel of its own) and a residual Add start chains of
+    # their own; a Relu after either is its own op
+    pool = helper.make_node("GlobalAveragePool", ["c"], ["p"], name="pool")
+    se = [pool, helper.make_node("Sigmoid", ["p"], ["g"], name="gate"), helper.make_node("Mul", ["c", "g"], ["z"], name="scale"),
+          helper.make_node("Add", ["z", "x"], ["r"], name="res"), helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    assert chained_layers(_elementwise([conv, *se], ["y"])) == frozenset()
+    # an op whose output another op also reads, or that is the model's output, computes its values out
+    shared = [*silu, helper.make_node("Conv", ["s", "w"], ["t"], name="other_reader")]
+    assert chained_layers(_elementwise([conv, *shared], ["y", "t"])) == frozenset()
+    assert chained_layers(_elementwise([conv, *silu], ["y", "s"])) == frozenset()
+
+
+def test_a_fused_activation_costs_one_fixed_cost_and_a_bias_folds_into_its_matmul() -> None:
+    from bbgrap.backends.lower import lower
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import chained_layers, segment_seconds, segment_work, whole_ops
+
+    def work_of(nodes: list, consts: dict[str, np.ndarray], inputs: dict[str, list[int]]) -> SegmentWork:
+        graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(import_proto(build_model(nodes, inputs, consts, ["y"], 17)).graph)
+        programs, _ = lower(graph)
+        (seg,) = [s.segment for s in programs[0].steps if s.op == "run"]
+        return segment_work(graph, 0, seg, {layer.name: whole_ops(layer, graph) for layer in graph.layers}, chained=chained_layers(graph))
+
+    w = np.ones((8, 8), np.float32)
+    matmul = helper.make_node("MatMul", ["x", "w"], ["h"], name="mm")
+    silu = [helper.make_node("Sigmoid", ["b"], ["s"], name="sig"), helper.make_node("Mul", ["b", "s"], ["y"], name="silu")]
+    work = work_of([matmul, helper.make_node("Add", ["bias", "h"], ["b"], name="bias"), *silu], {"w": w, "bias": np.ones(8, np.float32)}, {"x": [6, 8]})
+    mm, sig, mul = work.layers
+    assert (mm.name, mm.fused_values) == ("mm", 48)  # the bias: in the Gemm's kernel, on its account
+    assert (sig.name, sig.chained, sig.elements) == ("sig", True, 0.0) and (mul.chained, mul.elements) == (False, 48.0)
+    assert work.count == {**dict.fromkeys(work.count, 0), "matmul": 1, "other": 2}  # the ONNX ops but the bias
+    # two kernels, the Gemm and the SiLU: the Sigmoid costs its operations, not an op's fixed cost
+    unchained = replace(work, layers=tuple(replace(x, chained=False, elements=48.0) if x.chained else x for x in work.layers))
+    assert segment_seconds(unchained, 0, PROFILE) - segment_seconds(work, 0, PROFILE) == pytest.approx(NODE.other_op_s)
+    # a residual Add (an operand that is no constant) is an op of its own after the Gemm
+    residual = work_of([matmul, helper.make_node("Add", ["h", "x"], ["y"], name="res")], {"w": w}, {"x": [6, 8]})
+    assert [x.name for x in residual.layers] == ["mm", "res"] and residual.layers[0].fused_values == 0

@@ -111,7 +111,10 @@ class OpTraits:
     each byte a piece reads beyond what its kind's throughput holds costs it (`cost.extra_reads`:
     a convolution's filters of the piece's channels, and input beyond its share): a piece of few
     rows costs more per row than a large one, and one of few channels more per channel
-    (`cost.run_ops`); 0: nothing beyond its operations."""
+    (`cost.run_ops`); 0: nothing beyond its operations. `fuses_in_chain`: an elementwise op that
+    onnxruntime computes in one kernel with the ops after it where they all compute a function of
+    one value (x·sigmoid(x) as its QuickGelu, erf's GELU as its Gelu: `simulate.chained_layers`),
+    so such a chain costs one op's fixed cost and one pass over its values."""
 
     alias: bool = False
     moves_data: bool = False
@@ -120,6 +123,7 @@ class OpTraits:
     folds_into_weights: bool = False
     channel_block: int = 0
     read_ops: float = 0.0
+    fuses_in_chain: bool = False
 
 
 class RegionRule(ABC):

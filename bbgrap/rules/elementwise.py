@@ -72,13 +72,13 @@ class BatchNormRule(RegionRule):
 
 def register(registry: RuleRegistry) -> None:
     activation, arithmetic = BroadcastRule("others"), BroadcastRule("arithmetic")
-    registry.register(ACTIVATIONS, activation)
+    registry.register(ACTIVATIONS, activation, OpTraits(fuses_in_chain=True))
     # the output is the input (Dropout at inference): lowering binds it instead of emitting a node
     registry.register(["Identity"], activation, OpTraits(alias=True, moves_data=True))
     registry.register(["Dropout"], activation, OpTraits(alias=True))
-    registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS, fuses_into_conv=True))
-    registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True))
-    registry.register(ARITHMETIC, arithmetic)
-    registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True))
+    registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, fuses_in_chain=True))
+    registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True, fuses_in_chain=True))
+    registry.register(ARITHMETIC, arithmetic, OpTraits(fuses_in_chain=True))
+    registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, fuses_in_chain=True))
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())
