@@ -18,7 +18,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   weights, in sequence against each alone);
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): for each kind
   (a 3x3 convolution, a depthwise convolution of 3x3 and of 7x7 kernels, a grouped 3x3 one of
-  FEW_PER_GROUP channels per group, a MatMul, an Add) probes at four or five sizes each, from
+  FEW_PER_GROUP channels per group, a MatMul of MATMUL_ROWS rows, each of a chain by its own
+  weights, an Add) probes at four or five sizes each, from
   small feature maps to large, each timed as one op and as a chain of CHAIN: one op's share of
   the chain beyond the first (`marginal_time`) is what an op costs inside a model, without the
   session's run and the layout reorders a lone convolution pays. The line through (operations,
@@ -145,9 +146,13 @@ def matmul_ops(rows: int, size: int) -> float:
 
 
 def matmul_model(rows: int, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
-    """`chain` MatMuls of `rows` x `size` by a `size` x `size` weight; and one's operations."""
-    w = (np.random.default_rng(0).standard_normal((size, size)) / math.sqrt(size)).astype(np.float32)
-    return _chain("MatMul", (rows, size), "w", w, chain), matmul_ops(rows, size)
+    """`chain` MatMuls of `rows` x `size` by a `size` x `size` weight, each its own weight as a
+    model's layers have (a chain of one weight keeps it in the core's cache, and times a MatMul
+    faster than a model runs it); and one's operations."""
+    rng = np.random.default_rng(0)
+    weights = {f"w{i}": (rng.standard_normal((size, size)) / math.sqrt(size)).astype(np.float32) for i in range(chain)}
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"]) for i in range(chain)]
+    return float_model(nodes, {"x": (rows, size)}, {f"y{chain - 1}": (rows, size)}, weights), matmul_ops(rows, size)
 
 
 def matmul_probe(rows: int, size: int) -> Probe:
@@ -217,6 +222,7 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
 TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8, 4, 1), "grouped": conv_probe(16, 4, 8),
                           "matmul": matmul_probe(1, 16), "other": add_probe(64)}
 CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
+MATMUL_ROWS = 196  # rows of the MatMul probes: a 14 x 14 map's pixels, about a ViT's tokens
 SMALL_TERM = 0.01  # a fitted term for output values below this share of the largest probe's time is none (`op_speed`)
 
 
@@ -399,7 +405,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         # two kernel sizes: output values alike, operations 49 / 9 apart
         "depthwise": [conv_probe(128, s, 1, k) for k in (3, 7) for s in sizes],
         "grouped": [conv_probe(128, s, FEW_PER_GROUP) for s in sizes],
-        "matmul": [matmul_probe(16, s) for s in (64, 128, 256, 512)],
+        # a 14 x 14 map's pixels or a ViT's tokens by weights of up to 2.4 MB, beyond a core's L2 cache
+        "matmul": [matmul_probe(MATMUL_ROWS, s) for s in (128, 256, 512, 768)],
         # (in the core's cache: a chain of Adds over a 56 x 56 map spills it, which `stream_ops_per_s` prices)
         "other": [add_probe(s * s * 64) for s in (7, 14, 21, 28)],
     }

@@ -16,7 +16,9 @@ one it has; a layer too short to cut still has its placements.
 **Costs** (`NetworkCost`, from a `ClusterProfile`): node n computing candidate c of layer L
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
 computes, the profile's throughput for the op's kind; a depthwise convolution's output values
-at the node's `depthwise_elements_per_s` too), or where the profile measured L on n
+at the node's `depthwise_elements_per_s` too, an "other" op's beyond the cache at its
+`stream_ops_per_s`; an op of a fused activation, `simulate.chained_layers`, its operations only),
+or where the profile measured L on n
 (`calibrate --model`) the kind's fixed cost plus the rest of L's measured time scaled to the
 piece by L's measured rows and channels slopes, else in proportion to `ops_n`
 (`NodeProfile.layer_time`). Reading an input whose producer chose
@@ -78,7 +80,7 @@ from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import op_kind, whole_ops
+from bbgrap.simulate import chained_layers, op_kind, whole_ops
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
@@ -250,6 +252,7 @@ class NetworkCost:
         self.outputs = [tuple(t for t in layer.outputs if t in graph.outputs) for layer in graph.layers]
         self.kinds = [op_kind(layer, graph) for layer in graph.layers]
         self.whole = [whole_ops(layer, graph, self.registry) for layer in graph.layers]
+        self.chained = chained_layers(graph, self.registry)
 
     # tables -----------------------------------------------------------------------------------
     def compute(self, i: int, c: int) -> tuple[float, ...]:
@@ -264,8 +267,9 @@ class NetworkCost:
             for n in part.active_nodes():
                 region = part.emitted(n)
                 ops = run_ops(layer, self.graph, region, self.registry)
+                chained = layer.name in self.chained
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]),
-                                                           nbytes, float(region.volume))
+                                                           nbytes, 0.0 if chained else float(region.volume), chained=chained)
             got = self._compute[key] = tuple(times)
         return got
 

@@ -29,6 +29,7 @@ from bbgrap.backends.calibrate import (
     kernel_layer,
     marginal_time,
     matmul_model,
+    matmul_probe,
     measure_layers,
     message_fields,
     model_to_time,
@@ -65,6 +66,21 @@ def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.Mo
     graph = import_model(path).graph
     counted = sum(layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) for layer in graph.layers)
     assert math.isclose(counted, ops)
+
+
+def test_a_matmul_probe_chains_matmuls_each_by_its_own_weights() -> None:
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    probe = matmul_probe(4, 16)
+    model = probe.build(CHAIN)
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer]
+    assert [n.input[1] for n in model.graph.node] == [t.name for t in model.graph.initializer] and len(weights) == CHAIN
+    assert all(not np.array_equal(a, b) for a, b in zip(weights, weights[1:]))  # each its own, as a model's layers
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y, x @ weights[0] @ weights[1] @ weights[2], rtol=1e-4, atol=1e-5)
+    assert probe.ops == 2.0 * 4 * 16 * 16 and probe.elements == 4 * 16
 
 
 def test_a_probe_chains_its_op_and_counts_one_ops_work() -> None:
