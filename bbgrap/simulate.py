@@ -246,8 +246,9 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             here = run_ops(layer, graph, region, registry)
             ops[kind] += here
             in_chain = layer.name in chained and not given.intersection(outputs)
+            writes = 0.0 if in_chain or traits.view else float(region.volume)
             works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
-                                   0.0 if in_chain else float(region.volume), chained=in_chain))
+                                   writes, chained=in_chain))
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output

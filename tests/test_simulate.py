@@ -720,3 +720,27 @@ def test_a_fused_activation_costs_one_fixed_cost_and_a_bias_folds_into_its_matmu
     # a residual Add (an operand that is no constant) is an op of its own after the Gemm
     residual = work_of([matmul, helper.make_node("Add", ["h", "x"], ["y"], name="res")], {"w": w}, {"x": [6, 8]})
     assert [x.name for x in residual.layers] == ["mm", "res"] and residual.layers[0].fused_values == 0
+
+
+def test_a_reshape_is_a_view_that_computes_and_writes_nothing() -> None:
+    from bbgrap.backends.lower import lower
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.cost import layer_ops
+    from bbgrap.ir import ShapeMap
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import segment_work, whole_ops
+
+    model = build_model([helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Reshape", ["r", "shape"], ["y"], name="view")],
+                        {"x": [1, 8, 64, 64]}, {"shape": np.array([1, 8, 4096], np.int64)}, ["y"], 17)
+    graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(import_proto(model).graph)
+    view = graph.layer("view")
+    assert layer_ops(view, graph, ShapeMap.full(graph.tensors["y"].shape)) == 0.0  # no arithmetic: inspect's FLOPs count none
+    programs, _ = lower(graph)
+    (seg,) = [s.segment for s in programs[0].steps if s.op == "run"]
+    work = segment_work(graph, 0, seg, {layer.name: whole_ops(layer, graph) for layer in graph.layers})
+    relu, reshape = work.layers
+    assert (relu.elements, reshape.ops, reshape.elements) == (8 * 4096, 0.0, 0.0)
+    node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e5)  # 32768 values of 8 bytes: beyond the cache
+    assert node.layer_time("view", "other", reshape.ops, reshape.whole_ops, elements=reshape.elements) == node.other_op_s
+    assert node.layer_time("relu", "other", relu.ops, relu.whole_ops, elements=relu.elements) > 8 * 4096 / 2.5e7

@@ -114,7 +114,9 @@ class OpTraits:
     (`cost.run_ops`); 0: nothing beyond its operations. `fuses_in_chain`: an elementwise op that
     onnxruntime computes in one kernel with the ops after it where they all compute a function of
     one value (x·sigmoid(x) as its QuickGelu, erf's GELU as its Gelu: `simulate.chained_layers`),
-    so such a chain costs one op's fixed cost and one pass over its values."""
+    so such a chain costs one op's fixed cost and one pass over its values. `view`: its output is
+    its input's buffer under another shape, which onnxruntime hands on (Reshape, Flatten, Squeeze,
+    Unsqueeze): it writes no values (its rule counts no operations either)."""
 
     alias: bool = False
     moves_data: bool = False
@@ -124,6 +126,7 @@ class OpTraits:
     channel_block: int = 0
     read_ops: float = 0.0
     fuses_in_chain: bool = False
+    view: bool = False
 
 
 class RegionRule(ABC):

@@ -99,6 +99,10 @@ class ReshapeRule(RegionRule):
         groups = _groups(shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0]))
         return frozenset(g.outs[0] for g in groups)
 
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """None: the output is the input's buffer under another shape (`OpTraits.view`)."""
+        return 0.0
+
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         in_shape, out_shape = shape(graph, layer.inputs[0]), shape(graph, layer.outputs[0])
         need, computes = full(graph, layer.inputs[0]), ShapeMap.full(out_shape)
@@ -255,11 +259,10 @@ class WholeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    moves = OpTraits(moves_data=True)
-    registry.register(["Concat"], ConcatRule(), moves)
+    registry.register(["Concat"], ConcatRule(), OpTraits(moves_data=True))
     registry.register(["Transpose"], TransposeRule())
     registry.register(["Gemm"], GemmRule())
     registry.register(["MatMul"], MatMulRule())
     registry.register(["Einsum"], EinsumRule())
     registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
-    registry.register(["Reshape", "Flatten", "Squeeze", "Unsqueeze"], ReshapeRule(), moves)
+    registry.register(["Reshape", "Flatten", "Squeeze", "Unsqueeze"], ReshapeRule(), OpTraits(moves_data=True, view=True))

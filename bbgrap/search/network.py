@@ -268,8 +268,9 @@ class NetworkCost:
                 region = part.emitted(n)
                 ops = run_ops(layer, self.graph, region, self.registry)
                 chained = layer.name in self.chained
+                writes = 0.0 if chained or self.registry.traits(layer.op_type, layer.domain).view else float(region.volume)
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]),
-                                                           nbytes, 0.0 if chained else float(region.volume), chained=chained)
+                                                           nbytes, writes, chained=chained)
             got = self._compute[key] = tuple(times)
         return got
 
