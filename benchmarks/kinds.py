@@ -34,7 +34,7 @@ from bbgrap.rules.registry import default_registry
 from bbgrap.simulate import fusion_anchor, program_steps, segment_seconds
 
 BIN = os.path.dirname(sys.executable)
-from prediction import models  # noqa: E402  # benchmarks/prediction.py, beside this script
+from prediction import add_model_arguments, models  # noqa: E402  # benchmarks/prediction.py, beside this script
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
 
@@ -67,10 +67,7 @@ def priced(path: str, kinds: ClusterProfile) -> tuple[float, dict[str, float], d
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"],
-                   help="zoo models (at --resolution and --width), or ONNX files (at their own input shape)")
-    p.add_argument("--resolution", type=int, default=96)
-    p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
+    add_model_arguments(p)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads of the one node (default 1)")
     p.add_argument("--top", type=int, default=8, help="op types listed per model, by measured time (default 8)")
     args = p.parse_args()

@@ -57,6 +57,14 @@ def models(work: str, names: list[str], resolution: int, width: float) -> Iterat
         yield name, path
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--models, --resolution and --width: what `models` takes (the zoo's five at 96 px, width 0.5, by default)."""
+    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"],
+                   help="zoo models (at --resolution and --width), or ONNX files (at their own input shape)")
+    p.add_argument("--resolution", type=int, default=96)
+    p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
+
+
 def calibrate(nodes: int, path: str, model: str | None = None, provider: str = "cpu") -> ClusterProfile:
     """The profile of this host run as `nodes` ranks (bbgrap calibrate under mpirun) on `provider`, with `model`'s layers where given."""
     cmd = [shutil.which("mpirun", path=BIN) or "mpirun", "-n", str(nodes), os.path.join(BIN, "bbgrap"), "calibrate", "-o", path,
@@ -140,10 +148,7 @@ def choices(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "vgg16", "inception", "densenet"],
-                   help="zoo models (at --resolution and --width), or ONNX files (at their own input shape)")
-    p.add_argument("--resolution", type=int, default=96)
-    p.add_argument("--width", type=float, default=0.5, help="zoo channel multiplier (default 0.5)")
+    add_model_arguments(p)
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 2],
                    help="node counts (default 1 2; more ranks than cores time-slice ranks that spin on waits)")
     p.add_argument("--directions", nargs="+", default=["h", "w", "c"])
