@@ -3,7 +3,8 @@
 Operations count multiply-adds as two. An op's operations per output element are its
 rule's (`RegionRule.ops_per_element`, in the op's family module: 2·(C_in/group)·∏kernel
 for a convolution, 2·K for Gemm/MatMul, ∏kernel for a window pool, the reduced elements of
-a reduction); an op without a rule counts one per output element. The search's objective
+a reduction, none for a Reshape, which hands its input's buffer on); an op without a rule counts
+one per output element. The search's objective
 (thesis eq. 3.7–3.12) and `bbgrap inspect` both use these numbers; `recompute-halos` weighs
 them against what a receive costs (`ReceiveCost`, per execution provider).
 """

@@ -190,6 +190,13 @@ def chained_layers(graph: Graph, registry: RuleRegistry | None = None) -> frozen
     return frozenset(inner)
 
 
+def values_written(layer: Layer, region: ShapeMap, chained: bool, registry: RuleRegistry) -> float:
+    """The output values a piece of the layer computing `region` writes out (`LayerWork.elements`):
+    none for a view (`OpTraits.view`) or an op onnxruntime computes in the kernel of the op after
+    it (`chained`, `chained_layers`)."""
+    return 0.0 if chained or registry.traits(layer.op_type, layer.domain).view else float(region.volume)
+
+
 def value_elements(graph: Graph, value: str) -> int:
     """Elements of a local value named `tensor@region` (lower.value_name), or of a whole tensor
     bound under its own name; 0 for a name that is neither."""
@@ -246,9 +253,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             here = run_ops(layer, graph, region, registry)
             ops[kind] += here
             in_chain = layer.name in chained and not given.intersection(outputs)
-            writes = 0.0 if in_chain or traits.view else float(region.volume)
             works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
-                                   writes, chained=in_chain))
+                                   values_written(layer, region, in_chain, registry), chained=in_chain))
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output

@@ -100,7 +100,7 @@ class ReshapeRule(RegionRule):
         return frozenset(g.outs[0] for g in groups)
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
-        """None: the output is the input's buffer under another shape (`OpTraits.view`)."""
+        """No operations: the output is the input's buffer under another shape (`OpTraits.view`)."""
         return 0.0
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:

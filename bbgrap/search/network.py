@@ -80,7 +80,7 @@ from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import chained_layers, op_kind, whole_ops
+from bbgrap.simulate import chained_layers, op_kind, values_written, whole_ops
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
@@ -268,9 +268,8 @@ class NetworkCost:
                 region = part.emitted(n)
                 ops = run_ops(layer, self.graph, region, self.registry)
                 chained = layer.name in self.chained
-                writes = 0.0 if chained or self.registry.traits(layer.op_type, layer.domain).view else float(region.volume)
-                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]),
-                                                           nbytes, writes, chained=chained)
+                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]), nbytes,
+                                                           values_written(layer, region, chained, self.registry), chained=chained)
             got = self._compute[key] = tuple(times)
         return got
 
