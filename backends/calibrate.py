@@ -27,7 +27,10 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   write alike output values for operations 49 / 9 apart, a plane through (operations, values,
   time) also gives what each output value costs (`depthwise_elements_per_s`). The op's fixed
   cost is what a tiny one of its kind (a 4x4 map of 8 channels; for "other" an Add of 64
-  values) takes in a chain beyond its operations at that throughput;
+  values) takes in a chain beyond its operations at that throughput. A few "other" op types
+  (OTHER_TIMED: 3x3 pools, LayerNormalization, Softmax, Sigmoid, Erf, Mul) are timed
+  so too, each its throughput apart (`NodeProfile.other_speeds`): per operation a pool runs
+  several times an Add's speed and a LayerNormalization a fraction of it;
 * **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
   takes between one size and the next (the slope) jumps once an op's input and output no longer
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
@@ -172,6 +175,43 @@ def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
 def add_model(elements: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` Adds of a constant to `elements` values; and one's operations (one per value)."""
     return _chain("Add", (elements,), "one", np.ones((1,), dtype=np.float32), chain), float(elements)
+
+
+# "other" op types timed apart (`other_probe`): each runs at its own speed per operation, a pooling
+# window's several times an Add's, a LayerNormalization's a fraction (docs/benchmarks.md, session 27)
+# (not a Transpose: onnxruntime merges a chain of them into one)
+OTHER_TIMED = ("MaxPool", "AveragePool", "LayerNormalization", "Softmax", "Sigmoid", "Erf", "Mul")
+TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
+
+
+def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
+    """`chain` ops `op_type` (one of OTHER_TIMED), each on the one before's output of the same shape:
+    64 channels of size x size for a map op (a 3x3 pool, padded; an activation; a Mul by a
+    constant), or as many values as (tokens, TOKEN_WIDTH) for a
+    LayerNormalization or Softmax over its last axis; and one op's operations (bbgrap/cost.py's count:
+    a window's nine for a pool, one per value for the rest)."""
+    tokens = op_type in ("LayerNormalization", "Softmax")
+    shape = (64 * size * size // TOKEN_WIDTH, TOKEN_WIDTH) if tokens else (1, 64, size, size)
+    constants: dict[str, np.ndarray] = {}
+    attrs: dict[str, Any] = {}
+    extra: list[str] = []
+    if op_type in ("MaxPool", "AveragePool"):
+        attrs = {"kernel_shape": [3, 3], "pads": [1] * 4}
+    elif op_type in ("Softmax", "LayerNormalization"):
+        attrs = {"axis": -1}
+    if op_type == "LayerNormalization":
+        constants = {"scale": np.ones(TOKEN_WIDTH, np.float32), "bias": np.zeros(TOKEN_WIDTH, np.float32)}
+        extra = ["scale", "bias"]
+    elif op_type == "Mul":
+        constants, extra = {"half": np.full((1,), 0.5, np.float32)}, ["half"]
+    nodes = [helper.make_node(op_type, ["x" if i == 0 else f"y{i - 1}", *extra], [f"y{i}"], **attrs) for i in range(chain)]
+    values = math.prod(shape)
+    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, constants, opset=17), float(values * (9 if "Pool" in op_type else 1))
+
+
+def other_probe(op_type: str, size: int) -> Probe:
+    """`other_model`'s ops as a `Probe`."""
+    return Probe(lambda chain: other_model(op_type, size, chain)[0], other_model(op_type, size)[1], float(64 * size * size))
 
 
 def add_probe(elements: int) -> Probe:
@@ -414,6 +454,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()}
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
     fields["depthwise_elements_per_s"] = speeds["depthwise"].elements_per_s
+    # (in the core's cache, as the Adds that give other_ops_per_s)
+    other_speeds = {op: op_speed([other_probe(op, s) for s in (14, 21, 28)], TINY["other"], timed).ops_per_s for op in OTHER_TIMED}
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
@@ -428,7 +470,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     if boundary.lockstep:
         fields["wait_share"] = wait_share(boundary.lockstep)
     node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s,
-                       host=os.uname().nodename, layer_s=layers, layer_scaling=scaling)
+                       host=os.uname().nodename, layer_s=layers, layer_scaling=scaling, other_speeds=other_speeds)
     return node.slowed(quota.share(threads)) if quota is not None else node
 
 
@@ -497,6 +539,9 @@ def describe(profile: ClusterProfile) -> str:
                      f"per message sent {p.send_s * 1e6:.1f} us + {p.send_byte_s * 1e12:.0f} ps/B, taken {p.recv_s * 1e6:.1f} us + {p.recv_byte_s * 1e12:.0f} ps/B, a wait {100 * p.wait_share:.1f} % of the segment before it; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")
         if p.cpu_share < 1.0:
             lines.append(f"  under a CPU quota: {p.cpu_share:.0%} of its threads' time, every figure above slowed by it")
+        if p.other_speeds:
+            lines.append("  other ops timed apart: " + ", ".join(f"{op} {v / 1e9:.2f}" for op, v in p.other_speeds.items())
+                         + f" Gop/s (the rest {p.other_ops_per_s / 1e9:.2f})")
         if p.cache_bytes and p.stream_ops_per_s:
             lines.append(f"  copies of over {p.cache_bytes / 2**20:.1f} MB (read and written) at {p.stream_ops_per_s / 1e9:.2f} Gop/s")
         if p.layer_s:

@@ -13,14 +13,14 @@ Shape = Sequence[int] | None  # None: whatever shape the model makes (outputs on
 
 
 def float_model(nodes: Sequence[onnx.NodeProto], inputs: Mapping[str, Shape], outputs: Mapping[str, Shape],
-                constants: Mapping[str, np.ndarray], name: str = "calibrate") -> onnx.ModelProto:
-    """A model of `nodes` (default domain, opset 13) with float32 `inputs` and `outputs` of the
+                constants: Mapping[str, np.ndarray], name: str = "calibrate", opset: int = 13) -> onnx.ModelProto:
+    """A model of `nodes` (default domain, `opset`) with float32 `inputs` and `outputs` of the
     given shapes and `constants` as initializers."""
     def info(k: str, shape: Shape) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(k, TensorProto.FLOAT, None if shape is None else list(shape))
 
     graph = helper.make_graph(list(nodes), name, [info(k, v) for k, v in inputs.items()], [info(k, v) for k, v in outputs.items()],
                               initializer=[numpy_helper.from_array(v, k) for k, v in constants.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="bbgrap-calibrate")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="bbgrap-calibrate")
     model.ir_version = 7
     return model

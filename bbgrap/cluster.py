@@ -49,6 +49,15 @@ this one: compile says so and falls back to the kinds' throughputs):
     [node.scaling]             # how a convolution's or matmul's time scales: [rows, channels] slopes
     "layer1.0.conv1" = [0.85, 0.7]
 
+`bbgrap calibrate` also times a few "other" ops of their own (pooling, normalisation, activations,
+a transpose) and writes their throughputs apart; an "other" op not listed runs at `other_ops_per_s`:
+
+    [[node]]
+    ...
+    [node.other_ops]           # "other" operations per second of these op types (bbgrap/cost.py's count)
+    MaxPool = 4.1e10
+    LayerNormalization = 3.0e9
+
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
 
@@ -84,6 +93,7 @@ BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per v
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 HOST = "host"  # a node's host name (NodeProfile.host)
+OTHER_OPS = "other_ops"  # a node's table of "other" op types timed apart (NodeProfile.other_speeds)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -179,10 +189,18 @@ class NodeProfile:
     layer_s: dict[str, float] = field(default_factory=dict, hash=False)
     # how some of them scale along rows and channels (`Scaling`); a measured layer without: in proportion to its operations
     layer_scaling: dict[str, Scaling] = field(default_factory=dict, hash=False)
+    # "other" operations per second of the op types calibrate times apart (an LN or a pooling window
+    # runs at several times or a fraction of an Add's speed per operation); the rest at other_ops_per_s
+    other_speeds: dict[str, float] = field(default_factory=dict, hash=False)
 
     def ops_per_s(self, kind: str) -> float:
         """Throughput for one of OP_KINDS."""
         return float(getattr(self, f"{kind}_ops_per_s"))
+
+    def op_rate(self, kind: str, op_type: str = "") -> float:
+        """Operations per second of an op of `kind` and ONNX `op_type`: an "other" op type timed
+        apart at its own speed (`other_speeds`), else its kind's throughput."""
+        return self.other_speeds.get(op_type, self.other_ops_per_s) if kind == "other" else self.ops_per_s(kind)
 
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
@@ -196,7 +214,8 @@ class NodeProfile:
         if fixed:
             changes.update({f.name: getattr(self, f.name) / speed for f in fields(self)
                             if f.name.endswith("_s") and not f.name.endswith("_per_s") and isinstance(getattr(self, f.name), float)})
-        return replace(self, **changes, layer_s={k: v / speed for k, v in self.layer_s.items()})
+        return replace(self, **changes, layer_s={k: v / speed for k, v in self.layer_s.items()},
+                       other_speeds={k: v * speed for k, v in self.other_speeds.items()})
 
     def slowed(self, share: float) -> NodeProfile:
         """This node with `share` of its time (a CPU quota's): every throughput and time as
@@ -252,7 +271,8 @@ class NodeProfile:
         return elements / self.depthwise_elements_per_s
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
-                   weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False) -> float:
+                   weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
+                   op_type: str = "") -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
@@ -264,13 +284,18 @@ class NodeProfile:
         beyond them, `element_time`, and its fused ops' values) or its weights at `weight_Bps`,
         whichever is longer (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
         cutting rows does not), plus its kind's fixed cost; a `chained` op (computed in the kernel of
-        the op after it, `simulate.chained_layers`) only its operations."""
+        the op after it, `simulate.chained_layers`) only its operations, at its kind's throughput:
+        inside a fused kernel an erf or a sigmoid is a few vector instructions on values at hand, not
+        its own kernel's pass (onnxruntime's Gelu and QuickGelu kernels measured at that speed,
+        docs/benchmarks.md, session 27). Any other "other" op of an ONNX `op_type` the node timed
+        apart runs at that speed (`op_rate`)."""
         measured = self.layer_s.get(name)
         if measured is None:
             if chained:
                 return ops / self.ops_per_s(kind)
+            rate = self.op_rate(kind, op_type)
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
-            computed = ops / self.ops_per_s(kind) + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
+            computed = ops / rate + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind)
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
@@ -348,7 +373,7 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     where = f"node[{k}]"
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
-    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST)}
+    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST, OTHER_OPS)}
     for field_name in ("ops_per_s", "op_s"):  # written before grouped convolutions were measured: priced as depthwise then
         if f"grouped_{field_name}" not in rest and f"depthwise_{field_name}" in rest:
             rest[f"grouped_{field_name}"] = rest[f"depthwise_{field_name}"]
@@ -359,8 +384,12 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     if not isinstance(layers, dict):
         raise BBGrapError(f"{source}: '{where}.{LAYERS}' must be a table of layer name = seconds")
     times = {name: _number(source, f"{where}.{LAYERS}", json.dumps(name), v, positive=False) for name, v in layers.items()}
+    others = table.get(OTHER_OPS, {})
+    if not isinstance(others, dict):
+        raise BBGrapError(f"{source}: '{where}.{OTHER_OPS}' must be a table of op type = operations per second")
+    speeds = {op: _number(source, f"{where}.{OTHER_OPS}", op, v, positive=True) for op, v in others.items()}
     return NodeProfile(**_table(source, where, rest, NodeProfile), host=host, layer_s=times,
-                       layer_scaling=_scaling(source, f"{where}.{SCALING}", table.get(SCALING, {}), times))
+                       layer_scaling=_scaling(source, f"{where}.{SCALING}", table.get(SCALING, {}), times), other_speeds=speeds)
 
 
 def _scaling(source: str, where: str, table: Any, times: dict[str, float]) -> dict[str, Scaling]:
@@ -425,7 +454,10 @@ def profile_toml(profile: ClusterProfile, comment: str = "") -> str:
     lines += ["[link]", *(f"{f.name} = {getattr(profile.link, f.name)!r}" for f in fields(LinkProfile))]
     for node in profile.nodes:
         lines += ["", "[[node]]", *([f"{HOST} = {json.dumps(node.host, ensure_ascii=False)}"] if node.host else []),
-                  *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile) if f.name not in (HOST, "layer_s", "layer_scaling"))]
+                  *(f"{f.name} = {getattr(node, f.name)!r}" for f in fields(NodeProfile)
+                    if f.name not in (HOST, "layer_s", "layer_scaling", "other_speeds"))]
+        if node.other_speeds:
+            lines += [f"[node.{OTHER_OPS}]", *(f"{json.dumps(k)} = {v!r}" for k, v in node.other_speeds.items())]
         # a TOML basic string is JSON's, with characters beyond ASCII written as they are
         if node.layer_s:
             lines += [f"[node.{LAYERS}]", *(f"{json.dumps(k, ensure_ascii=False)} = {v!r}" for k, v in node.layer_s.items())]

@@ -4,7 +4,8 @@ A rank walks its program (backends/lower.py: run a segment, send a message, wait
 on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
-  that kind (a depthwise convolution's output values at its `depthwise_elements_per_s` too; a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
+  that kind (an "other" op of a type the node timed apart at that type's speed; a depthwise
+  convolution's output values at its `depthwise_elements_per_s` too; a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
   takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
   cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
   executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
@@ -42,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from bbgrap.cluster import OP_KINDS, ClusterProfile
+from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
@@ -67,6 +68,7 @@ class LayerWork:
     elements: float = 0.0
     fused_values: float = 0.0  # values of the ops onnxruntime fuses into it that its kernel computes (`OpTraits.fuses_into_conv`)
     chained: bool = False  # computed in the kernel of the op after it (`chained_layers`): no fixed cost, its values not written out
+    op_type: str = ""  # its ONNX op: an "other" op a node timed apart runs at that speed (`NodeProfile.op_rate`)
 
 
 @dataclass(frozen=True)
@@ -254,7 +256,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             ops[kind] += here
             in_chain = layer.name in chained and not given.intersection(outputs)
             works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
-                                   values_written(layer, region, in_chain, registry), chained=in_chain))
+                                   values_written(layer, region, in_chain, registry), chained=in_chain, op_type=layer.op_type))
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -317,14 +319,20 @@ def profile_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: 
     within EQUAL_SPEEDS of the fastest: like nodes calibrated a few percent apart keep what equal
     speeds allow (even cuts, band pools)."""
     work = [(layer.name, op_kind(layer, graph), whole_ops(layer, graph, registry), weight_bytes(layer, graph),
-             float(math.prod(graph.tensors[layer.outputs[0]].shape))) for layer in graph.layers]
+             float(math.prod(graph.tensors[layer.outputs[0]].shape)), layer.op_type) for layer in graph.layers]
     times = []
     for n in range(nodes):
         p = profile.node(n)
-        times.append(math.fsum(p.layer_time(name, kind, ops, ops, 1.0, nbytes, elements) for name, kind, ops, nbytes, elements in work))
+        times.append(math.fsum(p.layer_time(name, kind, ops, ops, 1.0, nbytes, elements, op_type=op_type)
+                               for name, kind, ops, nbytes, elements, op_type in work))
     if max(times) <= (1 + EQUAL_SPEEDS) * min(times):
         return (1.0,) * nodes
     return tuple(round(max(times) / t, 2) for t in times)
+
+
+def work_seconds(p: NodeProfile, w: LayerWork) -> float:
+    """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`)."""
+    return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
@@ -339,9 +347,7 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
                                     *(p.streamed_s(m) for m in work.moved),
-                                    *(p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values,
-                                                   w.chained)
-                                      - p.kind_time(w.kind, w.ops)
+                                    *(work_seconds(p, w) - p.kind_time(w.kind, w.ops)
                                       for w in work.layers)])
 
 

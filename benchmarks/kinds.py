@@ -31,7 +31,7 @@ from bbgrap.compiler import pipeline
 from bbgrap.config import Config
 from bbgrap.pass_manager import PassManager
 from bbgrap.rules.registry import default_registry
-from bbgrap.simulate import fusion_anchor, program_steps, segment_seconds
+from bbgrap.simulate import fusion_anchor, program_steps, segment_seconds, work_seconds
 
 BIN = os.path.dirname(sys.executable)
 from prediction import add_model_arguments, models  # noqa: E402  # benchmarks/prediction.py, beside this script
@@ -60,8 +60,7 @@ def priced(path: str, kinds: ClusterProfile) -> tuple[float, dict[str, float], d
             continue
         total += segment_seconds(step.work, 0, kinds)
         for w in step.work.layers:
-            price[anchors[w.name]] += node.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements,
-                                                      w.fused_values, w.chained)
+            price[anchors[w.name]] += work_seconds(node, w)
     return total, dict(price), {layer.name: layer.op_type for layer in graph.layers}
 
 

@@ -264,6 +264,8 @@ def test_layer_times_of_another_model_are_not_used(small_model: str, tmp_path) -
     ('[model]\nsha256 = "%s"\n[[node]]\n[node.layers]\nc = 1.0\n[node.scaling]\nd = [0.5, 1.0]\n' % ("0" * 64), "without a time"),
     ("[[node]]\nscaling = 3\n", "'node\\[0\\].scaling' must be a table"),
     ("[[node]]\nhost = 3\n", "'node\\[0\\].host' must be a string"),
+    ("[[node]]\nother_ops = 3\n", "'node\\[0\\].other_ops' must be a table"),
+    ("[[node]]\n[node.other_ops]\nMaxPool = 0.0\n", "'node\\[0\\].other_ops.MaxPool' must be a positive number"),
 ])
 def test_bad_profiles_are_one_line_naming_the_key(tmp_path, text: str, problem: str) -> None:
     path = tmp_path / "bad.toml"
@@ -744,3 +746,22 @@ def test_a_reshape_is_a_view_that_computes_and_writes_nothing() -> None:
     node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e5)  # 32768 values of 8 bytes: beyond the cache
     assert node.layer_time("view", "other", reshape.ops, reshape.whole_ops, elements=reshape.elements) == node.other_op_s
     assert node.layer_time("relu", "other", relu.ops, relu.whole_ops, elements=relu.elements) > 8 * 4096 / 2.5e7
+
+
+def test_an_other_op_timed_apart_runs_at_its_own_speed_and_round_trips(tmp_path) -> None:
+    node = replace(NODE, other_speeds={"LayerNormalization": 2.5e7, "MaxPool": 4e8})
+    assert node.op_rate("other", "LayerNormalization") == 2.5e7 and node.op_rate("other", "Relu") == 1e8
+    assert node.op_rate("conv", "MaxPool") == 1e9  # a kind's throughput for anything not "other"
+    assert node.layer_time("ln", "other", 1e5, 1e5, op_type="LayerNormalization") == pytest.approx(1e5 / 2.5e7 + 1e-5)
+    assert node.layer_time("relu", "other", 1e5, 1e5, op_type="Relu") == pytest.approx(1e5 / 1e8 + 1e-5)
+    # inside a fused kernel an op runs at the kind's speed, not its own kernel's
+    assert node.layer_time("erf", "other", 1e5, 1e5, chained=True, op_type="LayerNormalization") == pytest.approx(1e5 / 1e8)
+    # in a segment: each layer's time at its op's speed, beyond the kind's
+    work = SegmentWork({"other": 2e5}, {"other": 2}, layers=(LayerWork("ln", "other", 1e5, 1e5, op_type="LayerNormalization"),
+                                                             LayerWork("relu", "other", 1e5, 1e5, op_type="Relu")))
+    assert simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency == pytest.approx(
+        1e-3 + 2 * 1e-5 + 1e5 / 2.5e7 + 1e5 / 1e8)
+    assert node.faster(2.0).other_speeds == {"LayerNormalization": 5e7, "MaxPool": 8e8}
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, ClusterProfile((node,)))
+    assert read_profile(path).nodes[0] == node and "[node.other_ops]" in open(path).read()

@@ -269,7 +269,8 @@ class NetworkCost:
                 ops = run_ops(layer, self.graph, region, self.registry)
                 chained = layer.name in self.chained
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]), nbytes,
-                                                           values_written(layer, region, chained, self.registry), chained=chained)
+                                                           values_written(layer, region, chained, self.registry), chained=chained,
+                                                           op_type=layer.op_type)
             got = self._compute[key] = tuple(times)
         return got
 

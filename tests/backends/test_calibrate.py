@@ -20,6 +20,7 @@ import pytest
 from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
     CHAIN,
+    OTHER_TIMED,
     add_model,
     calibrate_one,
     conv_model,
@@ -34,6 +35,8 @@ from bbgrap.backends.calibrate import (
     message_fields,
     model_to_time,
     op_speed,
+    other_model,
+    other_probe,
     stream_speed,
     time_piece,
     wait_share,
@@ -59,6 +62,7 @@ from bbgrap.rules.registry import default_registry
 @pytest.mark.parametrize(("model", "ops"), [
     conv_model(8, 6, per_group=8), conv_model(8, 6, per_group=1), conv_model(16, 6, per_group=8), conv_model(8, 6, 1, kernel=7),
     matmul_model(4, 16), add_model(10),
+    *(other_model(op, 8) for op in OTHER_TIMED),
 ])
 def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.ModelProto, ops: float) -> None:
     path = str(tmp_path / "m.onnx")
@@ -68,8 +72,17 @@ def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.Mo
     assert math.isclose(counted, ops)
 
 
+@pytest.mark.parametrize("op_type", OTHER_TIMED)
+def test_each_other_op_probe_chains_its_op_on_a_value_of_one_shape(op_type: str) -> None:
+    probe = other_probe(op_type, 8)
+    model = probe.build(CHAIN)
+    assert [n.op_type for n in model.graph.node] == [op_type] * CHAIN
+    x = np.random.default_rng(1).standard_normal([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert y.shape == x.shape and np.isfinite(y).all() and probe.elements == x.size
+
+
 def test_a_matmul_probe_chains_matmuls_each_by_its_own_weights() -> None:
-    import onnxruntime as ort
     from onnx import numpy_helper
 
     probe = matmul_probe(4, 16)
