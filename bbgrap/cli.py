@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                    "recomputed), bytes its output sends, and for a layer computed whole on one node, which and why")
 
     k = sub.add_parser("calibrate", help="measure this cluster's nodes and links into a profile for compile --profile",
-                       description="Measure each node's speed per kind of op, its fixed costs per op, its segment boundary's costs "
+                       description="Measure each node's speed per kind of op (and of a few common op types apart: pools, LayerNormalization, Softmax, "
+                       "Sigmoid, Erf, Mul), its fixed costs per op, its segment boundary's costs "
                        "(per segment, per value a segment takes or gives, per message and per byte sent and taken, and what a segment "
                        "and each of its ops and values cost more after other segments: chains of segments run through the "
                        "executor, as bbgrap-run runs them), and the "
