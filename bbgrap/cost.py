@@ -12,7 +12,7 @@ them against what a receive costs (`ReceiveCost`, per execution provider).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,15 +69,17 @@ def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry
     return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if part != whole else ops
 
 
-def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> tuple[int, int]:
+def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None,
+               skip: Collection[str] = ()) -> tuple[int, int]:
     """Bytes of its weights (constant inputs) and of its activations the layer's local op reads to
-    compute `region` of its output, by its rule's regions ((0, 0) for a layer without a rule)."""
+    compute `region` of its output, by its rule's regions ((0, 0) for a layer without a rule); the
+    inputs in `skip` left out."""
     rule = (registry or default_registry()).get(layer)
     if rule is None or region.empty:
         return 0, 0
     weights = activations = 0
     for t, need in zip(layer.inputs, rule.local(layer, graph, region).needs):
-        if t and need is not None:
+        if t and need is not None and t not in skip:
             nbytes = need.volume * np.dtype(graph.tensors[t].dtype).itemsize
             if t in graph.constants:
                 weights += nbytes

@@ -43,8 +43,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
-from bbgrap.cost import run_ops, weight_bytes, weight_share
+from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -192,11 +194,23 @@ def chained_layers(graph: Graph, registry: RuleRegistry | None = None) -> frozen
     return frozenset(inner)
 
 
-def values_written(layer: Layer, region: ShapeMap, chained: bool, registry: RuleRegistry) -> float:
-    """The output values a piece of the layer computing `region` writes out (`LayerWork.elements`):
-    none for a view (`OpTraits.view`) or an op onnxruntime computes in the kernel of the op after
-    it (`chained`, `chained_layers`)."""
-    return 0.0 if chained or registry.traits(layer.op_type, layer.domain).view else float(region.volume)
+def values_moved(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry, chained: frozenset[str] = frozenset(),
+                 in_chain: bool = False) -> float:
+    """The values a piece of the layer computing `region` is priced as moving (`LayerWork.elements`):
+    its output values; for an "other" op the mean of the values it reads (activations, by its rule's
+    regions; not those a layer in `chained` makes, which stay in the fused kernel) and writes, as a
+    copy reads and writes one each (a 3x3 pool of stride 2 reads four per output value: 2.5 times
+    its output's, which beyond the core's cache move at `stream_ops_per_s`, `NodeProfile.element_time`);
+    none for a view (`OpTraits.view`) or an op computed in the kernel of the op after it
+    (`in_chain`: one of `chained_layers` whose output stays in its segment)."""
+    if in_chain or registry.traits(layer.op_type, layer.domain).view:
+        return 0.0
+    if op_kind(layer, graph) != "other":
+        return float(region.volume)
+    producers = graph.producers()
+    fused = [t for t in layer.inputs if t in producers and producers[t].name in chained]
+    read = bytes_read(layer, graph, region, registry, fused)[1] / np.dtype(graph.tensors[layer.outputs[0]].dtype).itemsize
+    return (read + region.volume) / 2 if read else float(region.volume)
 
 
 def value_elements(graph: Graph, value: str) -> int:
@@ -256,7 +270,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             ops[kind] += here
             in_chain = layer.name in chained and not given.intersection(outputs)
             works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
-                                   values_written(layer, region, in_chain, registry), chained=in_chain, op_type=layer.op_type))
+                                   values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain, op_type=layer.op_type))
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output

@@ -6,7 +6,9 @@ timed in it (`--model M`: onnxruntime's profiler, the fused kernels given to the
 fused into, `simulate.fusion_anchor`). Prints the model's 1-node plan as the kinds-only profile
 predicts it against the model's measured run, then per op type (of that layer) the layers' price
 against their measured time, the largest first: an op type priced at a fraction of its time is
-what the kinds do not describe. Both profiles are timed in the same run, alternately per model.
+what the kinds do not describe; "by kind alone" prices every "other" op at the kind's speed,
+without the op types calibrate times apart (`NodeProfile.other_speeds`). Both profiles are timed in
+the same run, alternately per model.
 
   python benchmarks/kinds.py                                                     # the zoo's five, 96 px
   python benchmarks/kinds.py --models EXPORTS/vit_b_16-torchscript.onnx EXPORTS/convnext_tiny-torchscript.onnx
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 
 from bbgrap.backends.calibrate import model_to_time
 from bbgrap.backends.lower import lower
@@ -70,23 +73,27 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads of the one node (default 1)")
     p.add_argument("--top", type=int, default=8, help="op types listed per model, by measured time (default 8)")
     args = p.parse_args()
-    table = Table([("model / op type", "<28"), ("layers", ">7"), ("measured ms", ">12.3f"), ("priced ms", ">10.3f"), ("priced/meas", ">12.2f")])
+    table = Table([("model / op type", "<28"), ("layers", ">7"), ("measured ms", ">12.3f"), ("priced ms", ">10.3f"), ("priced/meas", ">12.2f"),
+                   ("by kind alone", ">14.2f")])
     with tempfile.TemporaryDirectory(prefix="bbgrap-kinds-") as work:
         for name, path in models(work, args.models, args.resolution, args.width):
             kinds = calibrate(os.path.join(work, "kinds.toml"), args.threads)
             measured = calibrate(os.path.join(work, f"{name}.toml"), args.threads, path).node(0)
             total, price, op_type = priced(path, kinds)
+            # the same profile without the op types calibrate timed apart: every "other" op at other_ops_per_s
+            alone, alone_price, _ = priced(path, replace(kinds, nodes=tuple(replace(n, other_speeds={}) for n in kinds.nodes)))
             whole = sum(measured.layer_s.values()) + measured.segment_s
-            table.row(name, len(op_type), whole * 1e3, total * 1e3, total / whole)
-            per_type: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+            table.row(name, len(op_type), whole * 1e3, total * 1e3, total / whole, alone / whole)
+            per_type: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
             for layer in op_type:
                 if layer in price or layer in measured.layer_s:
                     row = per_type[op_type[layer]]
                     row[0] += 1
                     row[1] += measured.layer_s.get(layer, 0.0)
                     row[2] += price.get(layer, 0.0)
-            for kind, (n, t, pr) in sorted(per_type.items(), key=lambda kv: -kv[1][1])[:args.top]:
-                table.row(f"  {kind}", int(n), t * 1e3, pr * 1e3, pr / t if t > 0 else float("inf"))
+                    row[3] += alone_price.get(layer, 0.0)
+            for kind, (n, t, pr, al) in sorted(per_type.items(), key=lambda kv: -kv[1][1])[:args.top]:
+                table.row(f"  {kind}", int(n), t * 1e3, pr * 1e3, pr / t if t > 0 else float("inf"), al / t if t > 0 else float("inf"))
     return 0
 
 

@@ -765,3 +765,25 @@ def test_an_other_op_timed_apart_runs_at_its_own_speed_and_round_trips(tmp_path)
     path = str(tmp_path / "cluster.toml")
     write_profile(path, ClusterProfile((node,)))
     assert read_profile(path).nodes[0] == node and "[node.other_ops]" in open(path).read()
+
+
+def test_an_other_op_moves_the_mean_of_the_values_it_reads_and_writes() -> None:
+    """A 3x3 pool of stride 2 reads about four values per value it writes: beyond the cache it streams
+    (4 + 1) / 2 times its output's values; an Add of two maps 1.5 times; a convolution its output's."""
+    from bbgrap.ir import ShapeMap
+    from bbgrap.rules.registry import default_registry
+    from bbgrap.simulate import values_moved
+
+    graph = import_proto(build_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", strides=[2, 2]),
+                                      helper.make_node("Relu", ["c"], ["p2"], name="relu"),
+                                      helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+                                      helper.make_node("Add", ["p", "p2"], ["y"], name="add")],
+                                     {"x": [1, 8, 32, 32]}, {"w": np.ones((8, 8, 1, 1), np.float32)}, ["y"], 17)).graph
+    registry = default_registry()
+    out = ShapeMap.full((1, 8, 16, 16))
+    assert values_moved(graph.layer("pool"), graph, out, registry) == pytest.approx((8 * 32 * 32 + 8 * 16 * 16) / 2)
+    assert values_moved(graph.layer("add"), graph, out, registry) == 1.5 * out.volume
+    assert values_moved(graph.layer("conv"), graph, out, registry) == out.volume
+    # a value a chained op makes stays in the fused kernel: the Add reads only the pool's
+    assert values_moved(graph.layer("add"), graph, out, registry, chained=frozenset({"relu"})) == out.volume
+    assert values_moved(graph.layer("relu"), graph, out, registry, in_chain=True) == 0.0

@@ -80,7 +80,7 @@ from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import chained_layers, op_kind, values_written, whole_ops
+from bbgrap.simulate import chained_layers, op_kind, values_moved, whole_ops
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
@@ -269,7 +269,8 @@ class NetworkCost:
                 ops = run_ops(layer, self.graph, region, self.registry)
                 chained = layer.name in self.chained
                 times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]), nbytes,
-                                                           values_written(layer, region, chained, self.registry), chained=chained,
+                                                           values_moved(layer, self.graph, region, self.registry, self.chained, chained),
+                                                           chained=chained,
                                                            op_type=layer.op_type)
             got = self._compute[key] = tuple(times)
         return got
