@@ -184,12 +184,17 @@ OTHER_TIMED = ("MaxPool", "AveragePool", "LayerNormalization", "Softmax", "Sigmo
 TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
 
 
+def other_ops(op_type: str, size: int) -> float:
+    """Operations of one of `other_model`'s ops (bbgrap/cost.py's count: a window's nine per value
+    for a pool, one per value for the rest)."""
+    return float(64 * size * size * (9 if op_type in ("MaxPool", "AveragePool") else 1))
+
+
 def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` ops `op_type` (one of OTHER_TIMED), each on the one before's output of the same shape:
     64 channels of size x size for a map op (a 3x3 pool, padded; an activation; a Mul by a
     constant), or as many values as (tokens, TOKEN_WIDTH) for a
-    LayerNormalization or Softmax over its last axis; and one op's operations (bbgrap/cost.py's count:
-    a window's nine for a pool, one per value for the rest)."""
+    LayerNormalization or Softmax over its last axis; and one op's operations (`other_ops`)."""
     tokens = op_type in ("LayerNormalization", "Softmax")
     shape = (64 * size * size // TOKEN_WIDTH, TOKEN_WIDTH) if tokens else (1, 64, size, size)
     constants: dict[str, np.ndarray] = {}
@@ -205,13 +210,12 @@ def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProt
     elif op_type == "Mul":
         constants, extra = {"half": np.full((1,), 0.5, np.float32)}, ["half"]
     nodes = [helper.make_node(op_type, ["x" if i == 0 else f"y{i - 1}", *extra], [f"y{i}"], **attrs) for i in range(chain)]
-    values = math.prod(shape)
-    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, constants, opset=17), float(values * (9 if "Pool" in op_type else 1))
+    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, constants, opset=17), other_ops(op_type, size)
 
 
 def other_probe(op_type: str, size: int) -> Probe:
-    """`other_model`'s ops as a `Probe`."""
-    return Probe(lambda chain: other_model(op_type, size, chain)[0], other_model(op_type, size)[1], float(64 * size * size))
+    """`other_model`'s ops as a `Probe` (no model built until timed)."""
+    return Probe(lambda chain: other_model(op_type, size, chain)[0], other_ops(op_type, size), float(64 * size * size))
 
 
 def add_probe(elements: int) -> Probe:

@@ -50,7 +50,7 @@ this one: compile says so and falls back to the kinds' throughputs):
     "layer1.0.conv1" = [0.85, 0.7]
 
 `bbgrap calibrate` also times a few "other" ops of their own (pooling, normalisation, activations,
-a transpose) and writes their throughputs apart; an "other" op not listed runs at `other_ops_per_s`:
+a Mul) and writes their throughputs apart; an "other" op not listed runs at `other_ops_per_s`:
 
     [[node]]
     ...

@@ -58,8 +58,9 @@ if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
 @dataclass(frozen=True)
 class LayerWork:
     """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole
-    output, the share of its weights it reads here and their bytes (all of them), and the output
-    values it writes here, and those the ops fused into it write (`NodeProfile.layer_time`)."""
+    output, the share of its weights it reads here and their bytes (all of them), the values it
+    moves here (`values_moved`: its output's; for an "other" op the mean of those it reads and
+    writes), and those the ops fused into it write (`NodeProfile.layer_time`)."""
 
     name: str
     kind: str
