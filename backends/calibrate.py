@@ -116,11 +116,11 @@ class Probe:
     elements: float
 
 
-def _chain(op: str, shape: tuple[int, ...], constant: str, value: np.ndarray, chain: int, **attrs: Any) -> onnx.ModelProto:
-    """`chain` ops `op`, each on the one before's output and the constant `value` (named `constant`),
-    from an input of `shape` to an output of the same shape."""
-    nodes = [helper.make_node(op, ["x" if i == 0 else f"y{i - 1}", constant], [f"y{i}"], **attrs) for i in range(chain)]
-    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, {constant: value})
+def _chain(op: str, shape: tuple[int, ...], constants: Mapping[str, np.ndarray], chain: int, opset: int = 13, **attrs: Any) -> onnx.ModelProto:
+    """`chain` ops `op`, each on the one before's output and the `constants` (its further inputs, in
+    order), from an input of `shape` to an output of the same shape."""
+    nodes = [helper.make_node(op, ["x" if i == 0 else f"y{i - 1}", *constants], [f"y{i}"], **attrs) for i in range(chain)]
+    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, constants, opset=opset)
 
 
 def conv_ops(channels: int, size: int, per_group: int, kernel: int = 3) -> float:
@@ -133,7 +133,7 @@ def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain:
     `channels`: dense), padded, so every output is size x size; and one's operations."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
-    model = _chain("Conv", (1, channels, size, size), "w", w, chain, pads=[kernel // 2] * 4, group=channels // per_group)
+    model = _chain("Conv", (1, channels, size, size), {"w": w}, chain, pads=[kernel // 2] * 4, group=channels // per_group)
     return model, conv_ops(channels, size, per_group, kernel)
 
 
@@ -174,7 +174,7 @@ def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
 
 def add_model(elements: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` Adds of a constant to `elements` values; and one's operations (one per value)."""
-    return _chain("Add", (elements,), "one", np.ones((1,), dtype=np.float32), chain), float(elements)
+    return _chain("Add", (elements,), {"one": np.ones((1,), dtype=np.float32)}, chain), float(elements)
 
 
 # "other" op types timed apart (`other_probe`): each runs at its own speed per operation, a pooling
@@ -199,18 +199,15 @@ def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProt
     shape = (64 * size * size // TOKEN_WIDTH, TOKEN_WIDTH) if tokens else (1, 64, size, size)
     constants: dict[str, np.ndarray] = {}
     attrs: dict[str, Any] = {}
-    extra: list[str] = []
     if op_type in ("MaxPool", "AveragePool"):
         attrs = {"kernel_shape": [3, 3], "pads": [1] * 4}
     elif op_type in ("Softmax", "LayerNormalization"):
         attrs = {"axis": -1}
     if op_type == "LayerNormalization":
         constants = {"scale": np.ones(TOKEN_WIDTH, np.float32), "bias": np.zeros(TOKEN_WIDTH, np.float32)}
-        extra = ["scale", "bias"]
     elif op_type == "Mul":
-        constants, extra = {"half": np.full((1,), 0.5, np.float32)}, ["half"]
-    nodes = [helper.make_node(op_type, ["x" if i == 0 else f"y{i - 1}", *extra], [f"y{i}"], **attrs) for i in range(chain)]
-    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, constants, opset=17), other_ops(op_type, size)
+        constants = {"half": np.full((1,), 0.5, np.float32)}
+    return _chain(op_type, shape, constants, chain, opset=17, **attrs), other_ops(op_type, size)
 
 
 def other_probe(op_type: str, size: int) -> Probe:
