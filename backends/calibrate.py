@@ -264,7 +264,7 @@ TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8
                           "matmul": matmul_probe(1, 16), "other": add_probe(64)}
 CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
 MATMUL_ROWS = 196  # rows of the MatMul probes: a 14 x 14 map's pixels, about a ViT's tokens
-SMALL_TERM = 0.01  # a fitted term for output values below this share of the largest probe's time is none (`op_speed`)
+SMALL_TERM = 0.01  # a fitted term for output values below this share of the largest probe's time is none (`seconds_per`)
 
 
 def marginal_time(probe: Probe, timed: Callable[[onnx.ModelProto], float]) -> float:
@@ -288,16 +288,14 @@ class KindSpeed:
     elements_per_s: float = 0.0
 
 
-def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> KindSpeed:
-    """One kind of op's figures from the `marginal_time`s of its `probes` (least squares): with
-    `elements`, time = operations / ops_per_s + output values / elements_per_s + a constant (for a
-    depthwise convolution, whose probes of two kernel sizes write alike values for unlike
-    operations), else the line through (operations, time), whose slope is 1 / ops_per_s; the fixed
-    cost is what the `tiny` probe's marginal time leaves beyond its operations and values at those
-    speeds (not the fit's constant, which one noisy large probe moves by far more than the fixed
-    cost). Where noise makes the operations' slope no larger than 0: the largest probe's operations
-    over its time, and no term for values; where the values take under SMALL_TERM of the largest
-    probe's time (rounding, noise), none either."""
+def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> tuple[float, float]:
+    """Seconds per operation and per output value (0: no term) of one kind of op, from the
+    `marginal_time`s of its `probes` (least squares): with `elements`, time = operations x the first
+    + output values x the second + a constant (for a depthwise convolution, whose probes of two
+    kernel sizes write alike values for unlike operations), else the line through (operations,
+    time), whose slope is the first. Where noise makes the operations' slope no larger than 0: the
+    largest probe's time over its operations, and no term for values; where the values take under
+    SMALL_TERM of the largest probe's time (rounding, noise), none either."""
     times = [marginal_time(p, timed) for p in probes]
     ops = [p.ops for p in probes]
     per_op = per_value = 0.0
@@ -311,8 +309,16 @@ def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelPr
         per_value = 0.0
     if per_op <= 0:
         per_op = max(times[-1], 1e-12) / ops[-1]
-    fixed = max(0.0, float(marginal_time(tiny, timed) - tiny.ops * per_op - tiny.elements * per_value))
-    return KindSpeed(1.0 / float(per_op), fixed, 1.0 / float(per_value) if per_value > 0 else 0.0)
+    return float(per_op), float(per_value)
+
+
+def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> KindSpeed:
+    """One kind of op's figures: its speeds from its `probes` (`seconds_per`), and as its fixed cost
+    what the `tiny` probe's marginal time leaves beyond its operations and values at those speeds
+    (not the fit's constant, which one noisy large probe moves by far more than the fixed cost)."""
+    per_op, per_value = seconds_per(probes, timed, elements)
+    fixed = max(0.0, marginal_time(tiny, timed) - tiny.ops * per_op - tiny.elements * per_value)
+    return KindSpeed(1.0 / per_op, fixed, 1.0 / per_value if per_value > 0 else 0.0)
 
 
 def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) -> tuple[float, float]:
@@ -456,7 +462,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
     fields["depthwise_elements_per_s"] = speeds["depthwise"].elements_per_s
     # (in the core's cache, as the Adds that give other_ops_per_s)
-    other_speeds = {op: op_speed([other_probe(op, s) for s in (14, 21, 28)], TINY["other"], timed).ops_per_s for op in OTHER_TIMED}
+    other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in OTHER_TIMED}
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
