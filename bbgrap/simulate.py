@@ -47,7 +47,7 @@ import numpy as np
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
-from bbgrap.ir import BBGrapError, Graph, Layer, ShapeMap
+from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
@@ -229,6 +229,18 @@ def value_elements(graph: Graph, value: str) -> int:
         return 0
 
 
+def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind: str, whole: float, registry: RuleRegistry,
+               chained: frozenset[str] = frozenset(), in_chain: bool = False) -> LayerWork:
+    """Node `node`'s share of the layer under partition `part` (of OP_KINDS `kind`, `whole` operations
+    for its whole output): what the simulator (`segment_work`) and the network planner price
+    (`work_seconds`). `chained`: `chained_layers`; `in_chain`: this layer is one of them and its
+    output stays in its segment (`values_moved`)."""
+    region = part.emitted(node)
+    return LayerWork(layer.name, kind, run_ops(layer, graph, region, registry), whole, weight_share(layer, graph, part.needs[node]),
+                     weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
+                     op_type=layer.op_type)
+
+
 def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None,
                  chained: frozenset[str] = frozenset()) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
@@ -265,13 +277,9 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
         layer = layers.get(onnx_node.name)
         if layer is not None and layer.op_type == onnx_node.op_type:
             kind = op_kind(layer, graph)
-            part = graph.partitions[layer.name]
-            region = part.emitted(node)
-            here = run_ops(layer, graph, region, registry)
-            ops[kind] += here
             in_chain = layer.name in chained and not given.intersection(outputs)
-            works.append(LayerWork(layer.name, kind, here, whole[layer.name], weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph),
-                                   values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain, op_type=layer.op_type))
+            works.append(layer_work(layer, graph, graph.partitions[layer.name], node, kind, whole[layer.name], registry, chained, in_chain))
+            ops[kind] += works[-1].ops
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output

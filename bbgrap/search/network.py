@@ -75,12 +75,11 @@ import numpy as np
 
 from bbgrap.cluster import ClusterProfile
 from bbgrap.config import PLANNERS
-from bbgrap.cost import run_ops, weight_bytes, weight_share
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import chained_layers, op_kind, values_moved, whole_ops
+from bbgrap.simulate import chained_layers, layer_work, op_kind, whole_ops, work_seconds
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
@@ -260,18 +259,11 @@ class NetworkCost:
         key = (i, c)
         got = self._compute.get(key)
         if got is None:
-            layer, part, kind = self.graph.layers[i], self.candidates[i][c], self.kinds[i]
-            whole = self.whole[i]
-            nbytes = weight_bytes(layer, self.graph)
+            layer, part = self.graph.layers[i], self.candidates[i][c]
             times = [0.0] * self.nodes
             for n in part.active_nodes():
-                region = part.emitted(n)
-                ops = run_ops(layer, self.graph, region, self.registry)
-                chained = layer.name in self.chained
-                times[n] = self.profile.node(n).layer_time(layer.name, kind, ops, whole, weight_share(layer, self.graph, part.needs[n]), nbytes,
-                                                           values_moved(layer, self.graph, region, self.registry, self.chained, chained),
-                                                           chained=chained,
-                                                           op_type=layer.op_type)
+                work = layer_work(layer, self.graph, part, n, self.kinds[i], self.whole[i], self.registry, self.chained, layer.name in self.chained)
+                times[n] = work_seconds(self.profile.node(n), work)
             got = self._compute[key] = tuple(times)
         return got
 
