@@ -324,10 +324,10 @@ def measure_boundary(threads: int, comm: Any = None, target: Target = CPU_TARGET
     narrow = busy_seconds(chain_runner(threads, target=target), Mailbox()) / CHAIN
     wide = busy_seconds(chain_runner(threads, WIDE, target=target), Mailbox()) / CHAIN
     value_s = max(0.0, wide - narrow) / (2 * (WIDE - 1))
+    alone = Boundary(max(0.0, narrow - 2 * value_s), value_s)
     if comm is None or comm.Get_size() < 2:
-        return Boundary(max(0.0, narrow - 2 * value_s), value_s)
-    return Boundary(max(0.0, narrow - 2 * value_s), value_s, measure_messages(threads, comm, target=target),
-                    measure_jitter(threads, comm, target=target))
+        return alone
+    return replace(alone, messages=measure_messages(threads, comm, target=target), lockstep=measure_jitter(threads, comm, target=target))
 
 
 @dataclass(frozen=True)
