@@ -29,7 +29,9 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   to 1 ms on one core), sends a one-element value to the next rank and waits for the previous
   rank's, LOCKSTEP_ROUNDS times. Both ranks' segments vary from run to run, and a rank waits for
   the later of the two ends, which comes on average after both means; what a wait takes grows
-  with the segments' length. Per shape the segment's median time and the mean wait (`Lockstep`);
+  with the segments' length. Per shape the median over runs of a round's segment time and of its
+  mean wait (`Lockstep`): the median, because one run in which the host took a core from a rank for
+  a few milliseconds makes the other rank's waits of that run tens of times their usual length;
   calibrate fits `wait_share`, the share of the segment before it that a wait costs beyond the
   message's arrival and take (which the link's latency and `recv_s` price already), as the slope
   of the waits over the segments (least squares, at least 0);
@@ -52,7 +54,7 @@ Each chain's time is the fastest of REPEAT runs after two warm-ups.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,7 +105,7 @@ class Message:
 @dataclass(frozen=True)
 class Lockstep:
     """One shape of the lockstep chain (module docstring, jitter), in seconds per round: the
-    segment's (and send's) median time, and the mean wait after it."""
+    segment's (and send's) time and the wait after it, medians over runs (`lockstep_of`)."""
 
     busy_s: float
     wait_s: float
@@ -301,8 +303,7 @@ def lockstep_runner(threads: int, ring: Ring, rows: int, width: int, rounds: int
 
 def measure_jitter(threads: int, comm: Any, repeat: int = REPEAT, target: Target = CPU_TARGET) -> tuple[Lockstep, ...]:
     """The lockstep chain (module docstring, jitter): every rank of `comm` calls this at once. Per
-    shape of LOCKSTEP_SIZES, `repeat` runs after two: the median of a round's busy time (its
-    segment and send) and the mean of its wait."""
+    shape of LOCKSTEP_SIZES, `repeat` runs after two, summed up by `lockstep_of`."""
     from bbgrap.backends.transports import MPITransport
 
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -314,8 +315,16 @@ def measure_jitter(threads: int, comm: Any, repeat: int = REPEAT, target: Target
         comm.Barrier()
         runs = [(elapsed - profile.wait, profile.wait) for elapsed, profile in
                 timed_runs(runner, MPITransport(comm, runner), repeat, inputs)]
-        out.append(Lockstep(float(np.median([b for b, _ in runs])) / LOCKSTEP_ROUNDS, float(np.mean([w for _, w in runs])) / LOCKSTEP_ROUNDS))
+        out.append(lockstep_of(runs))
     return tuple(out)
+
+
+def lockstep_of(runs: Sequence[tuple[float, float]], rounds: int = LOCKSTEP_ROUNDS) -> Lockstep:
+    """One shape's `Lockstep` from its runs, each (busy, wait) seconds over `rounds` rounds: the
+    medians over runs, per round (module docstring, jitter). A run's own waits are averaged over
+    its rounds, as the later of two varying ends is on average; across runs the median, so that
+    a run the host interrupted does not count."""
+    return Lockstep(float(np.median([b for b, _ in runs])) / rounds, float(np.median([w for _, w in runs])) / rounds)
 
 
 def measure_boundary(threads: int, comm: Any = None, target: Target = CPU_TARGET) -> Boundary:
