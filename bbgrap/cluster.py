@@ -253,6 +253,11 @@ class NodeProfile:
             return 0.0
         return values * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
+    def copy_s(self, values: float) -> float:
+        """Seconds of an op that copies `values` values (a layout reorder): an "other" op's fixed
+        cost, one "other" operation per value, and beyond the cache `streamed_s`."""
+        return self.other_op_s + values / self.other_ops_per_s + self.streamed_s(values)
+
     def kind_time(self, kind: str, ops: float) -> float:
         """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
         return ops / self.ops_per_s(kind) + self.op_s(kind)
@@ -272,7 +277,7 @@ class NodeProfile:
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
-                   op_type: str = "") -> float:
+                   op_type: str = "", reorders: Sequence[float] = ()) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
@@ -288,15 +293,19 @@ class NodeProfile:
         inside a fused kernel an erf or a sigmoid is a few vector instructions on values at hand, not
         its own kernel's pass (onnxruntime's Gelu and QuickGelu kernels measured at that speed,
         docs/benchmarks.md, session 27). Any other "other" op of an ONNX `op_type` the node timed
-        apart runs at that speed (`op_rate`)."""
+        apart runs at that speed (`op_rate`). Each of the layout reorders onnxruntime adds for it
+        (`simulate.layout_reorders`: the values each moves) costs what a copy of that many values
+        does (`copy_s`); a measured layer's time holds them already (its run's reorders, shared
+        among the layers)."""
         measured = self.layer_s.get(name)
         if measured is None:
+            reordered = math.fsum(self.copy_s(v) for v in reorders)
             if chained:
-                return ops / self.ops_per_s(kind)
+                return ops / self.ops_per_s(kind) + reordered
             rate = self.op_rate(kind, op_type)
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
             computed = ops / rate + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
-            return max(computed, streamed) + self.op_s(kind)
+            return max(computed, streamed) + self.op_s(kind) + reordered
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
         fixed = min(self.op_s(kind), measured)

@@ -48,7 +48,7 @@ import numpy as np
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
-from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.base import NCHWC_BLOCK, Layout, is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
@@ -72,6 +72,7 @@ class LayerWork:
     fused_values: float = 0.0  # values of the ops onnxruntime fuses into it that its kernel computes (`OpTraits.fuses_into_conv`)
     chained: bool = False  # computed in the kernel of the op after it (`chained_layers`): no fixed cost, its values not written out
     op_type: str = ""  # its ONNX op: an "other" op a node timed apart runs at that speed (`NodeProfile.op_rate`)
+    reorders: tuple[float, ...] = ()  # values of each layout reorder onnxruntime adds for it (`layout_reorders`)
 
 
 @dataclass(frozen=True)
@@ -214,19 +215,107 @@ def values_moved(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleReg
     return (read + region.volume) / 2 if read else float(region.volume)
 
 
-def value_elements(graph: Graph, value: str) -> int:
-    """Elements of a local value named `tensor@region` (lower.value_name), or of a whole tensor
-    bound under its own name; 0 for a name that is neither."""
+def value_shape(graph: Graph, value: str) -> tuple[int, ...] | None:
+    """The shape of a local value named `tensor@region` (lower.value_name), or of a whole tensor
+    bound under its own name; None for a name that is neither, or an empty region."""
     tensor, _, key = value.rpartition("@")
     if not tensor:
         t = graph.tensors.get(value)
-        return math.prod(t.shape) if t is not None else 0
+        return tuple(t.shape) if t is not None else None
     if key == "empty":
-        return 0
+        return None
     try:
-        return math.prod(sum(int(b) - int(a) for a, b in (i.split(":") for i in axis.split("+"))) for axis in key.split(","))
+        return tuple(sum(int(b) - int(a) for a, b in (i.split(":") for i in axis.split("+"))) for axis in key.split(","))
     except ValueError:
-        return 0
+        return None
+
+
+def value_elements(graph: Graph, value: str) -> int:
+    """Elements of a local value (`value_shape`); 0 for a name that is none, or an empty region."""
+    got = value_shape(graph, value)
+    return math.prod(got) if got is not None else 0
+
+
+def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained: frozenset[str] = frozenset(),
+                    block: int = NCHWC_BLOCK) -> list[tuple[str, float]]:
+    """The layout reorders onnxruntime's CPU provider adds inside one segment, each as (the name
+    of the ONNX node of the segment that causes it, the values it moves), in the segment's order.
+
+    onnxruntime runs convolutions and pools in its blocked layout (NCHWc, `Layout`) and reorders
+    a 4-D value to NCHW before an op that does not run blocked, and back before a convolution or
+    pool that takes it from such an op: a squeeze-excite block's broadcasting Mul, a
+    LayerNormalization, a Reshape, an Erf, a Concat of channels that are not whole blocks
+    (ShuffleNet's) each cost a pass over the value, as a copy does. Walking the nodes in order, a value is
+    blocked where its node runs blocked (onnxruntime 1.31, probed one op at a time):
+
+    * a convolution, dense or depthwise (not grouped otherwise), and a pool (`Layout.BLOCKED`,
+      not elementwise): always; a plain value in is reordered, unless a convolution takes it whole
+      for having fewer channels than a block (an image's three);
+    * an elementwise op (`Layout.BLOCKED` and `OpTraits.fuses_in_chain`: Add, Sum, Mul): where
+      every value it takes that is not a constant is blocked and of its output's shape;
+    * a Concat or Slice (`Layout.BLIND`): where every value it takes and gives is 4-D of whole
+      channel blocks and every value it takes is blocked, and it concatenates channels (as
+      onnxruntime does) or the segment has blocked edges (bbgrap-run's layout folding,
+      backends/nchwc.py, runs in such a segment only);
+    * an activation that keeps the layout (`Layout.KEEPS`), a layer computed in the kernel of an
+      op after it (`chained`: the exporters' SiLU and GELU run as onnxruntime's QuickGelu and
+      Gelu, which keep it) and the op that ends such a chain: where its value in is blocked.
+
+    A segment's inputs of whole channel blocks count as blocked (bbgrap-run keeps such a value
+    blocked between segments where that saves a reorder). A blocked value used by a plain op is
+    reordered once, on the first such op's account (which causes it); a plain value made here
+    and used by a blocked op is reordered once, on its producer's. What crosses the segment's
+    edge is priced with the values it takes or gives (`segment_work`)."""
+    constants = set(seg.initializers) | set(graph.constants)
+    producer: dict[str, str] = {}
+    blocked: set[str] = set()
+    unblocked: set[str] = set()  # blocked values already reordered to NCHW for a plain op
+    reblocked: set[str] = set()  # plain values already reordered into the blocked layout
+    out: list[tuple[str, float]] = []
+
+    def whole_blocks(shape: tuple[int, ...] | None) -> bool:
+        return shape is not None and len(shape) == 4 and shape[1] % block == 0
+
+    for v in seg.inputs:
+        if whole_blocks(value_shape(graph, v)):
+            blocked.add(v)
+    folding = bool(blocked)  # bbgrap-run folds the reorders of a segment with blocked edges only
+    for node in seg.nodes:
+        traits = registry.traits(node.op_type, node.domain)
+        values = [i for i in node.input if i and i not in constants]
+        outputs = [o for o in node.output if o]
+        shapes = [value_shape(graph, v) for v in values]
+        out_shapes = [value_shape(graph, o) for o in outputs]
+        four_d = bool(out_shapes) and all(s is not None and len(s) == 4 for s in out_shapes)
+        runs = False
+        takes_plain = False  # reorders a plain value in (a convolution or a pool)
+        if four_d and traits.layout is Layout.BLOCKED and not traits.fuses_in_chain and len(values) == 1 \
+                and shapes[0] is not None and len(shapes[0]) == 4:
+            group = next((int(a.i) for a in node.attribute if a.name == "group"), 1) if node.op_type == "Conv" else 1
+            runs = group in (1, shapes[0][1])
+            takes_plain = runs and not (node.op_type == "Conv" and shapes[0][1] < block)
+        elif four_d and traits.layout is Layout.BLOCKED:
+            runs = len(outputs) == 1 and all(v in blocked and s == out_shapes[0] for v, s in zip(values, shapes))
+        elif four_d and traits.layout is Layout.BLIND:
+            along_channels = node.op_type == "Concat" and next((int(a.i) for a in node.attribute if a.name == "axis"), 0) in (1, -3)
+            runs = (folding or along_channels) and bool(values) and all(v in blocked for v in values) \
+                and all(whole_blocks(s) for s in (*shapes, *out_shapes))
+        elif four_d and (traits.layout is Layout.KEEPS or node.name in chained
+                         or any(producer.get(v) in chained for v in values)):
+            runs = bool(values) and all(v in blocked for v in values)
+        for v, s in zip(values, shapes):
+            size = float(math.prod(s)) if s is not None else 0.0
+            if runs and v not in blocked and takes_plain and v in producer and v not in reblocked:
+                reblocked.add(v)
+                out.append((producer[v], size))
+            elif not runs and v in blocked and v in producer and v not in unblocked:
+                unblocked.add(v)
+                out.append((node.name, size))
+        for o in outputs:
+            producer[o] = node.name
+            if runs:
+                blocked.add(o)
+    return out
 
 
 def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind: str, whole: float, registry: RuleRegistry,
@@ -288,6 +377,14 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             ops[kind] += written
             moved.append(written)
         count[kind] += 1
+    at = {w.name: k for k, w in enumerate(works)}
+    for name, size in layout_reorders(graph, seg, registry, chained):
+        if name in at:
+            works[at[name]] = replace(works[at[name]], reorders=(*works[at[name]].reorders, size))
+        else:  # caused by an op of lowering's (a crop between two convolutions) or one fused into another's kernel
+            ops["other"] += size
+            count["other"] += 1
+            moved.append(size)
     handed = [float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs)]
     ops["other"] += math.fsum(handed)
     return SegmentWork(ops, count, tuple(works), len(seg.inputs) + len(seg.outputs), (*moved, *handed))
@@ -355,7 +452,8 @@ def profile_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: 
 
 def work_seconds(p: NodeProfile, w: LayerWork) -> float:
     """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`)."""
-    return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type)
+    return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type,
+                        w.reorders)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:

@@ -787,3 +787,77 @@ def test_an_other_op_moves_the_mean_of_the_values_it_reads_and_writes() -> None:
     # a value a chained op makes stays in the fused kernel: the Add reads only the pool's
     assert values_moved(graph.layer("add"), graph, out, registry, chained=frozenset({"relu"})) == out.volume
     assert values_moved(graph.layer("relu"), graph, out, registry, in_chain=True) == 0.0
+
+
+def _reorders_as_run(model: object, block: int) -> tuple[list[tuple[str, float]], int]:
+    """The whole model as one segment: `layout_reorders`' reorders, and how many onnxruntime's
+    optimiser inserts inside it (not at the graph's edges, which are the segment's boundary)."""
+    import os
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from bbgrap.backends.engine import session_options
+    from bbgrap.backends.lower import lower
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.rules.registry import default_registry
+    from bbgrap.simulate import chained_layers, layout_reorders
+
+    graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(import_proto(model).graph)  # type: ignore[arg-type]
+    programs, _ = lower(graph)
+    (seg,) = [s.segment for s in programs[0].steps if s.op == "run"]
+    ours = layout_reorders(graph, seg, default_registry(), chained_layers(graph), block)
+    with tempfile.TemporaryDirectory() as work:
+        opts = session_options(1)
+        opts.optimized_model_filepath = os.path.join(work, "optimised.onnx")
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
+        optimised = onnx.load(opts.optimized_model_filepath)
+    edges = {v.name for v in (*optimised.graph.input, *optimised.graph.output)}
+    theirs = sum(n.op_type in ("ReorderInput", "ReorderOutput") and not edges.intersection([*n.input, *n.output])
+                 for n in optimised.graph.node)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("case", ["squeeze_excite", "silu", "relu_pool_add", "concat_not_whole_blocks", "concat_whole_blocks",
+                                  "reshape", "erf"])
+def test_the_layout_reorders_priced_are_those_onnxruntime_inserts(case: str) -> None:
+    """Each block as the exporters write it between two convolutions, in the block size of this
+    CPU: as many reorders priced inside the segment as onnxruntime's optimiser inserts there, and
+    the values each moves."""
+    from bbgrap.backends.nchwc import block_size
+
+    block = block_size()
+    if not block:
+        pytest.skip("this onnxruntime build has no blocked-layout (NCHWc) kernels: nothing to compare with")
+    c = 2 * block
+
+    def conv(name: str, x: str, y: str) -> object:
+        return helper.make_node("Conv", [x, f"{name}_w"], [y], name=name, pads=[1, 1, 1, 1])
+
+    blocks = {
+        "squeeze_excite": [helper.make_node("GlobalAveragePool", ["a"], ["p"], name="pool"), conv("fc", "p", "q"),
+                           helper.make_node("Sigmoid", ["q"], ["g"], name="gate"), helper.make_node("Mul", ["a", "g"], ["m"], name="scale")],
+        "silu": [helper.make_node("Sigmoid", ["a"], ["s"], name="sig"), helper.make_node("Mul", ["a", "s"], ["m"], name="silu")],
+        "relu_pool_add": [helper.make_node("MaxPool", ["a"], ["p"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                          helper.make_node("Relu", ["p"], ["r"], name="relu"), helper.make_node("Add", ["r", "a"], ["m"], name="res")],
+        "concat_not_whole_blocks": [helper.make_node("Split", ["a", "halves"], ["h1", "h2"], name="split", axis=1),
+                                    helper.make_node("Concat", ["h2", "h1"], ["m"], name="swap", axis=1)],
+        "concat_whole_blocks": [helper.make_node("Concat", ["a", "a"], ["m0"], name="twice", axis=1),
+                                helper.make_node("Split", ["m0", "two"], ["m", "rest"], name="first", axis=1)],
+        "reshape": [helper.make_node("Reshape", ["a", "flat"], ["f"], name="flatten"), helper.make_node("Reshape", ["f", "back"], ["m"], name="back")],
+        "erf": [helper.make_node("Erf", ["a"], ["m"], name="erf")],
+    }
+    rng = np.random.default_rng(0)
+    consts = {f"{n}_w": rng.standard_normal((c, c, 3, 3)).astype(np.float32) / 10 for n in ("fc", "last_conv")}
+    consts["first_conv_w"] = rng.standard_normal((c, 3, 3, 3)).astype(np.float32) / 10
+    consts.update(halves=np.array([c // 2 - 4, c // 2 + 4], np.int64), two=np.array([c, c], np.int64),
+                  flat=np.array([1, c, -1], np.int64), back=np.array([1, c, 6, 6], np.int64))
+    nodes = [conv("first_conv", "x", "a"), *blocks[case], conv("last_conv", "m", "y")]
+    used = {i for n in nodes for i in n.input}
+    # an image of three channels in: no blocked edge, so onnxruntime's own layout, which bbgrap-run does not fold
+    model = build_model(nodes, {"x": [1, 3, 6, 6]}, {k: v for k, v in consts.items() if k in used}, ["y"], 17)
+    ours, theirs = _reorders_as_run(model, block)
+    assert len(ours) == theirs, (case, ours)
+    assert all(size in (c * 36, 2 * c * 36, c) for _, size in ours)  # a map's values (the concatenated one's), or the pooled gate's

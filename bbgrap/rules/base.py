@@ -80,11 +80,17 @@ class Layout(enum.Enum):
 
     PLAIN = "plain"  # runs on plain NCHW: the layout is left before it
     KEEPS = "keeps"  # its output stays blocked when its input is (an activation, BatchNormalization)
-    BLOCKED = "blocked"  # reads and writes the blocked layout (Conv, the window pools, Add, Sum)
+    # reads and writes the blocked layout (Conv, the pools, Add, Sum, Mul); an op of several values
+    # only where all are blocked and of its output's shape (simulate.layout_reorders)
+    BLOCKED = "blocked"
+    # moves values without computing (a Concat, a Slice): bbgrap-run's layout folding runs it on
+    # blocked values where they are whole channel blocks (backends/nchwc.py), and onnxruntime
+    # itself a Concat along channels; lowering keeps a crop next to it a Slice
+    BLIND = "blind"
 
     @property
     def produces_blocked(self) -> bool:
-        return self is not Layout.PLAIN
+        return self in (Layout.KEEPS, Layout.BLOCKED)
 
     @property
     def reads_blocked(self) -> bool:

@@ -12,13 +12,16 @@ from bbgrap.ir import Graph, Layer, ShapeMap
 from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
 
 ACTIVATIONS = (
-    "PRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
-    "Elu", "Selu", "Celu", "Softplus", "Softsign", "ThresholdedRelu", "Gelu", "Mish", "Erf",
+    "PRelu",
+    "Elu", "Selu", "Celu", "Softplus", "Softsign", "ThresholdedRelu", "Mish", "Erf",
     "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
     "Sin", "Cos", "Not", "Cast", "Shrink",
 )
 KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through them, and fuses them into a Conv
-ARITHMETIC = ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
+# ... passes through them too, on their own (after a pool or an Add; onnxruntime 1.31); the exporters'
+# SiLU, x·sigmoid(x), uses the convolution's output twice, so its Sigmoid is not fused into it
+KEEPS_UNFUSED = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
+ARITHMETIC = ("Sub", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
 BLOCKED_ARITHMETIC = ("Add", "Sum")  # onnxruntime's NCHWc layout runs them blocked, and fuses them into a Conv
 
 
@@ -80,5 +83,8 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True, fuses_in_chain=True))
     registry.register(ARITHMETIC, arithmetic, OpTraits(fuses_in_chain=True))
     registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, fuses_in_chain=True))
+    registry.register(KEEPS_UNFUSED, activation, OpTraits(layout=Layout.KEEPS, fuses_in_chain=True))
+    # onnxruntime runs a Mul of two blocked values of one shape blocked, but fuses none into a Conv
+    registry.register(["Mul"], arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_in_chain=True))
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())

@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
-from bbgrap.rules.base import Local, RegionRule, RuleRegistry, all_axes, full, is_default_domain, shape
+from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, is_default_domain, shape
 
 
 def _constant(graph: Graph, layer: Layer, k: int) -> np.ndarray | None:
@@ -629,7 +629,7 @@ class ResizeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Slice"], SliceRule())
+    registry.register(["Slice"], SliceRule(), OpTraits(layout=Layout.BLIND))
     registry.register(["Gather"], GatherRule())
     registry.register(["Pad"], PadRule())
     registry.register(["Resize"], ResizeRule())

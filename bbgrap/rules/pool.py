@@ -78,5 +78,6 @@ class LRNRule(RegionRule):
 def register(registry: RuleRegistry) -> None:
     registry.register(["MaxPool", "AveragePool"], WindowPoolRule(), OpTraits(layout=Layout.BLOCKED))
     registry.register(["LpPool"], WindowPoolRule())
-    registry.register(["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"], GlobalPoolRule())
+    registry.register(["GlobalAveragePool", "GlobalMaxPool"], GlobalPoolRule(), OpTraits(layout=Layout.BLOCKED))
+    registry.register(["GlobalLpPool"], GlobalPoolRule())
     registry.register(["LRN"], LRNRule())

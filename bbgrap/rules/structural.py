@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
+from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
 
 
 def _axis(layer: Layer, rank: int, default: int) -> int:
@@ -259,7 +259,7 @@ class WholeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Concat"], ConcatRule(), OpTraits(moves_data=True))
+    registry.register(["Concat"], ConcatRule(), OpTraits(moves_data=True, layout=Layout.BLIND))
     registry.register(["Transpose"], TransposeRule())
     registry.register(["Gemm"], GemmRule())
     registry.register(["MatMul"], MatMulRule())
