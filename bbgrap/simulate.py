@@ -30,7 +30,8 @@ an "other" op writing more values than the core's cache holds writes them at `st
 into the weights, nothing; a matmul takes only a constant bias or an activation, as its Gemm);
 the elementwise ops of an activation written as several (x·sigmoid(x), erf's GELU) cost their
 operations, and only the last of them an op's fixed cost and a pass over the values
-(`chained_layers`); every value a segment
+(`chained_layers`); each reorder between onnxruntime's blocked layout and NCHW inside a segment
+(around an op it does not run blocked, `layout_reorders`) costs a copy of its values; every value a segment
 takes or gives costs one "other" operation per element (handed from one onnxruntime session to
 the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest
 rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
@@ -52,6 +53,8 @@ from bbgrap.rules.base import NCHWC_BLOCK, Layout, is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
+    import onnx
+
     from bbgrap.backends.lower import NodeProgram, Segment
 
 
@@ -236,6 +239,11 @@ def value_elements(graph: Graph, value: str) -> int:
     return math.prod(got) if got is not None else 0
 
 
+def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    """An ONNX node's integer attribute, or `default` where it has none."""
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
 def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained: frozenset[str] = frozenset(),
                     block: int = NCHWC_BLOCK) -> list[tuple[str, float]]:
     """The layout reorders onnxruntime's CPU provider adds inside one segment, each as (the name
@@ -291,13 +299,13 @@ def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained:
         takes_plain = False  # reorders a plain value in (a convolution or a pool)
         if four_d and traits.layout is Layout.BLOCKED and not traits.fuses_in_chain and len(values) == 1 \
                 and shapes[0] is not None and len(shapes[0]) == 4:
-            group = next((int(a.i) for a in node.attribute if a.name == "group"), 1) if node.op_type == "Conv" else 1
+            group = _int_attribute(node, "group", 1) if node.op_type == "Conv" else 1
             runs = group in (1, shapes[0][1])
             takes_plain = runs and not (node.op_type == "Conv" and shapes[0][1] < block)
         elif four_d and traits.layout is Layout.BLOCKED:
             runs = len(outputs) == 1 and all(v in blocked and s == out_shapes[0] for v, s in zip(values, shapes))
         elif four_d and traits.layout is Layout.BLIND:
-            along_channels = node.op_type == "Concat" and next((int(a.i) for a in node.attribute if a.name == "axis"), 0) in (1, -3)
+            along_channels = node.op_type == "Concat" and _int_attribute(node, "axis", 0) in (1, -3)
             runs = (folding or along_channels) and bool(values) and all(v in blocked for v in values) \
                 and all(whole_blocks(s) for s in (*shapes, *out_shapes))
         elif four_d and (traits.layout is Layout.KEEPS or node.name in chained
@@ -338,7 +346,9 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     operand, or an activation: its Gemm) none of its own but the values it writes on that
     convolution's account (`LayerWork.fused_values`; none where it folds into the weights), for a
     layer in `chained` (`chained_layers`) whose output stays in the segment its operations only
-    (`LayerWork.chained`), and one per element of every value the
+    (`LayerWork.chained`), each layout reorder onnxruntime adds inside it (`layout_reorders`) on
+    the account of the layer that causes it (`LayerWork.reorders`), or where an op of lowering's
+    does, as one such op more, and one per element of every value the
     segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
     blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`). `whole`: each
     layer's `whole_ops` by name (counted once for all the plan's segments: `program_steps`)."""
