@@ -274,7 +274,6 @@ def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained:
     reordered once, on the first such op's account (which causes it); a plain value made here
     and used by a blocked op is reordered once, on its producer's. What crosses the segment's
     edge is priced with the values it takes or gives (`segment_work`)."""
-    constants = set(seg.initializers) | set(graph.constants)
     producer: dict[str, str] = {}
     blocked: set[str] = set()
     unblocked: set[str] = set()  # blocked values already reordered to NCHW for a plain op
@@ -290,7 +289,7 @@ def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained:
     folding = bool(blocked)  # bbgrap-run folds the reorders of a segment with blocked edges only
     for node in seg.nodes:
         traits = registry.traits(node.op_type, node.domain)
-        values = [i for i in node.input if i and i not in constants]
+        values = [i for i in node.input if i and i not in seg.initializers and i not in graph.constants]
         outputs = [o for o in node.output if o]
         shapes = [value_shape(graph, v) for v in values]
         out_shapes = [value_shape(graph, o) for o in outputs]
