@@ -102,6 +102,7 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
     return float(intercept), float(slope)
 
+
 @dataclass(frozen=True)
 class Scaling:
     """How a measured layer's time scales with the piece a node computes, along its rows (or
