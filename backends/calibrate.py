@@ -42,8 +42,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
 * **the given model's layers** (with `--model FILE`): the model run whole, as onnxruntime runs
   it (its fusions, its blocked layout), under onnxruntime's profiler; each kernel's time goes to
   the layer it is named after, or for an op fused into a convolution (a BatchNormalization, an
-  activation, a residual Add) to that convolution, and the times are scaled to add up to the
-  model's run without the profiler (`measure_layers`). The simulator then prices a layer this
+  activation, a residual Add) to that convolution, less the profiler's own cost per kernel
+  (`profiler_cost`: a chain of tiny kernels profiled and not), and the times are scaled to add up
+  to the model's run without the profiler (`measure_layers`). The simulator then prices a layer this
   node measured by its measurement instead of its kind's throughput (`NodeProfile.layer_time`):
   an op the microbenchmarks do not describe (LRN, a Softmax, a 1x1 convolution on a 7x7 map)
   costs what it costs here. For each convolution and constant-weight MatMul or Gemm it also
@@ -372,40 +373,62 @@ def kernel_layer(kernel: str, layers: Mapping[str, Layer], producers: Mapping[st
     return made_by.name if made_by is not None else None
 
 
-def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
-                   registry: RuleRegistry | None = None, runs: int = LAYER_RUNS, clock: BusyClock = WALL) -> dict[str, float]:
-    """Seconds of each layer of `graph` on this node, in the model as onnxruntime runs it whole
-    (`model`, its nodes named as the layers are): its profiler's kernel times, the fastest of `runs`
-    runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
-    fused into a convolution to that convolution (`fusion_anchor`). The profiler adds its own
-    cost to every kernel, so the times are scaled to add up to the model's fastest run without
-    it, less `segment` (a run's fixed cost, which the simulator charges per segment). A layer of
-    no kernel costs 0 here: the optimiser folded it away (a BatchNormalization or activation fused
-    into a convolution, an Identity) or into another layer's kernel (x * Sigmoid(x) runs as one
-    QuickGelu kernel named after the Mul), whose time, as every kernel's, is in the model's run."""
+def profiled_runs(model: bytes, feeds: Mapping[str, np.ndarray], threads: int, runs: int) -> list[dict[str, Any]]:
+    """onnxruntime's profile (its events) of `runs` + 1 runs of the serialized `model` on its
+    inputs of `feeds` in a session with `threads` as bbgrap-run's, the first run a warm-up (the
+    session is gone on return: a large model's is not held twice)."""
     import onnxruntime as ort
 
-    registry = registry or default_registry()
-    layers = {layer.name: layer for layer in graph.layers}
-    producers = graph.producers()
     with tempfile.TemporaryDirectory(prefix="bbgrap-calibrate-") as work:
         opts = session_options(threads)
         opts.enable_profiling = True
-        opts.profile_file_prefix = os.path.join(work, "model")
-        try:
-            serialized = model.SerializeToString()
-            sess = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001  # onnxruntime's own errors (and protobuf's 2 GB limit)
-            raise BBGrapError(f"--model: onnxruntime cannot run it whole to time its layers ({first_line(exc)})") from None
-        feeds = {i.name: inputs[i.name] for i in sess.get_inputs()}
+        opts.profile_file_prefix = os.path.join(work, "profile")
+        sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        mine = {i.name: feeds[i.name] for i in sess.get_inputs()}
         for _ in range(runs + 1):
-            sess.run(None, feeds)
+            sess.run(None, mine)
         with open(sess.end_profiling(), encoding="utf-8") as fh:
-            events = json.load(fh)
-        del sess
-        plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
-        plain.run(None, feeds)
-        wall = fastest_run(CPU_TARGET.runner(plain, feeds), runs, MODEL_TIMED_S, clock)
+            events: list[dict[str, Any]] = json.load(fh)
+    return events
+
+
+PROFILER_CHAIN = 64  # tiny ops of the chain that gives the profiler's own cost per kernel (`profiler_cost`)
+
+
+def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL) -> float:
+    """Seconds onnxruntime's profiler adds to the time it reports for each kernel: a chain of
+    PROFILER_CHAIN Sigmoids of 16 values, each a fraction of a microsecond's work, profiled (the
+    mean of its kernels' reported times over `runs` runs) against the same chain run without the
+    profiler (the time per op: the chain's fastest run less one Sigmoid's, over the ops between).
+    The profiler's cost is about the same for every kernel, large or small (a model's kernel of
+    2 us is one of 0.2 us), so scaling a model's kernel times to its run without the profiler
+    would leave its small kernels several times their time and take it from its large ones; the
+    profiler reports whole microseconds, cut down, as it does the model's kernels."""
+    import onnxruntime as ort
+
+    chain = float_model([helper.make_node("Sigmoid", ["x" if i == 0 else f"y{i - 1}"], [f"y{i}"]) for i in range(PROFILER_CHAIN)],
+                        {"x": (1, 16)}, {f"y{PROFILER_CHAIN - 1}": (1, 16)}, {})
+    one = float_model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": (1, 16)}, {"y": (1, 16)}, {})
+    feeds = {"x": np.zeros((1, 16), np.float32)}
+    plain = [ort.InferenceSession(m.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"]) for m in (chain, one)]
+    for sess in plain:
+        sess.run(None, feeds)
+    whole, alone = (fastest_run(CPU_TARGET.runner(sess, feeds), runs, MODEL_TIMED_S / 5, clock) for sess in plain)
+    per_op = max(0.0, whole - alone) / (PROFILER_CHAIN - 1)
+    events = profiled_runs(chain.SerializeToString(), feeds, threads, runs)
+    reported = [1e-6 * e["dur"] for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    return max(0.0, math.fsum(reported) / len(reported) - per_op) if reported else 0.0
+
+
+def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: RuleRegistry, profiler_s: float,
+                run_s: float) -> dict[str, float]:
+    """Seconds of each layer of `graph` from onnxruntime's profile `events` of the model's runs
+    (the first a warm-up): each kernel's reported time less `profiler_s` (the profiler's own cost,
+    at least nothing left), given to the layer it is named after or that layer's `fusion_anchor`;
+    per layer the least over the runs, all scaled to add up to `run_s` (the model's run without
+    the profiler, less a run's fixed cost). A layer of no kernel costs 0."""
+    layers = {layer.name: layer for layer in graph.layers}
+    producers = graph.producers()
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     per_run: list[dict[str, float]] = [{} for _ in spans]
     anchors: dict[str, str] = {}
@@ -419,14 +442,42 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         if name not in anchors:
             anchors[name] = fusion_anchor(layers[name], graph, registry)
         anchor = anchors[name]
-        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + 1e-6 * e["dur"]
+        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + max(0.0, 1e-6 * e["dur"] - profiler_s)
     timed = per_run[1:]  # the first run warms up
     times = {name: min(r.get(name, 0.0) for r in timed) for name in set().union(*timed)} if timed else {}
-    # the profiler's own cost per kernel out: the layers' times add up to the model's run without it
+    # what is left of the profiler's own cost: the layers' times add up to the model's run without it
     kernels = sum(times.values())
-    scale = max(0.0, wall - segment) / kernels if kernels > 0 else 1.0
-    scaled = {name: t * scale for name, t in times.items()}
-    return {name: scaled.get(name, 0.0) for name in layers}  # in another layer's kernel, or folded away
+    scale = run_s / kernels if kernels > 0 else 1.0
+    return {name: times.get(name, 0.0) * scale for name in layers}  # in another layer's kernel, or folded away
+
+
+def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
+                   registry: RuleRegistry | None = None, runs: int = LAYER_RUNS, clock: BusyClock = WALL,
+                   profiler_s: float | None = None) -> dict[str, float]:
+    """Seconds of each layer of `graph` on this node, in the model as onnxruntime runs it whole
+    (`model`, its nodes named as the layers are): its profiler's kernel times, the fastest of `runs`
+    runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
+    fused into a convolution to that convolution (`fusion_anchor`). The profiler adds its own
+    cost to every kernel: `profiler_s` (None: measured, `profiler_cost`) comes off each kernel's
+    time, and the rest is scaled to add up to the model's fastest run without the profiler, less
+    `segment` (a run's fixed cost, which the simulator charges per segment). A layer of
+    no kernel costs 0 here: the optimiser folded it away (a BatchNormalization or activation fused
+    into a convolution, an Identity) or into another layer's kernel (x * Sigmoid(x) runs as one
+    QuickGelu kernel named after the Mul), whose time, as every kernel's, is in the model's run."""
+    import onnxruntime as ort
+
+    registry = registry or default_registry()
+    overhead = profiler_cost(threads, clock=clock) if profiler_s is None else profiler_s
+    try:
+        serialized = model.SerializeToString()
+        events = profiled_runs(serialized, inputs, threads, runs)
+    except Exception as exc:  # noqa: BLE001  # onnxruntime's own errors (and protobuf's 2 GB limit)
+        raise BBGrapError(f"--model: onnxruntime cannot run it whole to time its layers ({first_line(exc)})") from None
+    plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
+    feeds = {i.name: inputs[i.name] for i in plain.get_inputs()}
+    plain.run(None, feeds)
+    wall = fastest_run(CPU_TARGET.runner(plain, feeds), runs, MODEL_TIMED_S, clock)
+    return layer_times(events, graph, registry, overhead, max(0.0, wall - segment))
 
 
 def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = None, quota: CpuQuota | None = None,

@@ -28,6 +28,7 @@ from bbgrap.backends.calibrate import (
     fastest_run,
     fusion_anchor,
     kernel_layer,
+    layer_times,
     marginal_time,
     matmul_model,
     matmul_probe,
@@ -37,6 +38,7 @@ from bbgrap.backends.calibrate import (
     op_speed,
     other_model,
     other_probe,
+    profiler_cost,
     stream_speed,
     time_piece,
     wait_share,
@@ -221,6 +223,42 @@ def test_every_layer_of_a_model_is_timed_in_the_model_as_onnxruntime_runs_it(sma
     assert all(times[c] > 0 for c in convs)  # each convolution's kernel, with what onnxruntime fused into it
     assert all(times[layer.name] == 0 for layer in graph.layers if layer.op_type == "BatchNormalization")  # folded away
     assert times["lrn1"] > 0  # an op of its own
+
+
+def test_the_profilers_own_cost_comes_off_every_kernel_before_the_times_are_scaled_to_the_run(tmp_path) -> None:
+    """onnxruntime's profiler reports a kernel of 0.2 us as about 2 us: its own cost is about the
+    same for every kernel, so it comes off each kernel's time first; scaling the reported times
+    to the run without the profiler instead would leave a small kernel several times its time
+    and take that from the large ones."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Softmax", ["c"], ["y"], name="soft", axis=1)]
+    front = import_model(save(build_model(nodes, {"x": [1, 8, 8, 8]}, {"w": rng.standard_normal((8, 8, 3, 3)).astype(np.float32)},
+                                          ["y"], 17), str(tmp_path)))
+    registry = default_registry()
+
+    def events(conv_us: int, soft_us: int) -> list[dict[str, Any]]:
+        """Two runs' profile (the first a warm-up) of the two kernels."""
+        out: list[dict[str, Any]] = []
+        for start in (0, 1000):
+            out.append({"cat": "Session", "name": "model_run", "ts": start, "dur": 500})
+            out.append({"cat": "Node", "name": "conv_kernel_time", "ts": start + 10, "dur": conv_us})
+            out.append({"cat": "Node", "name": "soft_kernel_time", "ts": start + 10 + conv_us, "dur": soft_us})
+        return out
+
+    # 98.2 us and 0.2 us of kernel time, as the run without the profiler takes: nothing left to scale
+    times = layer_times(events(100, 2), front.graph, registry, profiler_s=1.8e-6, run_s=98.4e-6)
+    assert times == pytest.approx({"conv": 98.2e-6, "soft": 0.2e-6})
+    # the profiler's cost left in and scaled away: the small kernel ten times its time
+    scaled = layer_times(events(100, 2), front.graph, registry, profiler_s=0.0, run_s=98.4e-6)
+    assert scaled["soft"] == pytest.approx(2e-6 * 98.4 / 102) and scaled["conv"] < 97e-6
+    # a kernel reported below the profiler's cost costs nothing, not less
+    assert layer_times(events(100, 1), front.graph, registry, profiler_s=1.8e-6, run_s=98.2e-6)["soft"] == 0.0
+
+
+def test_the_profilers_own_cost_is_measured_on_a_chain_of_tiny_kernels() -> None:
+    cost = profiler_cost(1, runs=3)
+    assert 0.0 <= cost < 1e-4  # whole microseconds, cut down: a fraction of a microsecond may read as none
 
 
 def exporter_named_convs() -> onnx.ModelProto:
