@@ -202,19 +202,26 @@ def chained_layers(graph: Graph, registry: RuleRegistry | None = None) -> frozen
 def values_moved(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry, chained: frozenset[str] = frozenset(),
                  in_chain: bool = False) -> float:
     """The values a piece of the layer computing `region` is priced as moving (`LayerWork.elements`):
-    its output values; for an "other" op the mean of the values it reads (activations, by its rule's
-    regions; not those a layer in `chained` makes, which stay in the fused kernel) and writes, as a
-    copy reads and writes one each (a 3x3 pool of stride 2 reads four per output value: 2.5 times
-    its output's, which beyond the core's cache move at `stream_ops_per_s`, `NodeProfile.element_time`);
-    none for a view (`OpTraits.view`) or an op computed in the kernel of the op after it
-    (`in_chain`: one of `chained_layers` whose output stays in its segment)."""
+    its output values; for a depthwise convolution the more of the values it reads (by its rule's
+    regions) and writes: it streams each input value through a few taps, so one of stride 2 takes
+    about four times its output's values' time (calibrate's probes, of stride 1, read and write
+    alike, and a depthwise layer of stride 2 measured as many input values at that speed); for an
+    "other" op the mean of the values it reads (activations; not those a layer in `chained`
+    makes, which stay in the fused kernel) and writes, as a copy reads and writes one each (a 3x3
+    pool of stride 2 reads four per output value: 2.5 times its output's, which beyond the core's
+    cache move at `stream_ops_per_s`, `NodeProfile.element_time`); none for a view
+    (`OpTraits.view`) or an op computed in the kernel of the op after it (`in_chain`: one of
+    `chained_layers` whose output stays in its segment)."""
     if in_chain or registry.traits(layer.op_type, layer.domain).view:
         return 0.0
-    if op_kind(layer, graph) != "other":
+    kind = op_kind(layer, graph)
+    if kind not in ("other", "depthwise"):
         return float(region.volume)
     producers = graph.producers()
-    fused = [t for t in layer.inputs if t in producers and producers[t].name in chained]
+    fused = [t for t in layer.inputs if t in producers and producers[t].name in chained] if kind == "other" else []
     read = bytes_read(layer, graph, region, registry, fused)[1] / np.dtype(graph.tensors[layer.outputs[0]].dtype).itemsize
+    if kind == "depthwise":
+        return max(read, float(region.volume))
     return (read + region.volume) / 2 if read else float(region.volume)
 
 

@@ -789,6 +789,26 @@ def test_an_other_op_moves_the_mean_of_the_values_it_reads_and_writes() -> None:
     assert values_moved(graph.layer("relu"), graph, out, registry, in_chain=True) == 0.0
 
 
+def test_a_depthwise_convolution_moves_the_more_of_the_values_it_reads_and_writes() -> None:
+    """A depthwise convolution streams each value it reads through its taps: one of stride 2 reads
+    four values per value it writes and is priced by those; one of stride 1 reads what it writes,
+    and a piece of its rows the halo rows beside."""
+    from bbgrap.ir import ShapeMap
+    from bbgrap.rules.registry import default_registry
+    from bbgrap.simulate import values_moved
+
+    w = np.ones((8, 1, 3, 3), np.float32)
+    graph = import_proto(build_model([helper.make_node("Conv", ["x", "w"], ["s2"], name="s2", strides=[2, 2], pads=[1] * 4, group=8),
+                                      helper.make_node("Conv", ["s2", "w"], ["y"], name="s1", pads=[1] * 4, group=8)],
+                                     {"x": [1, 8, 32, 32]}, {"w": w}, ["y"], 17)).graph
+    registry = default_registry()
+    out = ShapeMap.full((1, 8, 16, 16))
+    assert values_moved(graph.layer("s2"), graph, out, registry) == 8 * 32 * 32
+    assert values_moved(graph.layer("s1"), graph, out, registry) == out.volume
+    top = ShapeMap.box((0, 0, 0, 0), (1, 8, 8, 16))
+    assert values_moved(graph.layer("s1"), graph, top, registry) == 8 * 9 * 16
+
+
 def _reorders_as_run(model: object, block: int) -> tuple[list[tuple[str, float]], int]:
     """The whole model as one segment: `layout_reorders`' reorders, and how many onnxruntime's
     optimiser inserts inside it (not at the graph's edges, which are the segment's boundary)."""
