@@ -5,7 +5,7 @@ on its own clock:
 
 * **run**: the segment's operations per kind of op divided by the node's throughput for
   that kind (an "other" op of a type the node timed apart at that type's speed; a depthwise
-  convolution's output values at its `depthwise_elements_per_s` too; a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
+  convolution's values, the more of those it reads and writes, at its `depthwise_elements_per_s` too; a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
   takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
   cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
   executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
