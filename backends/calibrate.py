@@ -400,8 +400,8 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
     PROFILER_CHAIN Sigmoids of 16 values, each a fraction of a microsecond's work, profiled (the
     mean of its kernels' reported times over `runs` runs) against the same chain run without the
     profiler (the time per op: the chain's fastest run less one Sigmoid's, over the ops between).
-    The profiler's cost is about the same for every kernel, large or small (a model's kernel of
-    2 us is one of 0.2 us), so scaling a model's kernel times to its run without the profiler
+    The profiler's cost is about the same for every kernel, large or small (it reports a kernel of
+    0.2 us as about 2 us), so scaling a model's kernel times to its run without the profiler
     would leave its small kernels several times their time and take it from its large ones; the
     profiler reports whole microseconds, cut down, as it does the model's kernels."""
     import onnxruntime as ort
@@ -423,8 +423,8 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
 def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: RuleRegistry, profiler_s: float,
                 run_s: float) -> dict[str, float]:
     """Seconds of each layer of `graph` from onnxruntime's profile `events` of the model's runs
-    (the first a warm-up): each kernel's reported time less `profiler_s` (the profiler's own cost,
-    at least nothing left), given to the layer it is named after or that layer's `fusion_anchor`;
+    (the first a warm-up): each kernel's reported time less `profiler_s` (the profiler's own cost;
+    none below zero), given to the layer it is named after or that layer's `fusion_anchor`;
     per layer the least over the runs, all scaled to add up to `run_s` (the model's run without
     the profiler, less a run's fixed cost). A layer of no kernel costs 0."""
     layers = {layer.name: layer for layer in graph.layers}
