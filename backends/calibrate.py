@@ -406,9 +406,7 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
     profiler reports whole microseconds, cut down, as it does the model's kernels."""
     import onnxruntime as ort
 
-    chain = float_model([helper.make_node("Sigmoid", ["x" if i == 0 else f"y{i - 1}"], [f"y{i}"]) for i in range(PROFILER_CHAIN)],
-                        {"x": (1, 16)}, {f"y{PROFILER_CHAIN - 1}": (1, 16)}, {})
-    one = float_model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": (1, 16)}, {"y": (1, 16)}, {})
+    chain, one = (_chain("Sigmoid", (1, 16), {}, n) for n in (PROFILER_CHAIN, 1))
     feeds = {"x": np.zeros((1, 16), np.float32)}
     plain = [ort.InferenceSession(m.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"]) for m in (chain, one)]
     for sess in plain:
