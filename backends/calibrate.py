@@ -395,7 +395,17 @@ def profiled_runs(model: bytes, feeds: Mapping[str, np.ndarray], threads: int, r
 PROFILER_CHAIN = 64  # tiny ops of the chain that gives the profiler's own cost per kernel (`profiler_cost`)
 
 
-def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL) -> float:
+@dataclass(frozen=True)
+class ProfilerCost:
+    """What onnxruntime's profiler adds to each kernel's reported time (`per_kernel_s`), and the
+    least a kernel takes without it (`least_s`: a tiny op's): what is left of a kernel's reported
+    time is never less, so a kernel that ran is never priced at nothing."""
+
+    per_kernel_s: float = 0.0
+    least_s: float = 0.0
+
+
+def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL) -> ProfilerCost:
     """Seconds onnxruntime's profiler adds to the time it reports for each kernel: a chain of
     PROFILER_CHAIN Sigmoids of 16 values, each a fraction of a microsecond's work, profiled (the
     mean of its kernels' reported times over `runs` runs) against the same chain run without the
@@ -403,7 +413,9 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
     The profiler's cost is about the same for every kernel, large or small (it reports a kernel of
     0.2 us as about 2 us), so scaling a model's kernel times to its run without the profiler
     would leave its small kernels several times their time and take it from its large ones; the
-    profiler reports whole microseconds, cut down, as it does the model's kernels."""
+    profiler reports whole microseconds, cut down, as it does the model's kernels. A tiny
+    Sigmoid's time per op is the least a kernel takes: a model's kernel reported at 1 us may be
+    left with less than nothing after the cost comes off."""
     import onnxruntime as ort
 
     chain, one = (_chain("Sigmoid", (1, 16), {}, n) for n in (PROFILER_CHAIN, 1))
@@ -415,14 +427,14 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
     per_op = max(0.0, whole - alone) / (PROFILER_CHAIN - 1)
     events = profiled_runs(chain.SerializeToString(), feeds, threads, runs)
     reported = [1e-6 * e["dur"] for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
-    return max(0.0, math.fsum(reported) / len(reported) - per_op) if reported else 0.0
+    return ProfilerCost(max(0.0, math.fsum(reported) / len(reported) - per_op) if reported else 0.0, per_op)
 
 
-def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: RuleRegistry, profiler_s: float,
+def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: RuleRegistry, profiler: ProfilerCost,
                 run_s: float) -> dict[str, float]:
     """Seconds of each layer of `graph` from onnxruntime's profile `events` of the model's runs
-    (the first a warm-up): each kernel's reported time less `profiler_s` (the profiler's own cost;
-    none below zero), given to the layer it is named after or that layer's `fusion_anchor`;
+    (the first a warm-up): each kernel's reported time less the `profiler`'s own cost (at least
+    its `least_s`), given to the layer it is named after or that layer's `fusion_anchor`;
     per layer the least over the runs, all scaled to add up to `run_s` (the model's run without
     the profiler, less a run's fixed cost). A layer of no kernel costs 0."""
     layers = {layer.name: layer for layer in graph.layers}
@@ -440,7 +452,7 @@ def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: Rul
         if name not in anchors:
             anchors[name] = fusion_anchor(layers[name], graph, registry)
         anchor = anchors[name]
-        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + max(0.0, 1e-6 * e["dur"] - profiler_s)
+        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + max(profiler.least_s, 1e-6 * e["dur"] - profiler.per_kernel_s)
     timed = per_run[1:]  # the first run warms up
     times = {name: min(r.get(name, 0.0) for r in timed) for name in set().union(*timed)} if timed else {}
     # what is left of the profiler's own cost: the layers' times add up to the model's run without it
@@ -451,12 +463,12 @@ def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: Rul
 
 def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.ndarray], threads: int, segment: float,
                    registry: RuleRegistry | None = None, runs: int = LAYER_RUNS, clock: BusyClock = WALL,
-                   profiler_s: float | None = None) -> dict[str, float]:
+                   profiler: ProfilerCost | None = None) -> dict[str, float]:
     """Seconds of each layer of `graph` on this node, in the model as onnxruntime runs it whole
     (`model`, its nodes named as the layers are): its profiler's kernel times, the fastest of `runs`
     runs after a warm-up, each kernel's time given to the layer it is named after, or for an op
     fused into a convolution to that convolution (`fusion_anchor`). The profiler adds its own
-    cost to every kernel: `profiler_s` (None: measured, `profiler_cost`) comes off each kernel's
+    cost to every kernel: the `profiler`'s (None: measured, `profiler_cost`) comes off each kernel's
     time, and the rest is scaled to add up to the model's fastest run without the profiler, less
     `segment` (a run's fixed cost, which the simulator charges per segment). A layer of
     no kernel costs 0 here: the optimiser folded it away (a BatchNormalization or activation fused
@@ -465,7 +477,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     import onnxruntime as ort
 
     registry = registry or default_registry()
-    overhead = profiler_cost(threads, clock=clock) if profiler_s is None else profiler_s
+    overhead = profiler_cost(threads, clock=clock) if profiler is None else profiler
     try:
         serialized = model.SerializeToString()
         events = profiled_runs(serialized, inputs, threads, runs)
