@@ -35,7 +35,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   takes between one size and the next (the slope) jumps once an op's input and output no longer
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
   size before is `cache_bytes` and the slope over the two largest sizes gives `stream_ops_per_s`:
-  a crop, concat or handed value that large takes that long (`NodeProfile.streamed_s`);
+  a crop, concat or handed value larger moves its values beyond the cache at that speed
+  (`NodeProfile.streamed_s`);
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
   operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
   convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);

@@ -155,8 +155,9 @@ class NodeProfile:
     matmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
-    # runs at `stream_ops_per_s`, the core's cache no longer holding its input and output; 0: every
-    # one at other_ops_per_s (calibrate saw no slower regime; the default)
+    # moves the values beyond them at `stream_ops_per_s`, the core's cache no longer holding its
+    # input and output (`streamed_s`); 0: every one at other_ops_per_s (calibrate saw no slower
+    # regime; the default)
     stream_ops_per_s: float = 0.0
     cache_bytes: float = 0.0
     segment_s: float = 5e-5
@@ -249,10 +250,15 @@ class NodeProfile:
     def streamed_s(self, values: float) -> float:
         """Seconds beyond its "other" operations' an op that writes `values` values (a crop, a concat,
         a value handed from one segment to the next) takes where they and its input do not fit in
-        `cache_bytes`: they move at `stream_ops_per_s`."""
-        if not self.cache_bytes or not self.stream_ops_per_s or BYTES_MOVED * values <= self.cache_bytes:
+        `cache_bytes`: the values beyond what the cache holds (`cache_bytes` over BYTES_MOVED) move
+        at `stream_ops_per_s`, the rest at the in-cache speed. Not all of them: a copy just past
+        the cache finds most of its input where the op before left it, and prices continuous in
+        its size: an Add over 1.15 MB read and written ran at 9.8 G values/s against 12 in the
+        cache and 3.5 far beyond it (docs/benchmarks.md, session 30)."""
+        if not self.cache_bytes or not self.stream_ops_per_s:
             return 0.0
-        return values * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
+        beyond = values - self.cache_bytes / BYTES_MOVED
+        return max(0.0, beyond) * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
     def copy_s(self, values: float) -> float:
         """Seconds of an op that copies `values` values (a layout reorder): an "other" op's fixed
@@ -267,7 +273,7 @@ class NodeProfile:
         """Seconds an op of `kind` takes to write `elements` output values beyond its operations: a
         depthwise convolution's `depthwise_elements_per_s` (0: not measured, nothing); for an "other"
         op (an activation, a normalisation, an elementwise Mul) whose values no longer fit in the
-        core's cache, what they take at `stream_ops_per_s` beyond the in-cache throughput its
+        core's cache, what those beyond it take at `stream_ops_per_s` beyond the in-cache throughput its
         operations are priced at (`streamed_s`: its throughput is measured on maps in the cache,
         and a GELU over a 56 x 56 x 384 map moves 5 MB); no other kind's."""
         if kind == "other":

@@ -6,7 +6,7 @@ on its own clock:
 * **run**: the segment's operations per kind of op divided by the node's throughput for
   that kind (an "other" op of a type the node timed apart at that type's speed; a depthwise
   convolution's values, the more of those it reads and writes, at its `depthwise_elements_per_s` too; a convolution's or matmul's weights streamed at the node's `weight_Bps` where that
-  takes longer; a copy larger than the node's cache at its `stream_ops_per_s`), plus a fixed
+  takes longer; of a copy larger than the node's cache the values beyond it at its `stream_ops_per_s`), plus a fixed
   cost per ONNX op of that kind, `segment_s` for the segment (an onnxruntime run through the
   executor) and `value_s` for each value it takes or gives (a feed or a fetch); and where the
   node runs other segments too, `cold_segment_s` and `cold_s` for each of its ops and values
@@ -24,7 +24,7 @@ on its own clock:
 The operations of a layer's op are bbgrap/cost.py's `run_ops` for the region the node computes
 (a recomputed halo included; a convolution's piece of channels rounded up to whole blocks); a
 crop, a concat or another op lowering added costs one "other" operation per element it writes;
-an "other" op writing more values than the core's cache holds writes them at `stream_ops_per_s`
+an "other" op writing more values than the core's cache holds writes those beyond it at `stream_ops_per_s`
 (`NodeProfile.element_time`); an op onnxruntime fuses into the convolution before it costs one
 "other" operation per value it writes on the convolution's account (a BatchNormalization, folded
 into the weights, nothing; a matmul takes only a constant bias or an activation, as its Gemm);

@@ -88,15 +88,21 @@ def test_a_segment_run_after_others_pays_cold_segment_s_and_cold_s_for_each_op_a
     assert simulate([[SimStep("run", work=replace(work, after_others=True))]], PROFILE).latency == pytest.approx(alone)
 
 
-def test_a_copy_larger_than_the_cache_moves_at_the_streaming_speed() -> None:
-    # 1e8 "other" ops/s in cache, 2.5e7 beyond 1 MB (8 bytes moved per value): a 1e5-value crop
-    # (0.8 MB) costs its operations only, a 1e6-value concat (8 MB) 4 times as long
+def test_a_copy_larger_than_the_cache_moves_its_values_beyond_the_cache_at_the_streaming_speed() -> None:
+    # 1e8 "other" ops/s in cache, 2.5e7 beyond 1 MB (125 000 values of 8 bytes moved): a 1e5-value
+    # crop (0.8 MB) costs its operations only; of a 1e6-value concat (8 MB) the 875 000 values
+    # beyond the cache stream
     node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e6)
+    extra = 1 / 2.5e7 - 1 / 1e8  # what a streamed value costs beyond an in-cache one
     assert node.streamed_s(1e5) == 0.0
-    assert math.isclose(node.streamed_s(1e6), 1e6 / 2.5e7 - 1e6 / 1e8)
+    assert math.isclose(node.streamed_s(1e6), 8.75e5 * extra)
+    # continuous in the size: just past the cache a copy costs hardly more than in it, not 4 times
+    assert node.streamed_s(1.25e5) == 0.0 and node.streamed_s(1.26e5) == pytest.approx(1e3 * extra)
+    # far beyond it, each further value at the streaming speed
+    assert node.streamed_s(2e7) - node.streamed_s(1e7) == pytest.approx(1e7 * extra)
     work = SegmentWork({"other": 1.1e6}, {"other": 2}, moved=(1e5, 1e6))
     pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
-    assert math.isclose(pred.latency, 1e-3 + 2 * 1e-5 + 1e5 / 1e8 + 1e6 / 2.5e7)
+    assert math.isclose(pred.latency, 1e-3 + 2 * 1e-5 + 1.1e6 / 1e8 + 8.75e5 * extra)
     # a profile that measured no such regime (the default: 0) prices every copy alike
     assert simulate([[SimStep("run", work=work)]], PROFILE).latency == pytest.approx(1e-3 + 2 * 1e-5 + 1.1e6 / 1e8)
 
@@ -659,7 +665,7 @@ def test_an_elementwise_op_whose_values_leave_the_cache_writes_them_at_the_strea
     fused activation (computed in the kernel after it) only its operations."""
     node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e6)
     assert node.layer_time("relu", "other", 1e5, 1e5, elements=1e5) == pytest.approx(1e5 / 1e8 + 1e-5)  # 0.8 MB: in the cache
-    assert node.layer_time("relu", "other", 1e6, 1e6, elements=1e6) == pytest.approx(1e6 / 2.5e7 + 1e-5)
+    assert node.layer_time("relu", "other", 1e6, 1e6, elements=1e6) == pytest.approx(1e6 / 1e8 + 8.75e5 * (1 / 2.5e7 - 1 / 1e8) + 1e-5)
     assert node.layer_time("erf", "other", 1e6, 1e6, elements=1e6, chained=True) == pytest.approx(1e6 / 1e8)
     assert node.element_time("conv", 1e6) == 0.0  # a convolution's values are in its throughput
     assert NODE.layer_time("relu", "other", 1e6, 1e6, elements=1e6) == pytest.approx(1e6 / 1e8 + 1e-5)  # no regime measured
@@ -745,7 +751,9 @@ def test_a_reshape_is_a_view_that_computes_and_writes_nothing() -> None:
     assert (relu.elements, reshape.ops, reshape.elements) == (8 * 4096, 0.0, 0.0)
     node = replace(NODE, stream_ops_per_s=2.5e7, cache_bytes=1e5)  # 32768 values of 8 bytes: beyond the cache
     assert node.layer_time("view", "other", reshape.ops, reshape.whole_ops, elements=reshape.elements) == node.other_op_s
-    assert node.layer_time("relu", "other", relu.ops, relu.whole_ops, elements=relu.elements) > 8 * 4096 / 2.5e7
+    in_cache = relu.ops / node.other_ops_per_s + node.other_op_s
+    assert node.layer_time("relu", "other", relu.ops, relu.whole_ops, elements=relu.elements) == pytest.approx(
+        in_cache + (8 * 4096 - 1e5 / 8) * (1 / 2.5e7 - 1 / 1e8))
 
 
 def test_an_other_op_timed_apart_runs_at_its_own_speed_and_round_trips(tmp_path) -> None:
