@@ -102,6 +102,7 @@ from bbgrap.simulate import FEW_PER_GROUP, fusion_anchor
 REPEAT = 15
 LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
 MODEL_TIMED_S = 0.25  # the model's run without the profiler: the fastest of LAYER_RUNS runs or of this long, whichever is more
+CHAIN_TIMED_S = 0.05  # profiler_cost's chains of tiny Sigmoids without the profiler: runs of a few microseconds, timed this long
 STREAM_SIZES = tuple(2**k for k in range(15, 23))  # values of the Adds that find where copies leave the cache
 STREAM_JUMP = 1.5  # a further value costing this many times the in-cache slope: beyond the cache
 WEIGHT_PROBE_BYTES = 32 * 2**20  # weights_model's: beyond a core's cache, as a model's weights are from one inference to the next
@@ -424,7 +425,7 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
     plain = [ort.InferenceSession(m.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"]) for m in (chain, one)]
     for sess in plain:
         sess.run(None, feeds)
-    whole, alone = (fastest_run(CPU_TARGET.runner(sess, feeds), runs, MODEL_TIMED_S / 5, clock) for sess in plain)
+    whole, alone = (fastest_run(CPU_TARGET.runner(sess, feeds), runs, CHAIN_TIMED_S, clock) for sess in plain)
     per_op = max(0.0, whole - alone) / (PROFILER_CHAIN - 1)
     events = profiled_runs(chain.SerializeToString(), feeds, threads, runs)
     reported = [1e-6 * e["dur"] for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
