@@ -252,9 +252,8 @@ class NodeProfile:
         a value handed from one segment to the next) takes where they and its input do not fit in
         `cache_bytes`: the values beyond what the cache holds (`cache_bytes` over BYTES_MOVED) move
         at `stream_ops_per_s`, the rest at the in-cache speed. Not all of them: a copy just past
-        the cache finds most of its input where the op before left it, and prices continuous in
-        its size: an Add over 1.15 MB read and written ran at 9.8 G values/s against 12 in the
-        cache and 3.5 far beyond it (docs/benchmarks.md, session 30)."""
+        the cache finds most of its input where the op before left it, and its time grows
+        continuously with its size, not in a step at `cache_bytes` (docs/benchmarks.md, session 30)."""
         if not self.cache_bytes or not self.stream_ops_per_s:
             return 0.0
         beyond = values - self.cache_bytes / BYTES_MOVED

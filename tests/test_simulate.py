@@ -659,7 +659,7 @@ def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measur
     assert base.boundary_s(2) == pytest.approx(base.segment_s + 2 * base.value_s)
 
 
-def test_an_elementwise_op_whose_values_leave_the_cache_writes_them_at_the_streaming_speed() -> None:
+def test_an_elementwise_op_whose_values_leave_the_cache_writes_those_beyond_it_at_the_streaming_speed() -> None:
     """An "other" op's throughput is measured on maps in the core's cache; one writing more values
     than fit there (8 bytes moved per value) pays what a copy that large does, a chained op of a
     fused activation (computed in the kernel after it) only its operations."""
