@@ -394,6 +394,19 @@ def profiled_runs(model: bytes, feeds: Mapping[str, np.ndarray], threads: int, r
     return events
 
 
+def plain_run(model: bytes, feeds: Mapping[str, np.ndarray], threads: int, runs: int, seconds: float, clock: BusyClock = WALL) -> float:
+    """Seconds of the serialized `model`'s fastest run without the profiler (`fastest_run` of at
+    least `runs` runs and `seconds`) on its inputs of `feeds`, in a CPU session with `threads` as
+    `profiled_runs` makes it, after one run to warm it up: what a profiled model's or chain's
+    reported kernel times are set against."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model, session_options(threads), providers=["CPUExecutionProvider"])
+    mine = {i.name: feeds[i.name] for i in sess.get_inputs()}
+    sess.run(None, mine)
+    return fastest_run(CPU_TARGET.runner(sess, mine), runs, seconds, clock)
+
+
 PROFILER_CHAIN = 64  # tiny ops of the chain that gives the profiler's own cost per kernel (`profiler_cost`)
 
 
@@ -418,14 +431,10 @@ def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL)
     profiler reports whole microseconds, cut down, as it does the model's kernels. A tiny
     Sigmoid's time per op is the least a kernel takes: a model's kernel reported at 1 us may be
     left with less than nothing after the cost comes off."""
-    import onnxruntime as ort
 
     chain, one = (_chain("Sigmoid", (1, 16), {}, n) for n in (PROFILER_CHAIN, 1))
     feeds = {"x": np.zeros((1, 16), np.float32)}
-    plain = [ort.InferenceSession(m.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"]) for m in (chain, one)]
-    for sess in plain:
-        sess.run(None, feeds)
-    whole, alone = (fastest_run(CPU_TARGET.runner(sess, feeds), runs, CHAIN_TIMED_S, clock) for sess in plain)
+    whole, alone = (plain_run(m.SerializeToString(), feeds, threads, runs, CHAIN_TIMED_S, clock) for m in (chain, one))
     per_op = max(0.0, whole - alone) / (PROFILER_CHAIN - 1)
     events = profiled_runs(chain.SerializeToString(), feeds, threads, runs)
     reported = [1e-6 * e["dur"] for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
@@ -476,7 +485,6 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
     no kernel costs 0 here: the optimiser folded it away (a BatchNormalization or activation fused
     into a convolution, an Identity) or into another layer's kernel (x * Sigmoid(x) runs as one
     QuickGelu kernel named after the Mul), whose time, as every kernel's, is in the model's run."""
-    import onnxruntime as ort
 
     registry = registry or default_registry()
     overhead = profiler_cost(threads, clock=clock) if profiler is None else profiler
@@ -485,10 +493,7 @@ def measure_layers(model: onnx.ModelProto, graph: Graph, inputs: dict[str, np.nd
         events = profiled_runs(serialized, inputs, threads, runs)
     except Exception as exc:  # noqa: BLE001  # onnxruntime's own errors (and protobuf's 2 GB limit)
         raise BBGrapError(f"--model: onnxruntime cannot run it whole to time its layers ({first_line(exc)})") from None
-    plain = ort.InferenceSession(serialized, session_options(threads), providers=["CPUExecutionProvider"])
-    feeds = {i.name: inputs[i.name] for i in plain.get_inputs()}
-    plain.run(None, feeds)
-    wall = fastest_run(CPU_TARGET.runner(plain, feeds), runs, MODEL_TIMED_S, clock)
+    wall = plain_run(serialized, inputs, threads, runs, MODEL_TIMED_S, clock)
     return layer_times(events, graph, registry, overhead, max(0.0, wall - segment))
 
 
