@@ -19,7 +19,7 @@ from bbgrap.plan import check_output_dir, file_sha256, write_plan
 from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, RecomputeRecord, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import Prediction, predict, profile_speeds
+from bbgrap.simulate import Prediction, predict, profile_speeds, program_steps
 
 if TYPE_CHECKING:
     from bbgrap.backends.lower import Message, NodeProgram
@@ -134,6 +134,18 @@ class Partitioned:
         return self.prediction.latency
 
 
+def model_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: RuleRegistry | None = None) -> tuple[float, ...]:
+    """Each of the first `nodes` nodes of `profile` relative speed on the imported model `graph`
+    (`simulate.profile_speeds`): its one-node plan (this pipeline for one node, lowered), priced on
+    every node as the simulator prices a plan."""
+    from bbgrap.backends.lower import lower
+
+    registry = registry or default_registry()
+    one = PassManager(pipeline(Config(nodes=1), registry=registry)).run(graph)
+    programs, _ = lower(one, registry)
+    return profile_speeds([s.work for s in program_steps(one, programs, registry)[0] if s.work is not None], profile, nodes)
+
+
 def fastest_nodes(speeds: Sequence[float], count: int) -> tuple[int, ...]:
     """The `count` fastest of the nodes of these speeds, in node order (of equal speeds the first):
     the nodes a plan for fewer nodes than the cluster's runs on, leaving out the slowest, which
@@ -231,7 +243,7 @@ def compile_model(
     (default: every family shipped); returns the plan as written.
 
     With a cluster `profile` of nodes of different speeds and no speeds in `cfg`, the cuts take
-    their proportions from the profile (`profile_speeds`): the speeds come from calibrate's
+    their proportions from the profile (`model_speeds`): the speeds come from calibrate's
     measurement, not a flag. With a `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
     node, and the plan's compile record holds the prediction. Where the plan is not predicted at
     least PLANNER_MARGIN faster than one node, the counts in between are simulated too and the plan
@@ -261,7 +273,7 @@ def compile_model(
     step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
     if profile is not None and not cfg.speeds and cfg.nodes > 1:
-        speeds = profile_speeds(front.graph, profile, cfg.nodes, registry)
+        speeds = model_speeds(front.graph, profile, cfg.nodes, registry)
         if len(set(speeds)) > 1:
             cfg = replace(cfg, speeds=speeds)
             log(f"node speeds from {profile.source}: {','.join(f'{s:g}' for s in speeds)} (each node's time for this model's "

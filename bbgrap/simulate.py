@@ -448,19 +448,14 @@ def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) 
 EQUAL_SPEEDS = 0.2
 
 
-def profile_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: RuleRegistry | None = None) -> tuple[float, ...]:
-    """Each of the first `nodes` nodes' speed on this model, as the cut proportions take them
-    (`Config.speeds`): the slowest node's time for the model's layers, each whole
-    (`NodeProfile.layer_time`), over this node's, to two decimals. All 1.0 where every node is
-    within EQUAL_SPEEDS of the fastest: like nodes calibrated a few percent apart keep what equal
-    speeds allow (even cuts, band pools)."""
-    work = [(layer.name, op_kind(layer, graph), whole_ops(layer, graph, registry), weight_bytes(layer, graph),
-             float(math.prod(graph.tensors[layer.outputs[0]].shape)), layer.op_type) for layer in graph.layers]
-    times = []
-    for n in range(nodes):
-        p = profile.node(n)
-        times.append(math.fsum(p.layer_time(name, kind, ops, ops, 1.0, nbytes, elements, op_type=op_type)
-                               for name, kind, ops, nbytes, elements, op_type in work))
+def profile_speeds(work: Sequence[SegmentWork], profile: ClusterProfile, nodes: int) -> tuple[float, ...]:
+    """Each of the first `nodes` nodes' speed on a model, as the cut proportions take them
+    (`Config.speeds`): the slowest node's time for the model's one-node plan (`work`: its
+    segments, `program_steps`), priced on each node as the simulator prices it (`segment_seconds`:
+    measured layers, fused and chained ops, layout reorders), over this node's, to two decimals.
+    All 1.0 where every node is within EQUAL_SPEEDS of the fastest: like nodes calibrated a few
+    percent apart keep what equal speeds allow (even cuts, band pools)."""
+    times = [math.fsum(segment_seconds(w, n, profile) for w in work) for n in range(nodes)]
     if max(times) <= (1 + EQUAL_SPEEDS) * min(times):
         return (1.0,) * nodes
     return tuple(round(max(times) / t, 2) for t in times)

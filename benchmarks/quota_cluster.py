@@ -7,7 +7,7 @@ still gets its whole share: `--shares 0.3,0.9,0.3 --cores 0,1,0` is a 1:3:1 clus
 cores. Then, in one run:
 
 1. `mpirun -n N bbgrap calibrate` under the quotas: each node's speed on the model as the
-   profile gives it (`simulate.profile_speeds`), against the shares set;
+   profile gives it (`compiler.model_speeds`), against the shares set;
 2. `bbgrap compile --profile` twice: cut by the profile's speeds (the default) and evenly
    (`--speeds 1,...,1`), both with --force-nodes;
 3. both plans run under the quotas (`bbgrap-run --trace`), alternating, ROUNDS times: the
@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
     from bbgrap.frontends.onnx import import_model
 
     from bbgrap.cluster import read_profile
-    from bbgrap.simulate import profile_speeds
+    from bbgrap.compiler import model_speeds
 
     shares, n = args.shares, len(args.shares)
     cores = args.cores if args.cores is not None else list(range(n))
@@ -159,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
         profile = os.path.join(work_dir, "cluster.toml")
         launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile, "--provider", "cpu",
                                                *(["--model", args.model] if args.layer_times else [])])
-        speeds = profile_speeds(graph, read_profile(profile), n)
+        speeds = model_speeds(graph, read_profile(profile), n)
         ratio = [s / speeds[0] for s in speeds]
         want = [s / shares[0] for s in shares]
         print(f"shares set {','.join(f'{s:g}' for s in shares)} (period {args.period_us} us): speeds relative to rank 0 set "
@@ -178,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
                                                                 "--json", "--quiet", "--trace", os.path.join(work_dir, f"trace-run-{k}.json")]).stdout)
             subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", latest_profile, "-o", refined],
                            check=True, capture_output=True)
-            speeds = profile_speeds(graph, read_profile(refined), n)
+            speeds = model_speeds(graph, read_profile(refined), n)
             name = f"refined {k}x"
             print(f"{name} (by a run of the plan before): speeds relative to rank 0 {', '.join(f'{s / speeds[0]:.2f}' for s in speeds)}")
             latest = dirs[name] = os.path.join(work_dir, f"plan-{len(dirs)}")

@@ -26,12 +26,12 @@ from bbgrap.cluster import (
     with_speeds,
     write_profile,
 )
-from bbgrap.compiler import choose_nodes, compile_model, fastest_nodes
+from bbgrap.compiler import choose_nodes, compile_model, fastest_nodes, model_speeds, pipeline
 from bbgrap.config import Config
 from bbgrap.cost import receive_cost
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.plan import read_manifest
-from bbgrap.simulate import EQUAL_SPEEDS, LayerWork, SegmentWork, SimStep, op_kind, profile_speeds, program_steps, simulate, value_elements
+from bbgrap.simulate import EQUAL_SPEEDS, LayerWork, SegmentWork, SimStep, op_kind, predict, program_steps, simulate, value_elements
 
 # round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op, nothing per value or send;
 # 2 ms + 1 us per byte per message
@@ -429,18 +429,36 @@ def test_the_run_line_names_the_hosts_of_the_fastest_nodes_where_they_are_severa
     assert "its 2 nodes are the profile's fastest, nodes 1 (b), 2 (c): run rank k on the k-th of them" in prediction_text(two)
 
 
-def test_profile_speeds_are_the_slowest_nodes_time_for_the_model_over_each_nodes(small_model: str) -> None:
+def test_model_speeds_are_the_slowest_nodes_time_for_the_model_over_each_nodes(small_model: str) -> None:
     from bbgrap.frontends.onnx import import_model
 
     graph = import_model(small_model).graph
     base = NodeProfile()
     mixed = ClusterProfile((base, base.faster(3.0), base))
-    assert profile_speeds(graph, mixed, 3) == (1.0, 3.0, 1.0)
-    assert profile_speeds(graph, mixed, 4) == (1.0, 3.0, 1.0, 1.0)  # the last node listed stands for the rest
+    assert model_speeds(graph, mixed, 3) == (1.0, 3.0, 1.0)
+    assert model_speeds(graph, mixed, 4) == (1.0, 3.0, 1.0, 1.0)  # the last node listed stands for the rest
     # like nodes a little apart (calibrate's noise) are equal: even cuts, band pools
     near = ClusterProfile((base, base.faster(1 + EQUAL_SPEEDS / 2)))
-    assert profile_speeds(graph, near, 2) == (1.0, 1.0)
-    assert profile_speeds(graph, ClusterProfile((base, base.faster(1 + 2 * EQUAL_SPEEDS))), 2) == (1.0, 1.4)
+    assert model_speeds(graph, near, 2) == (1.0, 1.0)
+    assert model_speeds(graph, ClusterProfile((base, base.faster(1 + 2 * EQUAL_SPEEDS))), 2) == (1.0, 1.4)
+
+
+def test_model_speeds_price_the_one_node_plan_as_the_simulator_does(small_model: str) -> None:
+    """Nodes that differ by kind, not by one factor: each one's speed is the simulator's time for the
+    one-node plan on the slowest over its own (fused activations, segment costs and all)."""
+    from bbgrap.backends.lower import lower
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.pass_manager import PassManager
+
+    graph = import_model(small_model).graph
+    slow = NodeProfile(conv_ops_per_s=5e9, other_ops_per_s=1e9, other_op_s=2e-5, segment_s=1e-3)
+    fast = NodeProfile()
+    one = PassManager(pipeline(Config(nodes=1))).run(graph)
+    programs, _ = lower(one)
+    alone = [predict(one, programs, ClusterProfile((p,))).latency for p in (slow, fast)]
+    assert alone[0] > 2 * alone[1]
+    assert model_speeds(graph, ClusterProfile((slow, fast)), 2) == (1.0, round(alone[0] / alone[1], 2))
 
 
 def test_compile_cuts_in_proportion_to_the_profiles_speeds_unless_speeds_are_given(small_model: str, tmp_path) -> None:
