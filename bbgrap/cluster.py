@@ -259,10 +259,15 @@ class NodeProfile:
         beyond = values - self.cache_bytes / BYTES_MOVED
         return max(0.0, beyond) * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
+    def moved_s(self, values: float) -> float:
+        """Seconds to copy `values` values: one "other" operation each, and beyond the cache
+        `streamed_s` (a value handed from one segment's session to the next)."""
+        return values / self.other_ops_per_s + self.streamed_s(values)
+
     def copy_s(self, values: float) -> float:
-        """Seconds of an op that copies `values` values (a layout reorder): an "other" op's fixed
-        cost, one "other" operation per value, and beyond the cache `streamed_s`."""
-        return self.other_op_s + values / self.other_ops_per_s + self.streamed_s(values)
+        """Seconds of an op that copies `values` values (a crop, a concat, a layout reorder): an
+        "other" op's fixed cost and `moved_s`."""
+        return self.other_op_s + self.moved_s(values)
 
     def kind_time(self, kind: str, ops: float) -> float:
         """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""

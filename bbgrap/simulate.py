@@ -80,18 +80,31 @@ class LayerWork:
 
 @dataclass(frozen=True)
 class SegmentWork:
-    """What one segment computes: operations per kind of op (OP_KINDS), and how many ONNX ops of each kind
-    (the layers' and lowering's); the layers among them, each priced on its own by
-    `NodeProfile.layer_time` (measured, or by its roofline); how many values it takes and gives; and
-    the size of each copy it makes (`moved`: priced beyond the core's cache by `NodeProfile.streamed_s`);
-    whether other segments run on its node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
+    """What one segment computes: its layers' operations per kind of op (OP_KINDS) and how many ONNX
+    ops of each kind they are, each layer also priced on its own by `NodeProfile.layer_time`
+    (measured, or by its roofline); the values each copy it makes writes (`copies`: an op of
+    lowering's, a crop or a concat, or a layout reorder no layer causes; each priced as
+    `NodeProfile.copy_s`); how many values it takes and gives and the size of each (`handed`:
+    copied from one onnxruntime session to the next); whether other segments run on its node
+    between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
 
     ops: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     layers: tuple[LayerWork, ...] = ()
-    values: int = 0
-    moved: tuple[float, ...] = ()  # the values each op of lowering's writes, and each value taken or given holds
+    copies: tuple[float, ...] = ()
+    handed: tuple[float, ...] = ()
     after_others: bool = False
+
+    @property
+    def values(self) -> int:
+        """How many values the segment takes and gives."""
+        return len(self.handed)
+
+    @property
+    def op_count(self) -> int:
+        """How many ONNX ops the segment runs: its layers' (those fused into another's kernel not
+        counted) and its copies."""
+        return sum(self.count.values()) + len(self.copies)
 
 
 @dataclass(frozen=True)
@@ -347,16 +360,16 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
 def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None,
                  chained: frozenset[str] = frozenset()) -> SegmentWork:
     """The work of one segment of `node`'s program, as lowered (module docstring): its layers' operations,
-    one per element a crop, concat or other op of lowering's writes, for an op onnxruntime fuses into
+    the values each crop, concat or other op of lowering's writes (`SegmentWork.copies`), for an op onnxruntime fuses into
     the convolution before it (`OpTraits.fuses_into_conv`; into a matmul only a bias, a constant
     operand, or an activation: its Gemm) none of its own but the values it writes on that
     convolution's account (`LayerWork.fused_values`; none where it folds into the weights), for a
     layer in `chained` (`chained_layers`) whose output stays in the segment its operations only
     (`LayerWork.chained`), each layout reorder onnxruntime adds inside it (`layout_reorders`) on
     the account of the layer that causes it (`LayerWork.reorders`), or where an op of lowering's
-    does, as one such op more, and one per element of every value the
-    segment takes or gives (each crosses from one onnxruntime session to another: copied, and in the
-    blocked layout reordered); those copies' sizes one by one too (`SegmentWork.moved`). `whole`: each
+    does, as one copy more, and the size of every value the segment takes or gives
+    (`SegmentWork.handed`: each crosses from one onnxruntime session to another, copied, and in the
+    blocked layout reordered). `whole`: each
     layer's `whole_ops` by name (counted once for all the plan's segments: `program_steps`)."""
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
@@ -364,7 +377,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     ops = dict.fromkeys(OP_KINDS, 0.0)
     count = dict.fromkeys(OP_KINDS, 0)
     works: list[LayerWork] = []
-    moved: list[float] = []
+    copies: list[float] = []
     convolved: dict[str, int] = {}  # values a convolution or matmul of this segment (with what is fused into it) makes: its index in works
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
@@ -385,25 +398,19 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             in_chain = layer.name in chained and not given.intersection(outputs)
             works.append(layer_work(layer, graph, graph.partitions[layer.name], node, kind, whole[layer.name], registry, chained, in_chain))
             ops[kind] += works[-1].ops
+            count[kind] += 1
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
-            kind = "other"
-            written = float(sum(value_elements(graph, o) for o in outputs))
-            ops[kind] += written
-            moved.append(written)
-        count[kind] += 1
+            copies.append(float(sum(value_elements(graph, o) for o in outputs)))
     at = {w.name: k for k, w in enumerate(works)}
     for name, size in layout_reorders(graph, seg, registry, chained):
         if name in at:
             works[at[name]] = replace(works[at[name]], reorders=(*works[at[name]].reorders, size))
         else:  # caused by an op of lowering's (a crop between two convolutions) or one fused into another's kernel
-            ops["other"] += size
-            count["other"] += 1
-            moved.append(size)
-    handed = [float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs)]
-    ops["other"] += math.fsum(handed)
-    return SegmentWork(ops, count, tuple(works), len(seg.inputs) + len(seg.outputs), (*moved, *handed))
+            copies.append(size)
+    handed = tuple(float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs))
+    return SegmentWork(ops, count, tuple(works), tuple(copies), handed)
 
 
 @dataclass(frozen=True)
@@ -468,19 +475,20 @@ def work_seconds(p: NodeProfile, w: LayerWork) -> float:
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
-    """The segment's time on `node`: its fixed costs (the segment's, its values'), every kind's
-    operations at that kind's throughput and fixed cost per op, and for each layer its own time
+    """The segment's time on `node`: its fixed costs (the segment's, its values'), its layers'
+    operations at their kind's throughput and fixed cost per op, and for each layer its own time
     instead of its kind's estimate (`NodeProfile.layer_time`: its measured share where the node
-    measured it, else the longer of its operations and its weights streamed); a copy larger than
-    the node's cache takes longer (`NodeProfile.streamed_s`); a segment run after others pays
-    `cold_segment_s`, and `cold_s` for each op and value."""
+    measured it, else the longer of its operations and its weights streamed); each copy as
+    `NodeProfile.copy_s` prices it, and each value taken or given as `moved_s` (its fixed cost is
+    `value_s`); a segment run after others pays `cold_segment_s`, and
+    `cold_s` for each op and value."""
     p = profile.node(node)
-    cold = p.cold_segment_s + (sum(work.count.values()) + work.values) * p.cold_s if work.after_others else 0.0
+    cold = p.cold_segment_s + (work.op_count + work.values) * p.cold_s if work.after_others else 0.0
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
                                     *(n * p.op_s(kind) for kind, n in work.count.items()),
-                                    *(p.streamed_s(m) for m in work.moved),
-                                    *(work_seconds(p, w) - p.kind_time(w.kind, w.ops)
-                                      for w in work.layers)])
+                                    *(work_seconds(p, w) - p.kind_time(w.kind, w.ops) for w in work.layers),
+                                    *(p.copy_s(c) for c in work.copies),
+                                    *(p.moved_s(h) for h in work.handed)])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

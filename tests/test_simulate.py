@@ -72,14 +72,14 @@ def test_a_rank_waits_until_the_message_arrives() -> None:
 
 def test_every_value_a_segment_takes_or_gives_costs_value_s() -> None:
     node = replace(NODE, value_s=2e-4)
-    work = SegmentWork({"conv": 1e7}, {"conv": 1}, values=3)
+    work = SegmentWork({"conv": 1e7}, {"conv": 1}, handed=(0.0,) * 3)
     pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
     assert math.isclose(pred.latency, 1e-3 + 1e-4 + 1e7 / 1e9 + 3 * 2e-4)
 
 
 def test_a_segment_run_after_others_pays_cold_segment_s_and_cold_s_for_each_op_and_value() -> None:
     node = replace(NODE, cold_s=3e-5, cold_segment_s=7e-5)
-    work = SegmentWork({"conv": 1e7, "other": 1e5}, {"conv": 1, "other": 2}, values=4)
+    work = SegmentWork({"conv": 1e7, "other": 1e5}, {"conv": 1, "other": 2}, handed=(0.0,) * 4)
     alone = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency
     assert math.isclose(alone, 1e-3 + 1e-4 + 2 * 1e-5 + 1e7 / 1e9 + 1e5 / 1e8)
     after = simulate([[SimStep("run", work=replace(work, after_others=True))]], replace(PROFILE, nodes=(node,))).latency
@@ -100,7 +100,7 @@ def test_a_copy_larger_than_the_cache_moves_its_values_beyond_the_cache_at_the_s
     assert node.streamed_s(1.25e5) == 0.0 and node.streamed_s(1.26e5) == pytest.approx(1e3 * extra)
     # far beyond it, each further value at the streaming speed
     assert node.streamed_s(2e7) - node.streamed_s(1e7) == pytest.approx(1e7 * extra)
-    work = SegmentWork({"other": 1.1e6}, {"other": 2}, moved=(1e5, 1e6))
+    work = SegmentWork(copies=(1e5, 1e6))
     pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
     assert math.isclose(pred.latency, 1e-3 + 2 * 1e-5 + 1.1e6 / 1e8 + 8.75e5 * extra)
     # a profile that measured no such regime (the default: 0) prices every copy alike
@@ -501,10 +501,12 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
                 for n in range(graph.nodes))
     total = sum(s.work.ops["conv"] + s.work.ops["depthwise"] for rank in steps for s in rank if s.work)
     assert total >= convs * 0.999
-    # each segment lists every value it takes or gives, and every copy lowering made, among its "other" operations
+    # each segment lists the size of every value it takes or gives, and of every copy lowering made
     runs = [s.work for rank in steps for s in rank if s.work]
-    assert all(len(w.moved) >= w.values and math.fsum(w.moved) <= w.ops["other"] * (1 + 1e-9) for w in runs)
-    assert any(len(w.moved) > w.values for w in runs)  # the 2-node plan has crops or concats
+    segments = [step.seg for program in programs for step in program.steps if step.op == "run"]
+    assert [len(w.handed) for w in runs] == [len(seg.inputs) + len(seg.outputs) for seg in segments]
+    assert all(v > 0 for w in runs for v in (*w.handed, *w.copies))
+    assert any(w.copies for w in runs)  # the 2-node plan has crops or concats
     # a node's segments run after its other segments where it has more than one, never where it has one
     for rank in steps:
         works = [s.work for s in rank if s.work]
@@ -527,7 +529,7 @@ def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
     (segment,) = [s.seg for s in program.steps if s.op == "run"]
     work = segment_work(graph, 0, segment, {layer.name: whole_ops(layer, graph) for layer in graph.layers})
     fused = [n for n in segment.nodes if n.op_type in ("BatchNormalization", "Relu")]
-    assert fused and sum(work.count.values()) == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
+    assert fused and work.op_count == len(segment.nodes) - len(fused) - sum(n.op_type == "Add" for n in segment.nodes)
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
