@@ -10,6 +10,12 @@ nodes): compile seconds, max relative error (exact: <= 1e-4), per-node FLOPs max
 of the model's FLOPs in layers computed whole on one node, of the largest such layer, and their number. A
 failed export or compile is a row, not a skip.
 
+The error is the largest over the model's outputs and its features: the input of its last layer with
+weights (the classifier's, a segmentation head's last convolution), made an output of the file compiled
+(`with_features`) and compared with its own scale. Untrained torchvision models' activations fade
+through the network (googlenet's features are about 1e-11 after `init_weights`), so their logits are
+the classifier's bias whatever the backbone computes, and a check of the logits alone could not fail.
+
   python benchmarks/exporters.py                               # the default models, nodes 2 and 4
   python benchmarks/exporters.py --models all --nodes 2 4 16   # every torchvision model
   python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
@@ -238,6 +244,28 @@ def export(model: Any, resolution: int, exporter: str, path: str, opset: int | N
                               input_names=["input"], output_names=["output"])
 
 
+def with_features(path: str, work: str) -> str:
+    """A copy of the ONNX file at `path` in `work` whose outputs also hold its features: the
+    activation input of its last Gemm, MatMul or Conv whose weight is a constant (module docstring);
+    `path` itself where it has none or that value is an output already."""
+    import onnx
+
+    model = onnx.load(path)
+    constants = {t.name for t in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    weighted = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul", "Conv") and len(n.input) > 1 and n.input[1] in constants]
+    outputs = {o.name for o in model.graph.output}
+    if not weighted or weighted[-1].input[0] in outputs or weighted[-1].input[0] in constants:
+        return path
+    feature = weighted[-1].input[0]
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    if feature not in inferred:
+        return path
+    model.graph.output.append(inferred[feature])
+    copy = os.path.join(work, "features-" + os.path.basename(path))
+    onnx.save(model, copy)
+    return copy
+
+
 def check(plan_dir: str) -> float:
     """Run every node in this process; the max relative error against the plan's reference
     (`compare`'s: infinite where an output is not finite and the reference is)."""
@@ -266,6 +294,7 @@ def survey(path: str, base: dict[str, Any], args: argparse.Namespace, work: str,
     """One ONNX file compiled for each of `args.nodes` and run in this process: a row per node count
     (a failed compile or run is a row saying so)."""
     rows: list[dict[str, Any]] = []
+    path = with_features(path, work)
     for nodes in args.nodes:
         plan_dir = os.path.join(work, f"plan-{base['model']}-{base['exporter']}-{nodes}")
         cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search, planner=args.planner)
