@@ -244,10 +244,11 @@ def export(model: Any, resolution: int, exporter: str, path: str, opset: int | N
                               input_names=["input"], output_names=["output"])
 
 
-def with_features(path: str, work: str) -> str:
+def with_features(path: str, work: str) -> tuple[str, str]:
     """A copy of the ONNX file at `path` in `work` whose outputs also hold its features: the
-    activation input of its last Gemm, MatMul or Conv whose weight is a constant (module docstring);
-    `path` itself where it has none or that value is an output already."""
+    activation input of its last Gemm, MatMul or Conv whose weight is a constant (module docstring),
+    and that value's name; `path` and "" where it has none, or one whose shape onnx does not infer
+    (the row then says its outputs alone were checked), or where that value is an output already."""
     import onnx
 
     model = onnx.load(path)
@@ -255,15 +256,15 @@ def with_features(path: str, work: str) -> str:
     weighted = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul", "Conv") and len(n.input) > 1 and n.input[1] in constants]
     outputs = {o.name for o in model.graph.output}
     if not weighted or weighted[-1].input[0] in outputs or weighted[-1].input[0] in constants:
-        return path
+        return path, ""
     feature = weighted[-1].input[0]
     inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
     if feature not in inferred:
-        return path
+        return path, ""
     model.graph.output.append(inferred[feature])
     copy = os.path.join(work, "features-" + os.path.basename(path))
     onnx.save(model, copy)
-    return copy
+    return copy, feature
 
 
 def check(plan_dir: str) -> float:
@@ -294,11 +295,11 @@ def survey(path: str, base: dict[str, Any], args: argparse.Namespace, work: str,
     """One ONNX file compiled for each of `args.nodes` and run in this process: a row per node count
     (a failed compile or run is a row saying so)."""
     rows: list[dict[str, Any]] = []
-    path = with_features(path, work)
+    path, features = with_features(path, work)
     for nodes in args.nodes:
         plan_dir = os.path.join(work, f"plan-{base['model']}-{base['exporter']}-{nodes}")
         cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search, planner=args.planner)
-        row: dict[str, Any] = base | {"nodes": nodes}
+        row: dict[str, Any] = base | {"nodes": nodes, "features": features}
         try:
             t0 = time.perf_counter()
             plan = compile_model(path, cfg, plan_dir)
@@ -317,7 +318,7 @@ def survey(path: str, base: dict[str, Any], args: argparse.Namespace, work: str,
             row["max_rel_error"], row["ok"] = None, False
         rows.append(row)
         whole_ops = ",".join(row["whole_ops"][:4]) + (",..." if len(row["whole_ops"]) > 4 else "")
-        note = row.get("error") or (f"  whole: {whole_ops}" if whole_ops else "")
+        note = row.get("error") or ("" if features else "  outputs alone checked (no features)") + (f"  whole: {whole_ops}" if whole_ops else "")
         rel = row["max_rel_error"]
         emit(base["model"], base["exporter"], nodes, f"{row['compile_s']:.2f}", "-" if rel is None else f"{rel:.1e}",
              "yes" if row["ok"] else "NO", f"{row['flops_max_min']:.3f}", f"{100 * row['whole_flops_share']:.1f} %",
