@@ -269,10 +269,6 @@ class NodeProfile:
         "other" op's fixed cost and `moved_s`."""
         return self.other_op_s + self.moved_s(values)
 
-    def kind_time(self, kind: str, ops: float) -> float:
-        """Seconds for one op of `kind` (OP_KINDS) doing `ops` operations: the kind's throughput and fixed cost."""
-        return ops / self.ops_per_s(kind) + self.op_s(kind)
-
     def element_time(self, kind: str, elements: float) -> float:
         """Seconds an op of `kind` takes to write `elements` output values beyond its operations: a
         depthwise convolution's `depthwise_elements_per_s` (0: not measured, nothing); for an "other"

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -80,20 +80,33 @@ class LayerWork:
 
 @dataclass(frozen=True)
 class SegmentWork:
-    """What one segment computes: its layers' operations per kind of op (OP_KINDS) and how many ONNX
-    ops of each kind they are, each layer also priced on its own by `NodeProfile.layer_time`
-    (measured, or by its roofline); the values each copy it makes writes (`copies`: an op of
-    lowering's, a crop or a concat, or a layout reorder no layer causes; each priced as
-    `NodeProfile.copy_s`); how many values it takes and gives and the size of each (`handed`:
-    copied from one onnxruntime session to the next); whether other segments run on its node
-    between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
+    """What one segment computes: its layers, each priced on its own by `NodeProfile.layer_time`
+    (measured, or by its roofline; `ops` and `count` sum them per kind of op); the values each copy
+    it makes writes (`copies`: an op of lowering's, a crop or a concat, or a layout reorder no layer
+    causes; each priced as `NodeProfile.copy_s`); the size of each value it takes or gives
+    (`handed`: copied from one onnxruntime session to the next); whether other segments run on its
+    node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
 
-    ops: dict[str, float] = field(default_factory=dict)
-    count: dict[str, int] = field(default_factory=dict)
     layers: tuple[LayerWork, ...] = ()
     copies: tuple[float, ...] = ()
     handed: tuple[float, ...] = ()
     after_others: bool = False
+
+    @property
+    def ops(self) -> dict[str, float]:
+        """Its layers' operations per kind of op (OP_KINDS)."""
+        got = dict.fromkeys(OP_KINDS, 0.0)
+        for w in self.layers:
+            got[w.kind] += w.ops
+        return got
+
+    @property
+    def count(self) -> dict[str, int]:
+        """How many of its layers' ONNX ops are of each kind (OP_KINDS): those fused into another's kernel are not layers here."""
+        got = dict.fromkeys(OP_KINDS, 0)
+        for w in self.layers:
+            got[w.kind] += 1
+        return got
 
     @property
     def values(self) -> int:
@@ -102,9 +115,8 @@ class SegmentWork:
 
     @property
     def op_count(self) -> int:
-        """How many ONNX ops the segment runs: its layers' (those fused into another's kernel not
-        counted) and its copies."""
-        return sum(self.count.values()) + len(self.copies)
+        """How many ONNX ops the segment runs: its layers and its copies."""
+        return len(self.layers) + len(self.copies)
 
 
 @dataclass(frozen=True)
@@ -374,8 +386,6 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
     given = set(seg.outputs)
-    ops = dict.fromkeys(OP_KINDS, 0.0)
-    count = dict.fromkeys(OP_KINDS, 0)
     works: list[LayerWork] = []
     copies: list[float] = []
     convolved: dict[str, int] = {}  # values a convolution or matmul of this segment (with what is fused into it) makes: its index in works
@@ -397,8 +407,6 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             kind = op_kind(layer, graph)
             in_chain = layer.name in chained and not given.intersection(outputs)
             works.append(layer_work(layer, graph, graph.partitions[layer.name], node, kind, whole[layer.name], registry, chained, in_chain))
-            ops[kind] += works[-1].ops
-            count[kind] += 1
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
@@ -410,7 +418,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
         else:  # caused by an op of lowering's (a crop between two convolutions) or one fused into another's kernel
             copies.append(size)
     handed = tuple(float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs))
-    return SegmentWork(ops, count, tuple(works), tuple(copies), handed)
+    return SegmentWork(tuple(works), tuple(copies), handed)
 
 
 @dataclass(frozen=True)
@@ -475,20 +483,16 @@ def work_seconds(p: NodeProfile, w: LayerWork) -> float:
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
-    """The segment's time on `node`: its fixed costs (the segment's, its values'), its layers'
-    operations at their kind's throughput and fixed cost per op, and for each layer its own time
-    instead of its kind's estimate (`NodeProfile.layer_time`: its measured share where the node
-    measured it, else the longer of its operations and its weights streamed); each copy as
+    """The segment's time on `node`: its fixed costs (the segment's, its values'), each layer's own
+    time (`NodeProfile.layer_time`: its measured share where the node measured it, else its kind's
+    throughput and fixed cost per op, or its weights streamed where that takes longer), each copy as
     `NodeProfile.copy_s` prices it, and each value taken or given as `moved_s` (its fixed cost is
-    `value_s`); a segment run after others pays `cold_segment_s`, and
-    `cold_s` for each op and value."""
+    `value_s`); a segment run after others pays `cold_segment_s`, and `cold_s` for each op and value."""
     p = profile.node(node)
     cold = p.cold_segment_s + (work.op_count + work.values) * p.cold_s if work.after_others else 0.0
-    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(ops / p.ops_per_s(kind) for kind, ops in work.ops.items() if ops),
-                                    *(n * p.op_s(kind) for kind, n in work.count.items()),
-                                    *(work_seconds(p, w) - p.kind_time(w.kind, w.ops) for w in work.layers),
-                                    *(p.copy_s(c) for c in work.copies),
-                                    *(p.moved_s(h) for h in work.handed)])
+    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w) for w in work.layers),
+                                                                    *(p.copy_s(c) for c in work.copies),
+                                                                    *(p.moved_s(h) for h in work.handed)])
 
 
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,

@@ -42,7 +42,15 @@ PROFILE = ClusterProfile((NODE,), LinkProfile(latency_s=2e-3, bandwidth_Bps=1e6)
 
 
 def run(conv: float = 0.0, other: float = 0.0, convs: int = 0, others: int = 0) -> SimStep:
-    return SimStep("run", work=SegmentWork({"conv": conv, "other": other}, {"conv": convs, "other": others}))
+    """A segment of `convs` convolutions doing `conv` operations in all and `others` "other" ops doing
+    `other`; operations of no op count are priced alone (one layer chained into another's kernel: no fixed cost)."""
+    layers: list[LayerWork] = []
+    for kind, ops, n in (("conv", conv, convs), ("other", other, others)):
+        if n:
+            layers += [LayerWork(f"{kind}{i}", kind, ops / n, ops / n) for i in range(n)]
+        elif ops:
+            layers.append(LayerWork(kind, kind, ops, ops, chained=True))
+    return SimStep("run", work=SegmentWork(tuple(layers)))
 
 
 def send(m: int, src: int, dst: int, nbytes: int) -> SimStep:
@@ -72,14 +80,14 @@ def test_a_rank_waits_until_the_message_arrives() -> None:
 
 def test_every_value_a_segment_takes_or_gives_costs_value_s() -> None:
     node = replace(NODE, value_s=2e-4)
-    work = SegmentWork({"conv": 1e7}, {"conv": 1}, handed=(0.0,) * 3)
+    work = SegmentWork((LayerWork("c", "conv", 1e7, 1e7),), handed=(0.0,) * 3)
     pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
     assert math.isclose(pred.latency, 1e-3 + 1e-4 + 1e7 / 1e9 + 3 * 2e-4)
 
 
 def test_a_segment_run_after_others_pays_cold_segment_s_and_cold_s_for_each_op_and_value() -> None:
     node = replace(NODE, cold_s=3e-5, cold_segment_s=7e-5)
-    work = SegmentWork({"conv": 1e7, "other": 1e5}, {"conv": 1, "other": 2}, handed=(0.0,) * 4)
+    work = SegmentWork((LayerWork("c", "conv", 1e7, 1e7), LayerWork("a", "other", 5e4, 5e4), LayerWork("b", "other", 5e4, 5e4)), handed=(0.0,) * 4)
     alone = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency
     assert math.isclose(alone, 1e-3 + 1e-4 + 2 * 1e-5 + 1e7 / 1e9 + 1e5 / 1e8)
     after = simulate([[SimStep("run", work=replace(work, after_others=True))]], replace(PROFILE, nodes=(node,))).latency
@@ -229,8 +237,7 @@ def test_profile_with_scaling_round_trips(tmp_path) -> None:
 
 
 def test_a_segment_prices_the_layers_its_node_measured_and_the_rest_by_kind() -> None:
-    work = SegmentWork({"conv": 2e6, "other": 1e5}, {"conv": 2, "other": 1},
-                       (LayerWork("a", "conv", 1e6, 4e6), LayerWork("b", "conv", 1e6, 1e6)))
+    work = SegmentWork((LayerWork("a", "conv", 1e6, 4e6), LayerWork("b", "conv", 1e6, 1e6), LayerWork("o", "other", 1e5, 1e5)))
     plain = simulate([[SimStep("run", work=work)]], PROFILE).latency
     assert math.isclose(plain, 1e-3 + 2e6 / 1e9 + 2 * 1e-4 + 1e5 / 1e8 + 1e-5)
     measured = ClusterProfile((replace(NODE, layer_s={"a": 9e-3}),), PROFILE.link)
@@ -573,7 +580,7 @@ def test_an_unmeasured_convolution_or_matmul_takes_its_operations_or_its_weights
 
 
 def test_a_segment_prices_a_matmul_by_its_weights_where_they_take_longer() -> None:
-    work = SegmentWork({"matmul": 1e5}, {"matmul": 1}, (LayerWork("fc", "matmul", 1e5, 1e5, 1.0, 1e6),))
+    work = SegmentWork((LayerWork("fc", "matmul", 1e5, 1e5, 1.0, 1e6),))
     got = simulate([[SimStep("run", work=work)]], ClusterProfile((replace(NODE, weight_Bps=1e8),), PROFILE.link)).latency
     assert math.isclose(got, 1e-3 + 1e-2 + 1e-4)
     fast = simulate([[SimStep("run", work=work)]], ClusterProfile((replace(NODE, weight_Bps=1e12),), PROFILE.link)).latency
@@ -621,7 +628,7 @@ def test_a_depthwise_convolution_pays_for_its_output_values_beside_its_operation
     assert math.isclose(node.layer_time("c", "conv", 1e6, 1e6, elements=1e4), 1e6 / 1e9 + 1e-4)  # no other kind
     assert math.isclose(NODE.layer_time("dw", "depthwise", 1e6, 1e6, elements=1e4), 1e6 / 1e9 + 1e-4)  # 0: not measured
     # a segment's depthwise layer pays it; a node twice as fast pays half; the profile keeps it
-    work = SegmentWork({"depthwise": 1e6}, {"depthwise": 1}, (LayerWork("dw", "depthwise", 1e6, 1e6, 1.0, 0.0, 1e4),))
+    work = SegmentWork((LayerWork("dw", "depthwise", 1e6, 1e6, 1.0, 0.0, 1e4),))
     profile = ClusterProfile((node,), PROFILE.link)
     assert math.isclose(simulate([[SimStep("run", work=work)]], profile).latency, 1e-3 + 1e6 / 1e10 + 1e4 / 1e8 + 1e-4)
     assert with_speeds(profile, (2.0,)).nodes[0].element_time("depthwise", 1e4) == 1e4 / 2e8
@@ -785,7 +792,7 @@ def test_an_other_op_timed_apart_runs_at_its_own_speed_and_round_trips(tmp_path)
     # inside a fused kernel an op runs at the kind's speed, not its own kernel's
     assert node.layer_time("erf", "other", 1e5, 1e5, chained=True, op_type="LayerNormalization") == pytest.approx(1e5 / 1e8)
     # in a segment: each layer's time at its op's speed, beyond the kind's
-    work = SegmentWork({"other": 2e5}, {"other": 2}, layers=(LayerWork("ln", "other", 1e5, 1e5, op_type="LayerNormalization"),
+    work = SegmentWork(layers=(LayerWork("ln", "other", 1e5, 1e5, op_type="LayerNormalization"),
                                                              LayerWork("relu", "other", 1e5, 1e5, op_type="Relu")))
     assert simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency == pytest.approx(
         1e-3 + 2 * 1e-5 + 1e5 / 2.5e7 + 1e5 / 1e8)

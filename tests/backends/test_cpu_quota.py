@@ -102,7 +102,7 @@ def test_a_slowed_node_takes_every_time_over_its_share_and_keeps_it_in_its_toml(
     assert slow.segment_s == 8e-6 and slow.cold_s == 4e-7 and slow.recv_s == 2e-6 and slow.other_op_s == node.other_op_s * 4
     assert slow.layer_s == {"conv1": 4e-3} and slow.layer_scaling == node.layer_scaling and slow.cpu_share == 0.25
     for kind in ("conv", "depthwise", "matmul", "other"):
-        assert slow.kind_time(kind, 1e6) == pytest.approx(4 * node.kind_time(kind, 1e6))
+        assert slow.layer_time("x", kind, 1e6, 1e6) == pytest.approx(4 * node.layer_time("x", kind, 1e6, 1e6))  # a layer not measured
     path = os.path.join(tmp_path, "cluster.toml")
     write_profile(path, ClusterProfile((node, slow), model_sha256="0" * 64, model_path="m.onnx"))
     assert read_profile(path).nodes[1].cpu_share == 0.25 and read_profile(path).nodes[0].cpu_share == 1.0
