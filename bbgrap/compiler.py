@@ -19,7 +19,7 @@ from bbgrap.plan import check_output_dir, file_sha256, write_plan
 from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, RecomputeRecord, Source
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import Prediction, predict, profile_speeds, program_steps
+from bbgrap.simulate import Prediction, SegmentWork, predict, profile_speeds, program_steps
 
 if TYPE_CHECKING:
     from bbgrap.backends.lower import Message, NodeProgram
@@ -134,16 +134,22 @@ class Partitioned:
         return self.prediction.latency
 
 
-def model_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: RuleRegistry | None = None) -> tuple[float, ...]:
-    """Each of the first `nodes` nodes of `profile` relative speed on the imported model `graph`
-    (`simulate.profile_speeds`): its one-node plan (this pipeline for one node, lowered), priced on
-    every node as the simulator prices a plan."""
+def one_node_work(graph: Graph, registry: RuleRegistry | None = None) -> tuple[Graph, list[SegmentWork]]:
+    """The imported model `graph` as this pipeline plans it for one node, and that plan's segments
+    as the simulator prices them (`program_steps`)."""
     from bbgrap.backends.lower import lower
 
     registry = registry or default_registry()
     one = PassManager(pipeline(Config(nodes=1), registry=registry)).run(graph)
     programs, _ = lower(one, registry)
-    return profile_speeds([s.work for s in program_steps(one, programs, registry)[0] if s.work is not None], profile, nodes)
+    return one, [s.work for s in program_steps(one, programs, registry)[0] if s.work is not None]
+
+
+def model_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: RuleRegistry | None = None) -> tuple[float, ...]:
+    """Each of the first `nodes` nodes of `profile` relative speed on the imported model `graph`
+    (`simulate.profile_speeds`): its one-node plan (`one_node_work`), priced on every node as the
+    simulator prices a plan."""
+    return profile_speeds(one_node_work(graph, registry)[1], profile, nodes)
 
 
 def fastest_nodes(speeds: Sequence[float], count: int) -> tuple[int, ...]:

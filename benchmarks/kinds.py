@@ -27,14 +27,11 @@ import tempfile
 from dataclasses import replace
 
 from bbgrap.backends.calibrate import model_to_time
-from bbgrap.backends.lower import lower
 
 from bbgrap.cluster import ClusterProfile, read_profile
-from bbgrap.compiler import pipeline
-from bbgrap.config import Config
-from bbgrap.pass_manager import PassManager
+from bbgrap.compiler import one_node_work
 from bbgrap.rules.registry import default_registry
-from bbgrap.simulate import fusion_anchor, program_steps, segment_seconds, work_seconds
+from bbgrap.simulate import fusion_anchor, segment_seconds, work_seconds
 
 BIN = os.path.dirname(sys.executable)
 from prediction import add_model_arguments, models  # noqa: E402  # benchmarks/prediction.py, beside this script
@@ -53,16 +50,13 @@ def priced(path: str, kinds: ClusterProfile) -> tuple[float, dict[str, float], d
     given to the layer it fuses into (`fusion_anchor`, as calibrate --model gives its time), and each
     layer's op type."""
     registry = default_registry()
-    graph = PassManager(pipeline(Config(nodes=1), registry=registry)).run(model_to_time(path).front.graph)
+    graph, works = one_node_work(model_to_time(path).front.graph, registry)
     anchors = {layer.name: fusion_anchor(layer, graph, registry) for layer in graph.layers}
     node = kinds.node(0)
     total, price = 0.0, collections.defaultdict[str, float](float)
-    programs, _ = lower(graph, registry)
-    for step in program_steps(graph, programs, registry)[0]:
-        if step.work is None:
-            continue
-        total += segment_seconds(step.work, 0, kinds)
-        for w in step.work.layers:
+    for work in works:
+        total += segment_seconds(work, 0, kinds)
+        for w in work.layers:
             price[anchors[w.name]] += work_seconds(node, w)
     return total, dict(price), {layer.name: layer.op_type for layer in graph.layers}
 
