@@ -25,6 +25,22 @@ from bbgrap.backends.threads import PROCESS_THREAD_POOL
 from bbgrap.ir import BBGrapError
 from bbgrap.plan_schema import Plan, Program
 
+GPU_HANDLES = ("cublasCreate", "cudnnCreate")  # in onnxruntime's message where a CUDA session cannot make its cuBLAS or cuDNN handle
+
+
+def out_of_gpu_handles(exc: BaseException) -> bool:
+    """Whether onnxruntime failed because its CUDA provider could make no more cuBLAS or cuDNN
+    handles: it gives every session its own (cuBLAS when the session loads, cuDNN at its first run),
+    and a process holding a few hundred sessions on one GPU runs out."""
+    return any(handle in str(exc) for handle in GPU_HANDLES)
+
+
+def gpu_handles_error(what: str) -> BBGrapError:
+    """The one line for `out_of_gpu_handles`, after `what` failed."""
+    return BBGrapError(f"{what}: onnxruntime's CUDA provider gives every session cuBLAS and cuDNN handles of its own, and this "
+                       "process could make no more (it runs every segment of the nodes it holds; one process on the H100 measured "
+                       "here made 546 sessions); run one rank per node under mpirun, or compile a plan of fewer segments")
+
 
 class HostValues:
     """Segment inputs and outputs as numpy arrays in host memory (the CPU default)."""
@@ -40,7 +56,12 @@ class HostValues:
         # The plan fixed every segment's feeds; skip InferenceSession.run's per-call Python
         # checks where the binding is there (mobilenet_v2 on 2 ranks, side by side: -0.1 ms of 5.3).
         binding = getattr(session, "_sess", None)
-        return binding.run(outputs, feeds, None) if binding is not None else session.run(outputs, feeds)
+        try:
+            return binding.run(outputs, feeds, None) if binding is not None else session.run(outputs, feeds)
+        except Exception as exc:
+            if out_of_gpu_handles(exc):
+                raise gpu_handles_error("cannot run a segment on the GPU") from None
+            raise
 
 
 class DeviceValues:
@@ -65,7 +86,12 @@ class DeviceValues:
             binding.bind_ortvalue_input(name, values[name])
         for name in outputs:
             binding.bind_output(name, self.device, self.device_id)
-        session.run_with_iobinding(binding)
+        try:
+            session.run_with_iobinding(binding)
+        except Exception as exc:
+            if out_of_gpu_handles(exc):
+                raise gpu_handles_error("cannot run a segment on the GPU") from None
+            raise
         return binding.get_outputs()
 
 
@@ -326,9 +352,6 @@ def unloadable_segment(plan_dir: str, program: Program) -> None:
             raise cannot_load(os.path.join(plan_dir, seg.file), exc) from None
 
 
-CUBLAS_EXHAUSTED = "cublasCreate"  # in onnxruntime's message where a CUDA session cannot make its cuBLAS handle
-
-
 def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: str,
                 device_id: int = 0, spin: bool = True, iobinding: str = "auto",
                 layout: nchwc.NodeLayout | None = None, profile_prefix: str | None = None) -> NodeRunner:
@@ -366,11 +389,8 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
                 else:
                     sess = segment_session(plan_dir, seg.file, opts, providers)
         except Exception as exc:
-            if not on_cpu and CUBLAS_EXHAUSTED in str(exc):
-                raise BBGrapError(f"cannot load {path} on the GPU: onnxruntime's CUDA provider gives every session a cuBLAS "
-                                  f"handle of its own, and this process could make none after node {node}'s first {k} segments "
-                                  "and any other node's it runs (one process on the H100 measured here made 546); run one rank "
-                                  "per node under mpirun, or compile a plan of fewer segments") from None
+            if not on_cpu and out_of_gpu_handles(exc):
+                raise gpu_handles_error(f"cannot load {path} on the GPU after node {node}'s first {k} segments") from None
             raise cannot_load(path, exc) from None
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
             raise BBGrapError(FELL_BACK)

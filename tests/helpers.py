@@ -18,7 +18,9 @@ from bbgrap.plan import read_manifest, read_sample
 from bbgrap.plan_schema import Plan
 
 TOLERANCE = 1e-4  # max error relative to the output's largest magnitude (issue #2)
-# where the in-process runs execute: cpu (the default), or cuda on a machine with a GPU
+# where the in-process runs execute: cpu (the default), or cuda on a machine with a GPU. Under cuda
+# they run as bbgrap-run --provider auto does there: every node on the GPU but one whose segments
+# only the CPU computes exactly (emit.cpu_only), which --provider cuda refuses (test_engine.py)
 PROVIDER = os.environ.get("BBGRAP_TEST_PROVIDER", "cpu")
 
 
@@ -56,7 +58,10 @@ def run_plan(plan_dir: str, inputs: dict[str, np.ndarray] | None = None, iobindi
     plan's reference (or against `inputs`' reference run by the caller)."""
     manifest = read_manifest(plan_dir)
     sample, reference = read_sample(plan_dir)
-    runners = embedded_runners(plan_dir, manifest, 1, PROVIDER, False, iobinding, layout)
+    runners = embedded_runners(plan_dir, manifest, 1, "auto" if PROVIDER == "cuda" else PROVIDER, False, iobinding, layout)
+    if PROVIDER == "cuda":
+        off = [r.node for r in runners if r.providers[0] != "CUDAExecutionProvider" and not r.kept_on_cpu]
+        assert not off, f"BBGRAP_TEST_PROVIDER=cuda, but nodes {off} run on the CPU (no usable GPU?)"
     outputs = run_embedded(runners, inputs or sample)
     _, rel = compare(outputs, reference) if inputs is None else (None, None)
     return outputs, (rel if rel is not None else float("nan"))

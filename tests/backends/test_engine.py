@@ -81,9 +81,44 @@ def test_a_gpu_out_of_cublas_handles_is_one_line_naming_the_way_out(tmp_path, mo
                            "expr=cublasCreate(&cublas_handle_);")
 
     monkeypatch.setattr(engine, "segment_session", exhausted)
-    with pytest.raises(BBGrapError, match=r"cuBLAS handle of its own.*node 0's first 0 segments.*one rank per node") as caught:
+    with pytest.raises(BBGrapError, match=r"node 0's first 0 segments.*cuBLAS and cuDNN handles of its own.*one rank per node") as caught:
         engine.load_runner(plan_dir, plan, 0, 1, "cuda")
     assert "\n" not in str(caught.value)
+
+
+class FailingSession:
+    """A session whose run fails with `message`, on the plain path and with IOBinding alike."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def run(self, *args: object) -> None:
+        raise RuntimeError(self.message)
+
+    def io_binding(self) -> object:
+        class Binding:
+            def bind_ortvalue_input(self, *args: object) -> None:
+                pass
+
+            def bind_output(self, *args: object) -> None:
+                pass
+
+        return Binding()
+
+    def run_with_iobinding(self, binding: object) -> None:
+        raise RuntimeError(self.message)
+
+
+@pytest.mark.parametrize("values", [engine.HostValues(), engine.DeviceValues("cuda", 0)], ids=["host", "device"])
+def test_a_gpu_out_of_cudnn_handles_at_a_run_is_one_line_and_other_failures_pass_through(values: engine.HostValues | engine.DeviceValues) -> None:
+    # onnxruntime makes a CUDA session's cuDNN handle at its first run (the H100's suite failed there with this message)
+    cudnn = ("[ONNXRuntimeError] : 1 : FAIL : CUDNN failure 4000: CUDNN_STATUS_INTERNAL_ERROR ; GPU=0 ; "
+             "file=cuda_stream_handle.cc ; line=82 ; expr=cudnnCreate(&cudnn_handle_);")
+    with pytest.raises(BBGrapError, match=r"cannot run a segment on the GPU: .*cuDNN handles.*one rank per node") as caught:
+        values.run(FailingSession(cudnn), ["x"], ["y"], {"x": None})
+    assert "\n" not in str(caught.value)
+    with pytest.raises(RuntimeError, match="something else"):
+        values.run(FailingSession("something else"), ["x"], ["y"], {"x": None})
 
 
 def test_a_node_kept_on_the_cpu_is_named_by_inspect_and_by_bbgrap_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
