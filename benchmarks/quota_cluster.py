@@ -15,7 +15,7 @@ Two ways to make the nodes differ:
 Then, in one run:
 
 0. each node's speed measured alone: the model's one-node plan run by `bbgrap-run` on that
-   node's cores (under its quota), one node after another;
+   node's cores (under its quota), every node at once (as the plans' ranks run, side by side);
 1. `mpirun -n N bbgrap calibrate` on the nodes: each node's speed on the model as the
    profile gives it (`compiler.model_speeds`), against those measured (and the shares set);
 2. `bbgrap compile --profile` twice: cut by the profile's speeds (the default) and evenly
@@ -120,21 +120,36 @@ def remove_groups(ranks: int) -> None:
             pass
 
 
-def launch(shares: Sequence[float], cores: CoreSets, period_us: int, command: Sequence[str],
-           alone: int | None = None) -> subprocess.CompletedProcess[str]:
-    """`mpirun -n N` of `command`, every rank entering its quota on its cores first (a share of 0:
-    pinned only); with `alone`, `command` in one process (no mpirun) as that rank."""
-    n = len(shares)
-    wrap = [sys.executable, os.path.abspath(__file__), "--enter", ",".join(map(str, shares)), "--cores", cores_text(cores),
+def wrapper(shares: Sequence[float], cores: CoreSets, period_us: int) -> list[str]:
+    """The command that puts a rank in its quota on its cores (a share of 0: pinned only) and then
+    runs the command after it."""
+    return [sys.executable, os.path.abspath(__file__), "--enter", ",".join(map(str, shares)), "--cores", cores_text(cores),
             "--period-us", str(period_us), "--"]
-    bindir = os.path.dirname(sys.executable)
-    if alone is None:
-        proc = subprocess.run([os.path.join(bindir, "mpirun"), "-n", str(n), *wrap, *command], capture_output=True, text=True)
-    else:
-        proc = subprocess.run([*wrap, *command], capture_output=True, text=True, env={**os.environ, RANK_VARIABLE: str(alone)})
+
+
+def failed(command: Sequence[str], out: str, err: str) -> None:
+    sys.exit(f"quota_cluster: {' '.join(command[:2])} failed: {(err or out).strip().splitlines()[-1:]}")
+
+
+def launch(shares: Sequence[float], cores: CoreSets, period_us: int, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """`mpirun -n N` of `command`, every rank entering its quota on its cores first."""
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    proc = subprocess.run([mpirun, "-n", str(len(shares)), *wrapper(shares, cores, period_us), *command], capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"quota_cluster: {' '.join(command[:2])} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        failed(command, proc.stdout, proc.stderr)
     return proc
+
+
+def each_alone(shares: Sequence[float], cores: CoreSets, period_us: int, command: Sequence[str]) -> list[str]:
+    """`command` on every node at once, each in a process of its own (no mpirun) in its quota on its
+    cores, as the plans' ranks run side by side; each one's standard output."""
+    procs = [subprocess.Popen([*wrapper(shares, cores, period_us), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, RANK_VARIABLE: str(rank)}) for rank in range(len(shares))]
+    outs = [proc.communicate() for proc in procs]
+    for proc, (out, err) in zip(procs, outs):
+        if proc.returncode != 0:
+            failed(command, out, err)
+    return [out for out, _ in outs]
 
 
 def rank_work(trace: str, ranks: int, wall: bool = False) -> tuple[float, list[float]]:
@@ -212,8 +227,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         one = os.path.join(work_dir, "plan-one")
         subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", "1", "--quiet", "-o", one], check=True)
-        alone = [json.loads(launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), one, "--provider", "cpu", "--repeat", str(args.repeat),
-                                                                   "--json", "--quiet"], alone=r).stdout)["latency_min_ms"] for r in range(n)]
+        alone = [json.loads(out)["latency_min_ms"] for out in each_alone(shares, cores, args.period_us, [
+            os.path.join(bindir, "bbgrap-run"), one, "--provider", "cpu", "--repeat", str(args.repeat), "--json", "--quiet"])]
         measured_speeds = [alone[0] / t for t in alone]
         profile = os.path.join(work_dir, "cluster.toml")
         launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile, "--provider", "cpu",
