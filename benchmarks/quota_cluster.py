@@ -75,11 +75,13 @@ CoreSets = list[tuple[int, ...]]
 
 def parse_cores(text: str) -> CoreSets:
     """Each rank's cores from `--cores`: one comma-separated item per rank, a core (`4`) or a
-    range of them (`1-3`)."""
+    range of them (`1-3`); ValueError (argparse's one line) for an item that names no core."""
     sets: CoreSets = []
     for item in text.split(","):
         first, _, last = item.partition("-")
         sets.append(tuple(range(int(first), int(last or first) + 1)))
+        if not sets[-1]:
+            raise ValueError(f"{item} names no core")
     return sets
 
 
