@@ -18,6 +18,7 @@ the plan predicted fastest measured than the fastest measured.
   python benchmarks/prediction.py --per-layer --no-scaling     # ... but a piece costs its share of the operations
   python benchmarks/prediction.py --no-cold                    # ... and a segment after others as one alone (cold_segment_s = cold_s = 0)
   python benchmarks/prediction.py --per-layer --models resnet18 exported/mobilenet_v3_small.onnx   # zoo and exporter models
+  python benchmarks/prediction.py --keep pred-run              # profiles, plans and each run's JSON kept in ./pred-run (for calibrate --refine)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
@@ -108,6 +110,9 @@ def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute
     # on a shared machine others' jobs only ever slow a run down: the fastest inference (as calibrate
     # takes the fastest run of its models) and the lowest median of `rounds` runs
     runs = [run_bbgrap(plan, nodes, repeat, None, provider=provider) for _ in range(rounds)]
+    for i, run in enumerate(runs):  # each run as `bbgrap-run --json` printed it: what `calibrate --refine` takes
+        with open(f"{plan}-run{i}.json", "w") as f:
+            json.dump(run, f)
     real = min(runs, key=lambda r: r["latency_ms"])
     # one rank runs in process and reports no per-rank profile: all of its time is its own
     ranks = real.get("profile_ms") or [{"compute": real["latency_ms"], "wait": 0.0, "send": 0.0}]
@@ -165,14 +170,21 @@ def main() -> int:
                    "costs alone (to compare the two)")
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu",
                    help="where calibrate times the nodes and bbgrap-run runs the plans (default cpu; cuda: each rank on its local rank's GPU)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="keep the profiles, the compiled plans and each run's `bbgrap-run --json` result in DIR, a new or empty "
+                   "directory (default: a temporary directory, deleted at the end)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.keep and os.path.exists(args.keep) and (not os.path.isdir(args.keep) or os.listdir(args.keep)):
+        p.error(f"--keep {args.keep}: exists and is not an empty directory; name a new one")
     # the ablations: what calibrate measured that --no-scaling and --no-cold leave out of every node
     dropped: dict[str, Any] = {**({"layer_scaling": {}} if args.no_scaling else {}), **({"cold_segment_s": 0.0, "cold_s": 0.0} if args.no_cold else {})}
     rows = []
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
-    with tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    with nullcontext(os.path.abspath(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="bbgrap-predict-") as work:
         profiles = Profiles(work, args.nodes, args.per_layer, args.provider)
         for name, path in models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
