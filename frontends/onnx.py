@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
 from bbgrap.ir import BBGrapError, Graph, Layer, Tensor
@@ -70,6 +71,8 @@ def load_model(path: str) -> onnx.ModelProto:
         model = onnx.load(path)
     except Exception as exc:  # protobuf raises several types for garbage
         raise BBGrapError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}); re-export it or check the file") from None
+    if (damaged := _damaged_text(model)) is not None:
+        raise BBGrapError(f"'{path}' holds a name or text that is not UTF-8 ({damaged[:40]!r}: a damaged file?); re-export the model")
     if not model.graph.node:
         raise BBGrapError(f"'{path}' holds no ONNX graph (empty or truncated file?); re-export the model")
     if not model.graph.output:
@@ -89,6 +92,23 @@ def load_model(path: str) -> onnx.ModelProto:
             reason = reason[:300] + "..."
         raise BBGrapError(f"'{path}' is not a valid ONNX model: {reason.rstrip(' .:')}; fix the model or export it again") from None
     return model
+
+
+def _damaged_text(message: Message) -> bytes | None:
+    """The first string field of `message`, or of a message inside it, that is not UTF-8 (protobuf
+    hands such a proto2 string over as bytes, which the checker passes and a later assignment
+    refuses); None where there is none."""
+    for field, value in message.ListFields():
+        if field.type not in (field.TYPE_MESSAGE, field.TYPE_STRING):
+            continue
+        values = [value] if isinstance(value, (Message, str, bytes)) else value  # a repeated field's container, or one value
+        for v in values:
+            if field.type == field.TYPE_MESSAGE:
+                if (found := _damaged_text(v)) is not None:
+                    return found
+            elif field.type == field.TYPE_STRING and isinstance(v, bytes):
+                return v
+    return None
 
 
 def _real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

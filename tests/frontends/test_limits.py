@@ -62,6 +62,20 @@ def test_directory_model_is_called_a_directory(tmp_path) -> None:
         load_model(str(tmp_path / "nope.onnx"))
 
 
+def test_name_that_is_not_utf8_is_refused_in_one_line(tmp_path) -> None:
+    """A damaged byte in a node's name: the checker passes it, protobuf hands it over as bytes,
+    and naming the layers failed on it with an internal error (fuzz seed 3333, flip-bytes)."""
+    model = conv_model([1, 3, 8, 8])
+    model.graph.node[0].name = "conv_one"
+    data = model.SerializeToString().replace(b"conv_one", b"co\xe1v_one")
+    path = tmp_path / "damaged.onnx"
+    path.write_bytes(data)
+    with pytest.raises(BBGrapError, match=r"not UTF-8 \(b'co\\xe1v_one'.*re-export the model"):
+        load_model(str(path))
+    err = _one_clean_line(tmp_path / "cli", onnx.load_from_string(data))
+    assert "not UTF-8" in err
+
+
 def test_onnxruntime_failure_is_one_line_without_its_log(tmp_path) -> None:
     """A Reshape to a shape computed from the data fails inside onnxruntime's run, which
     logs an error line (with ANSI colour codes) of its own unless told not to."""
