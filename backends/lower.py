@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 from bbgrap.ir import Gather, Graph, Interval, Layer, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, pieces
+from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import Window, kernel_of
 
@@ -39,6 +40,21 @@ CROP_OP = "Slice"  # how lowering crops a value; like the ops with `moves_data`,
 
 def value_name(tensor: str, region: ShapeMap) -> str:
     return f"{tensor}@{region.key()}"
+
+
+def output_required(layer: Layer, k: int, opsets: Mapping[str, int]) -> bool:
+    """Whether output k of the layer's op must be there even where nothing reads it: an output
+    its schema does not call optional (TopK's indices; every output of If and Loop, which must
+    match their bodies'). An op ONNX does not know keeps every output."""
+    domain = "" if is_default_domain(layer.domain) else layer.domain
+    try:
+        schema = onnx.defs.get_schema(layer.op_type, opsets.get(domain, 1), domain)
+    except onnx.defs.SchemaError:
+        return True
+    if not schema.outputs:
+        return True
+    formal = schema.outputs[min(k, len(schema.outputs) - 1)]  # a variadic last output covers the rest
+    return formal.option != onnx.defs.OpSchema.FormalParameterOption.Optional
 
 
 @dataclass(frozen=True)
@@ -281,6 +297,9 @@ class _Builder:
                     outputs.append("")
                 else:
                     outputs.append(self._declare(value_name(t, region), t, region))
+            for k, t in enumerate(layer.outputs):  # an unread output the op must still have: named, read by nothing
+                if t and not outputs[k] and output_required(layer, k, self.graph.opsets):
+                    outputs[k] = f"{t}/unread{len(self.current.nodes)}"
             while outputs and not outputs[-1]:
                 outputs.pop()
             if not outputs:

@@ -215,5 +215,12 @@ def broadcast_need(out: ShapeMap, in_shape: tuple[int, ...]) -> ShapeMap:
     return ShapeMap(tuple((a,) for a in axes))
 
 
+def whole(layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+    """The layer's op as it is, reading every input whole: the local op of a layer a rule cannot
+    cut (its `axes` empty), which the planners still price whole on one node."""
+    assert out == full(graph, layer.outputs[0]), f"{layer.op_type} '{layer.name}' cannot be cut, but a piece {out} was asked of it"
+    return Local(tuple(full(graph, t) if t else None for t in layer.inputs), out)
+
+
 def all_axes(layer: Layer, graph: Graph) -> frozenset[int]:
     return frozenset(range(len(shape(graph, layer.outputs[0]))))

@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap, Tensor
-from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, is_default_domain, shape
+from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, is_default_domain, shape, whole
 
 
 def _constant(graph: Graph, layer: Layer, k: int) -> np.ndarray | None:
@@ -110,7 +110,8 @@ class SliceRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         spec = slice_spec(layer, graph)
-        assert spec is not None, f"Slice '{layer.name}' cut without constant starts and ends"
+        if spec is None:  # starts or ends from the data: whole only
+            return whole(layer, graph, out)
         positions = spec.positions(shape(graph, layer.inputs[0]))
         need = full(graph, layer.inputs[0])
         starts, ends = [], []
@@ -207,8 +208,14 @@ def pad_sources(mode: str, rows: np.ndarray, p0: int, size: int) -> np.ndarray:
     return np.mod(j, size)
 
 
+def _pads_attribute(graph: Graph) -> bool:
+    """Pad of opset 10 and before: pads and value as attributes, not inputs."""
+    return graph.opsets.get("", 13) < 11
+
+
 class PadRule(RegionRule):
-    """Pad from opset 11 (pads, the value and, from 18, axes as inputs), along every axis.
+    """Pad, along every axis: from opset 11 pads, the value and (from 18) axes are inputs; before,
+    pads and the value are attributes.
 
     Constant mode: Y[i] = X[i − p0] inside the data, the value outside. Output interval
     [o0, o1) reads X[o0 − p0, o1 − p0) clipped to the data; the local pads are what of the
@@ -256,9 +263,13 @@ class PadRule(RegionRule):
     def _pads(self, layer: Layer, graph: Graph) -> list[tuple[int, int]] | None:
         """(begin, end) pads of every data axis; None where the rule does not apply."""
         mode = layer.attrs.get("mode", "constant")
-        if graph.opsets.get("", 13) < 11 or mode not in PAD_MODES:
+        if mode not in PAD_MODES:
             return None
-        pads, axes = _constant(graph, layer, 1), _constant(graph, layer, 3)
+        pads: np.ndarray | None
+        if _pads_attribute(graph):
+            pads, axes = np.array(layer.attrs.get("pads", []), dtype=np.int64), None
+        else:
+            pads, axes = _constant(graph, layer, 1), _constant(graph, layer, 3)
         if pads is None or (axes is None and len(layer.inputs) > 3 and layer.inputs[3]):
             return None
         dims = shape(graph, layer.inputs[0])
@@ -281,7 +292,8 @@ class PadRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         pads = self._pads(layer, graph)
-        assert pads is not None, f"Pad '{layer.name}' cut without constant pads"
+        if pads is None:  # pads from the data, or as opset 10's attribute: whole only
+            return whole(layer, graph, out)
         mode = layer.attrs.get("mode", "constant")
         dims = shape(graph, layer.inputs[0])
         need, computes = full(graph, layer.inputs[0]), out
@@ -317,6 +329,8 @@ class PadRule(RegionRule):
         given = _constant(graph, layer, 3)
         listed = list(range(len(dims))) if given is None else [_normalised(int(a), len(dims)) for a in given.reshape(-1)]
         local_pads = [begins[a] for a in listed] + [ends[a] for a in listed]
+        if _pads_attribute(graph):
+            return Local((need,), computes, attrs={"pads": local_pads})
         pads_value = _constant(graph, layer, 1)
         assert pads_value is not None
         needs: list[ShapeMap | None] = [need, None]

@@ -121,12 +121,12 @@ def layer_candidates(graph: Graph, layer: Layer, current: LayerPartition, speeds
             sizes[k] = shape[axes[0]]
             out.append(partition_layer(graph, layer, axes[0], sizes, registry))
     unique: list[LayerPartition] = []
+    before_placements = 0  # of `unique`, those from the first `cuts` of `out` (which come first)
     for k, part in enumerate(out):
         if all(part.out != seen.out or part.computes != seen.computes or part.emits != seen.emits for seen in unique):
             unique.append(part)
-        elif k < cuts:
-            cuts -= 1
-    return unique, cuts
+            before_placements += k < cuts
+    return unique, before_placements
 
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per axis

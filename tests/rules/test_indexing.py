@@ -13,7 +13,7 @@ import pytest
 from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
-from onnx import helper
+from onnx import TensorProto, helper
 
 from bbgrap.ir import Interval, ShapeMap
 from bbgrap.rules.registry import default_registry
@@ -229,12 +229,35 @@ def _check_pad_pieces(checked, mode: str, dims: list[int], pads: list[tuple[int,
             assert iv.start - extra <= computes.start and computes.stop <= iv.stop + extra, (a, box, local.computes)
 
 
-@pytest.mark.parametrize("mode", ["reflect", "edge"])
-def test_pad_modes_left_whole(mode: str) -> None:
-    """Opset 10 and before (pads an attribute): whole."""
-    model = single_op("Pad", ["x"], {"x": [1, 3, 3]}, {}, 10, mode=mode, pads=[0, 0, 1, 0, 0, 1])
-    graph = import_proto(model).graph
-    assert default_registry().get(graph.layers[0]).axes(graph.layers[0], graph) == frozenset()  # type: ignore[union-attr]
+@rules_settings(80)
+@given(st.data(), st.integers(1, 4), st.sampled_from(["constant", "reflect", "edge"]), st.sampled_from([2, 10]))
+def test_pad_attributes_of_opset_10(data: st.DataObject, rank: int, mode: str, opset: int) -> None:
+    """Opset 10 and before (pads and the value attributes, as old ZeroPad2d and ReflectionPad2d
+    exports write them): cut along every axis as from opset 11, the local op's pads attribute
+    replaced; the dp planner priced such a layer through this rule and crashed when it had none."""
+    _, dims, pads = _pad_model(data, rank, mode, 11)
+    value = {"value": 2.5} if mode == "constant" and data.draw(st.booleans(), label="value") else {}
+    model = single_op("Pad", ["x"], {"x": dims}, {}, opset, mode=mode, pads=[b for b, _ in pads] + [e for _, e in pads], **value)
+    checked = check_partition(data, model, expect_axes=set(range(rank)), max_cut_axes=rank)
+    if mode != "constant":
+        _check_pad_pieces(checked, mode, dims, pads)
+
+
+def test_pad_with_pads_from_the_data_is_whole_and_priced_whole() -> None:
+    """Pads computed from the data: no axis to cut, and the rule's local op for the whole output is
+    the layer as it is (the planners price every layer whole on one node through it)."""
+    graph_proto = helper.make_graph([helper.make_node("Pad", ["x", "p"], ["y"], mode="constant")], "g",
+                                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 3]),
+                                     helper.make_tensor_value_info("p", TensorProto.INT64, [6])],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = import_proto(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)).graph
+    layer = graph.layers[0]
+    rule = default_registry().get(layer)
+    assert rule is not None and rule.axes(layer, graph) == frozenset()
+    out = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
+    local = rule.local(layer, graph, out)
+    assert local.computes == out and local.needs == tuple(ShapeMap.full(graph.tensors[t].shape) for t in layer.inputs)
+    assert not local.attrs and not local.inputs
 
 
 @rules_settings(80)

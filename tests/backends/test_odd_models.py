@@ -1,0 +1,85 @@
+"""Valid models a user's exporter writes that the zoo does not: each compiled by the default dp
+planner and by the per-layer search, and run exactly (2026-11-24's audit: unread outputs an op
+must keep, opset 10's Pad, candidates that collapse into one, a count of the data folded into a
+constant)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import assert_exact, compile_plan, run_plan, save
+
+RNG = np.random.default_rng(7)
+
+
+def weights(name: str, cout: int, cin: int) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal((cout, cin, 3, 3)) * 0.3).astype(np.float32), name)
+
+
+def conv_model(middle: list[onnx.NodeProto], opset: int, extra: list[onnx.TensorProto] = (), mid_channels: int = 4) -> onnx.ModelProto:
+    """x[1,3,9,10] → Conv 3→4 (pad 1) → `middle` (reading `a`, writing `m`) → Conv → y."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4), *middle,
+             helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1] * 4)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
+                              [weights("w1", 4, 3), weights("w2", 4, mid_channels), *extra])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def if_with_an_unread_output() -> onnx.ModelProto:
+    """An If of two outputs (each branch: two) of which only the first is read."""
+    def branch(first: str, second: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(first, ["a"], ["o"]), helper.make_node(second, ["a"], ["o2"])], first, [],
+                                 [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 4, 9, 10]) for o in ("o", "o2")])
+    middle = [helper.make_node("ReduceSum", ["a"], ["s"], keepdims=0),
+              helper.make_node("Greater", ["s", "zero"], ["c"]),
+              helper.make_node("If", ["c"], ["m", "unread"], then_branch=branch("Relu", "Sigmoid"), else_branch=branch("Neg", "Tanh"))]
+    return conv_model(middle, 17, [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+
+
+MODELS = {
+    # torch.topk(x, k).values: TopK's indices unread, but an output the op must have
+    "topk-values": lambda: conv_model([helper.make_node("TopK", ["a", "k"], ["m", "indices"], axis=1)], 17,
+                                      [numpy_helper.from_array(np.array([3], np.int64), "k")], mid_channels=3),
+    "if-unread-output": if_with_an_unread_output,
+    # ZeroPad2d as opset 10 wrote it: pads an attribute
+    "pad-opset10": lambda: conv_model([helper.make_node("Pad", ["a"], ["m"], pads=[0, 0, 1, 2, 0, 0, 2, 1])], 10),
+    # every cut of a ReduceSum over no axes (noop_with_empty_axes) is the same plan
+    "reducesum-noop": lambda: conv_model([helper.make_node("ReduceSum", ["a", "axes"], ["m"], noop_with_empty_axes=1)], 18,
+                                         [numpy_helper.from_array(np.zeros(0, np.int64), "axes")]),
+}
+
+
+@pytest.mark.parametrize("planner", ["dp", "greedy"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_odd_model_compiles_and_runs_exactly(tmp_path, name: str, planner: str) -> None:
+    path = save(MODELS[name](), str(tmp_path))
+    for nodes in (2, 3):
+        plan = str(tmp_path / f"plan{nodes}")
+        compile_plan(path, plan, nodes=nodes, planner=planner, search=True)
+        assert_exact(plan)
+
+
+def test_a_count_of_the_data_is_not_folded_into_a_constant(tmp_path) -> None:
+    """x / (the number of positive elements of conv(x)): Shape(NonZero(.)) is a count of this input's
+    values, which the frontend folded into a constant from its sample; the plan must compute it,
+    so that another input (half of it zero) gives onnxruntime's result too."""
+    middle = [helper.make_node("Relu", ["a"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"]),
+              helper.make_node("Shape", ["nz"], ["s"]), helper.make_node("Gather", ["s", "one"], ["count"]),
+              helper.make_node("Cast", ["count"], ["c"], to=TensorProto.FLOAT), helper.make_node("Div", ["r", "c"], ["m"])]
+    model = conv_model(middle, 17, [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    path = save(model, str(tmp_path))
+    x = RNG.standard_normal((1, 3, 9, 10)).astype(np.float32)
+    x[:, :, :5] = 0
+    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for planner in ("dp", "greedy"):
+        plan = str(tmp_path / planner)
+        compile_plan(path, plan, nodes=2, planner=planner, search=True)
+        assert_exact(plan)
+        outputs, _ = run_plan(plan, {"x": x})
+        (got,) = outputs.values()
+        assert np.isfinite(got).all() and np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max(), planner
