@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -418,6 +418,26 @@ def embedded_runners(plan_dir: str, plan: Plan, threads: int, provider: str, spi
     return runners
 
 
+@contextlib.contextmanager
+def shapes_held(plan: Plan) -> Iterator[None]:
+    """An inference of a plan whose layers' shapes depend on the input's values (held at the
+    sample input's: CompileRecord.shapes_from_values): a failure in it (onnxruntime refusing a
+    segment's input of another shape, a message of another size) is that input changing them,
+    one line. In any other plan a failure is not the input's doing and stays an internal error."""
+    try:
+        yield
+    except BBGrapError:
+        raise
+    except Exception as exc:
+        layers = plan.compiled.shapes_from_values
+        if not layers:
+            raise
+        reason = " ".join(first_line(exc).split())
+        raise BBGrapError(f"an inference failed ({reason[:200]}): {len(layers)} layer(s) have shapes that depend on the input's values "
+                          f"(first: '{layers[0]}'), held in this plan at the sample input's, and this input changes them; give inputs "
+                          "that keep those shapes, or export the model with those values constant") from None
+
+
 def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     plan = read_manifest(args.plan)
     verify_files(args.plan, plan, range(plan.nodes))
@@ -437,7 +457,8 @@ def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
         for profile in profiles:
             profile.inference = k - args.warmup
         t0 = time.perf_counter()
-        outputs = run_embedded(runners, inputs, profiles if k >= args.warmup else None)
+        with shapes_held(plan):
+            outputs = run_embedded(runners, inputs, profiles if k >= args.warmup else None)
         if k >= args.warmup:
             latencies.append(time.perf_counter() - t0)
     if args.trace:  # one process: one clock, each node a 'rank' of its own in the trace
@@ -571,7 +592,8 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
         profile.inference = k - args.warmup
         poll(comm.Ibarrier())
         t0 = time.perf_counter()
-        outputs = run_node(runner, transport, inputs, profile if k >= args.warmup else None)
+        with shapes_held(plan):
+            outputs = run_node(runner, transport, inputs, profile if k >= args.warmup else None)
         elapsed = time.perf_counter() - t0
         if k >= args.warmup:
             latencies.append(elapsed)
@@ -631,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if MPI.COMM_WORLD.Get_size() > 1:
                 try:
                     return main_mpi(args, ops_dir)
+                except BBGrapError as exc:  # a rank's own failure after the ranks agreed to run (shapes_held)
+                    print(f"bbgrap-run: error: rank {MPI.COMM_WORLD.Get_rank()}: {exc}", file=sys.stderr, flush=True)
+                    MPI.COMM_WORLD.Abort(2)
+                    return 2
                 except Exception:
                     rank = MPI.COMM_WORLD.Get_rank()
                     print(f"bbgrap-run: rank {rank} failed, aborting the job:\n{traceback.format_exc()}", file=sys.stderr, flush=True)

@@ -286,6 +286,9 @@ def compile_model(
                 "layers; --speeds sets them instead)")
     requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
+    if sized := [layer for layer in front.graph.layers if layer.shape_from_values]:
+        log(f"{len(sized)} layer(s) have shapes that depend on the input's values (first: {sized[0].describe(front.graph)}): the plan "
+            "holds them at the sample input's shapes and computes them whole; bbgrap-run refuses an input that changes them")
 
     def finish(graph: Graph, manager: PassManager, profile: ClusterProfile | None) -> Partitioned:
         step("lower", 0, 1)
@@ -424,6 +427,7 @@ def compile_model(
         planner=kept.planner,
         memory=memory_record(graph, cfg.memory_mb),
         recompute=kept.recompute,
+        shapes_from_values=tuple(layer.name for layer in graph.layers if layer.shape_from_values),
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"

@@ -329,7 +329,8 @@ class Layer:
     `captured` are the outer tensors that the node's subgraphs (If/Loop/Scan bodies)
     read by name rather than as inputs. They are also the last entries of `inputs`, so
     partitioning, gathers and liveness treat them like any input; lowering passes them
-    to the node under their original names (see `backends/lower.py`).
+    to the node under their original names (see `backends/lower.py`). A layer with
+    `shape_from_values` has no rule (`RuleRegistry.get`).
     """
 
     name: str
@@ -340,6 +341,9 @@ class Layer:
     outputs: tuple[str, ...]
     group: str = "opaque"
     captured: tuple[str, ...] = ()
+    # a tensor it reads or writes has a shape that depends on the input's values (NonZero's count,
+    # a Reshape's shape from the data): fixed at the sample input's, so computed whole, never cut
+    shape_from_values: bool = False
 
     @property
     def explicit_inputs(self) -> tuple[str, ...]:

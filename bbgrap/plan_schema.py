@@ -683,6 +683,9 @@ class CompileRecord:
     planner: PlannerRecord | None = None  # with a whole-network planner (compile --planner)
     memory: MemoryRecord | None = None  # None in plans written before it was recorded: prepacked weights
     recompute: RecomputeRecord | None = None  # where recompute-halos ran and was judged (None in older plans)
+    # the layers whose shapes depend on the input's values (Layer.shape_from_values), held at the
+    # sample input's: an input that changes them cannot run (empty in older plans)
+    shapes_from_values: tuple[str, ...] = ()
 
     @property
     def prepack(self) -> bool:
@@ -701,7 +704,8 @@ class CompileRecord:
                "prediction": self.prediction.to_json() if self.prediction is not None else None,
                "planner": self.planner.to_json() if self.planner is not None else None,
                "memory": self.memory.to_json() if self.memory is not None else None,
-               "recompute": self.recompute.to_json() if self.recompute is not None else None}
+               "recompute": self.recompute.to_json() if self.recompute is not None else None,
+               "shapes_from_values": list(self.shapes_from_values)}
         return out if self.source is None else out | {"source": self.source.to_json()}
 
     @classmethod
@@ -719,7 +723,8 @@ class CompileRecord:
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
-                   prediction, planner, memory, recompute)
+                   prediction, planner, memory, recompute,
+                   _strs(rec, where, "shapes_from_values") if "shapes_from_values" in rec else ())
 
 
 @dataclass(frozen=True)

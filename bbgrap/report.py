@@ -33,6 +33,8 @@ def whole_reason(graph: Graph, layer: Layer, registry: RuleRegistry) -> str:
     """Why a layer is computed whole on one node (see naive_partition.choose_axis)."""
     if not is_default_domain(layer.domain):
         return f"no region rule: op of the custom domain '{layer.domain}'"
+    if layer.shape_from_values:
+        return "its shapes depend on the input's values (held at the sample input's)"
     rule = registry.get(layer)
     if rule is None:
         return f"no region rule for {layer.op_type}"

@@ -40,7 +40,7 @@ SIZED_BY_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Slice": (1, 2, 3, 4),
     "Pad": (1, 3), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,), "Split": (1,), "Squeeze": (1,),
     "Unsqueeze": (1,), "CenterCropPad": (1, 2), "MaxUnpool": (2,), "Col2Im": (1, 2), "DFT": (1,), "STFT": (2, 3),
-    "MelWeightMatrix": (0, 1, 2), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1, 2), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,), "Loop": (0, 1),
     **{op: (1,) for op in _REDUCES},
 }
 
@@ -217,31 +217,31 @@ def captured_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _foldable(model: onnx.ModelProto, known: Mapping[str, object]) -> set[str]:
+def _foldable(model: onnx.ModelProto, known: Mapping[str, object]) -> tuple[set[str], set[str]]:
     """Tensors whose value does not depend on the graph inputs' values: the weights, what is
     computed from them alone, and the shape or size of a tensor whose shape does not depend on
-    the inputs' values either (the compiler fixes those shapes from the sample run).
+    the inputs' values either (the compiler fixes those shapes from the sample run); and the
+    tensors whose shape does depend on the values.
 
-    A shape depends on the values (`sized_by_data`) where shape inference (`known`: the static
-    shapes it gives for these inputs' shapes) cannot tell it and the op's output is sized by
-    the data (NonZero, Unique, control flow, an op ONNX does not know), or the op reads such a
-    tensor, or an input that sizes its output comes from the data (`SIZED_BY_INPUTS`):
-    `Shape(NonZero(x))` is a count of the data, not a constant of the model."""
+    A shape depends on the values where shape inference (`known`: the static shapes it gives
+    for these inputs' shapes) cannot tell it and the op's output is counted from the data
+    (`SIZED_BY_VALUES`: NonZero, Unique), or an input that sizes the output comes from the data
+    (`SIZED_BY_INPUTS`: a Reshape's shape, a Pad's pads, TopK's k), or the op reads such a
+    tensor. `Shape(NonZero(x))` is a count of the data, not a constant of the model."""
     const = {i.name for i in model.graph.initializer}
     sized_by_data: set[str] = set()
     for node in model.graph.node:
         has_graph_attr = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        opaque = not is_default_domain(node.domain) or has_graph_attr
         computed = all(not t or t in const for t in node.input)
         sizing = [node.input[k] for k in SIZED_BY_INPUTS.get(node.op_type, ()) if k < len(node.input)]
-        if not computed and (opaque or node.op_type in SIZED_BY_VALUES or any(t in sized_by_data for t in node.input)
+        if not computed and (node.op_type in SIZED_BY_VALUES or any(t in sized_by_data for t in node.input)
                              or any(t and t not in const for t in sizing)):
             sized_by_data.update(t for t in node.output if t and t not in known)
-        if opaque or node.op_type in NONDETERMINISTIC:
+        if not is_default_domain(node.domain) or has_graph_attr or node.op_type in NONDETERMINISTIC:
             continue
         if computed or (node.op_type in SHAPE_ONLY and node.input[0] not in sized_by_data):
             const.update(t for t in node.output if t)
-    return const
+    return const, sized_by_data
 
 
 def _sample(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator) -> np.ndarray:
@@ -458,7 +458,7 @@ def import_proto(
     rng = np.random.default_rng(seed)
     feeds = {vi.name: _sample(shapes[vi.name], vi.type.tensor_type.elem_type, rng) for vi in real_inputs}
     outputs = [o.name for o in model.graph.output]
-    foldable = _foldable(model, known)
+    foldable, sized_by_data = _foldable(model, known)
     produced = [t for node in model.graph.node for t in node.output if t]
     wanted = [t for t in produced if t in foldable or t not in known]
     values = _run_everything(model, list(dict.fromkeys(wanted + outputs)), feeds)
@@ -497,7 +497,9 @@ def import_proto(
             tensors.update((k, Tensor(k, v.shape, v.dtype.name)) for k, v in split[1].items())
         for piece in split[0] if split is not None else [layer]:
             piece_rule = registry.get(piece) if not captured else None  # a node with a body is computed whole
-            layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque"))
+            from_values = any(t in sized_by_data for t in piece.inputs + piece.outputs if t)
+            piece_rule = None if from_values else piece_rule
+            layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque", shape_from_values=from_values))
 
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}

@@ -20,7 +20,8 @@ from bbgrap.plan_schema import PLAN_VERSION, Plan, PlanSchemaError, PlanVersionE
 from tests.rules.helpers import build_model
 
 MAPS = {"files", "outputs"}  # objects of names, not records: checked whole
-OPTIONAL = {"source"}  # absent for a plan built from a model in memory
+# source: absent for a plan built from a model in memory; shapes_from_values: in plans written before it (none held)
+OPTIONAL = {"source", "shapes_from_values"}
 
 
 def conv_then_hardmax_model() -> Any:

@@ -178,7 +178,9 @@ class RuleRegistry:
             self._traits[op] = traits
 
     def get(self, layer: Layer) -> RegionRule | None:
-        return self.rule_of(layer.op_type, layer.domain)
+        """The layer's rule; None for an op without one, and for a layer whose shapes depend on the
+        input's values (`Layer.shape_from_values`), which no rule may cut."""
+        return None if layer.shape_from_values else self.rule_of(layer.op_type, layer.domain)
 
     def rule_of(self, op_type: str, domain: str = "") -> RegionRule | None:
         return self._rules.get(op_type) if is_default_domain(domain) else None

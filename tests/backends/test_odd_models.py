@@ -5,12 +5,20 @@ constant)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from bbgrap.backends.runtime import shapes_held
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.ir import BBGrapError
+from bbgrap.plan import read_manifest
 from tests.helpers import assert_exact, compile_plan, run_plan, save
 
 RNG = np.random.default_rng(7)
@@ -20,11 +28,12 @@ def weights(name: str, cout: int, cin: int) -> onnx.TensorProto:
     return numpy_helper.from_array((RNG.standard_normal((cout, cin, 3, 3)) * 0.3).astype(np.float32), name)
 
 
-def conv_model(middle: list[onnx.NodeProto], opset: int, extra: list[onnx.TensorProto] = (), mid_channels: int = 4) -> onnx.ModelProto:
-    """x[1,3,9,10] → Conv 3→4 (pad 1) → `middle` (reading `a`, writing `m`) → Conv → y."""
+def conv_model(middle: list[onnx.NodeProto], opset: int, extra: list[onnx.TensorProto] = (), mid_channels: int = 4,
+               inputs: list[onnx.ValueInfoProto] = ()) -> onnx.ModelProto:
+    """x[1,3,9,10] (and `inputs`) → Conv 3→4 (pad 1) → `middle` (reading `a`, writing `m`) → Conv → y."""
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4), *middle,
              helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1] * 4)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 10])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 10]), *inputs],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
                               [weights("w1", 4, 3), weights("w2", 4, mid_channels), *extra])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
@@ -83,3 +92,56 @@ def test_a_count_of_the_data_is_not_folded_into_a_constant(tmp_path) -> None:
         outputs, _ = run_plan(plan, {"x": x})
         (got,) = outputs.values()
         assert np.isfinite(got).all() and np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max(), planner
+
+
+def pads_from_an_input() -> onnx.ModelProto:
+    """A Pad whose pads are a second input: the shapes after it are the input's values'."""
+    return conv_model([helper.make_node("Pad", ["a", "pads"], ["m"])], 13,
+                      inputs=[helper.make_tensor_value_info("pads", TensorProto.INT64, [8])])
+
+
+OTHER_PADS = {"x": RNG.standard_normal((1, 3, 9, 10)).astype(np.float32), "pads": np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64)}
+
+
+@pytest.mark.parametrize("planner", ["dp", "greedy"])
+def test_layers_shaped_by_the_input_values_are_whole_and_run_on_other_values(tmp_path, planner: str) -> None:
+    """The Pad and the Conv after it (shapes from the pads' values, held at the sample's, whose
+    pads are 0) are computed whole, the plan records them, and it runs exactly on other pads, as
+    the one segment holding them computes the shapes itself (it failed with a traceback before)."""
+    path = save(pads_from_an_input(), str(tmp_path))
+    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, OTHER_PADS)
+    plan = str(tmp_path / "plan")
+    compile_plan(path, plan, nodes=2, planner=planner, search=True)
+    assert read_manifest(plan).compiled.shapes_from_values == ("Pad_1", "Conv_2")
+    assert_exact(plan)
+    outputs, _ = run_plan(plan, OTHER_PADS)
+    (got,) = outputs.values()
+    assert got.shape == expected.shape == (1, 4, 10, 12) and np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_a_failed_inference_is_one_line_only_where_the_plan_holds_shapes_of_values(tmp_path) -> None:
+    path = save(pads_from_an_input(), str(tmp_path))
+    compile_plan(path, str(tmp_path / "held"), nodes=2)
+    with pytest.raises(BBGrapError, match=r"an inference failed \(boom\): 2 layer\(s\) .*depend on the input's values \(first: 'Pad_1'\)"):
+        with shapes_held(read_manifest(str(tmp_path / "held"))):
+            raise RuntimeError("boom")
+    compile_plan(save(MODELS["topk-values"](), str(tmp_path), "topk"), str(tmp_path / "static"), nodes=2)
+    with pytest.raises(RuntimeError, match="boom"):  # not the input's doing: an internal error, as before
+        with shapes_held(read_manifest(str(tmp_path / "static"))):
+            raise RuntimeError("boom")
+
+
+def test_mpirun_refuses_an_input_that_changes_held_shapes_in_one_line(tmp_path) -> None:
+    """Node 1 (three times as fast) computes the Pad and the Conv whole and sends y to rank 0, a
+    message of the sample's size: other pads make it longer, MPI refuses it, and the rank says
+    why in one line (with MPICH's own line for the abort) and exit status 2, not a traceback."""
+    path = save(pads_from_an_input(), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(path, plan, nodes=2, speeds=(1.0, 3.0), search=True)
+    np.savez(tmp_path / "other.npz", **OTHER_PADS)
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
+    proc = subprocess.run([mpirun, "-n", "2", os.path.join(os.path.dirname(sys.executable), "bbgrap-run"), plan, "--input",
+                           str(tmp_path / "other.npz"), "--repeat", "1", "--warmup", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("bbgrap-run: error: ")]
+    assert len(ours) == 1 and "depend on the input's values" in ours[0] and "Traceback" not in proc.stderr, proc.stderr

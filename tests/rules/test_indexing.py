@@ -244,15 +244,17 @@ def test_pad_attributes_of_opset_10(data: st.DataObject, rank: int, mode: str, o
 
 
 def test_pad_with_pads_from_the_data_is_whole_and_priced_whole() -> None:
-    """Pads computed from the data: no axis to cut, and the rule's local op for the whole output is
-    the layer as it is (the planners price every layer whole on one node through it)."""
+    """Pads computed from the data: the layer has no rule (its shape depends on the input's values);
+    the Pad rule itself has no axis to cut it along, and its local op for the whole output is the
+    layer as it is (the planners price a layer whole on one node through its rule)."""
     graph_proto = helper.make_graph([helper.make_node("Pad", ["x", "p"], ["y"], mode="constant")], "g",
                                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 3]),
                                      helper.make_tensor_value_info("p", TensorProto.INT64, [6])],
                                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     graph = import_proto(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)).graph
     layer = graph.layers[0]
-    rule = default_registry().get(layer)
+    assert layer.shape_from_values and default_registry().get(layer) is None  # its output's shape is the pads' values'
+    rule = default_registry().rule_of("Pad")
     assert rule is not None and rule.axes(layer, graph) == frozenset()
     out = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
     local = rule.local(layer, graph, out)
