@@ -119,6 +119,24 @@ def test_layers_shaped_by_the_input_values_are_whole_and_run_on_other_values(tmp
     assert got.shape == expected.shape == (1, 4, 10, 12) and np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
+def test_auto_pad_after_a_held_shape_follows_the_input(tmp_path) -> None:
+    """A SAME-padded strided convolution and pool after the Pad: the frontend writes auto_pad as
+    explicit pads for the sample's shape, which would be wrong for another; where the shape is the
+    input's values' it keeps auto_pad, and the plan matches onnxruntime on other pads."""
+    middle = [helper.make_node("Pad", ["a", "pads"], ["p"]),
+              helper.make_node("Conv", ["p", "w3"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
+              helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], auto_pad="SAME_LOWER")]
+    model = conv_model(middle, 13, [weights("w3", 4, 4)], inputs=[helper.make_tensor_value_info("pads", TensorProto.INT64, [8])])
+    path = save(model, str(tmp_path))
+    other = {**OTHER_PADS, "pads": np.array([0, 0, 1, 0, 0, 0, 0, 3], np.int64)}
+    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, other)
+    plan = str(tmp_path / "plan")
+    compile_plan(path, plan, nodes=2, search=True, planner="dp")
+    assert_exact(plan)
+    (got,) = run_plan(plan, other)[0].values()
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
 def test_a_failed_inference_is_one_line_only_where_the_plan_holds_shapes_of_values(tmp_path) -> None:
     path = save(pads_from_an_input(), str(tmp_path))
     compile_plan(path, str(tmp_path / "held"), nodes=2)
