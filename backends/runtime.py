@@ -171,14 +171,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("repeat", "warmup", "threads"):
         if getattr(args, name) < (1 if name == "repeat" else 0):
             p.error(f"--{name} must be {'at least 1' if name == 'repeat' else 'non-negative'}")
-    for flag, path, example in (("--output", args.output, "out.npz"), ("--trace", args.trace, "trace.json")):
-        problem = file_target_problem(path, flag, example) if path and not args.version else None
+    for flag, path, example, other in (("--output", args.output, "out.npz", (args.trace, "the --trace file")),
+                                       ("--trace", args.trace, "trace.json", (args.output, "the --output file"))):
+        problem = file_target_problem(path, flag, example, [(args.input, "the --input file"), (args.model, "the --model file"),
+                                                            (args.plan, "the plan directory"), other]) if path and not args.version else None
         if problem:
             p.error(problem)
     if args.trace_ops and not args.trace:
         p.error("--trace-ops adds to a trace: give --trace FILE.json too")
     args.check = args.check or args.model is not None
     return args
+
+
+def check_targets(args: argparse.Namespace, plan: Plan) -> None:
+    """--output and --trace must not write over the model the plan was compiled from (which
+    --check reads); raises BBGrapError. What the command line names is checked in parse_args."""
+    model = plan.compiled.source.path if plan.compiled.source is not None else None
+    for flag, path, example in (("--output", args.output, "out.npz"), ("--trace", args.trace, "trace.json")):
+        problem = file_target_problem(path, flag, example, [(model, "the model the plan was compiled from")]) if path else None
+        if problem:
+            raise BBGrapError(problem)
 
 
 def load_inputs(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -440,6 +452,7 @@ def shapes_held(plan: Plan) -> Iterator[None]:
 
 def main_embedded(args: argparse.Namespace, ops_dir: str | None) -> int:
     plan = read_manifest(args.plan)
+    check_targets(args, plan)
     verify_files(args.plan, plan, range(plan.nodes))
     inputs, reference = load_inputs(args, plan)
     threads = args.threads or threads_per_rank(1, cpu_quota())
@@ -552,6 +565,7 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     error = error or plan_id_problem(args.plan, allgather(comm, plan.plan_id if plan is not None and error is None else None))
     try:
         if error is None and plan is not None:
+            check_targets(args, plan)
             verify_files(args.plan, plan, [rank])
             inputs, reference = load_inputs(args, plan)
             threads = args.threads or host.threads()

@@ -357,7 +357,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.svg:
         from bbgrap.picture import plan_svg
 
-        problem = file_target_problem(args.svg, "--svg", "plan.svg")
+        problem = file_target_problem(args.svg, "--svg", "plan.svg", [(args.plan, "the plan directory")])
         if problem:
             raise BBGrapError(problem)
         try:
@@ -381,7 +381,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from bbgrap.backends.runtime import env_rank
 
-    problem = file_target_problem(args.output, "-o", "cluster.toml")
+    problem = file_target_problem(args.output, "-o", "cluster.toml", [(args.model, "the --model file"), *((r, "a --refine file") for r in args.refine or ())])
     if problem is None and (args.refine is None) != (args.profile is None):
         problem = ("--refine RUN.json needs --profile FILE, the profile its plan was compiled with" if args.profile is None
                    else "--profile only matters with --refine RUN.json; drop it to measure the nodes")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 
-def file_target_problem(path: str, flag: str, example: str) -> str | None:
-    """Why the file `flag` names cannot be written at `path` (None: it can)."""
+def file_target_problem(path: str, flag: str, example: str, keep: Sequence[tuple[str | None, str]] = ()) -> str | None:
+    """Why the file `flag` names cannot be written at `path` (None: it can). `keep`: the files the
+    command reads (and directories whose files it reads), each with what it is, as "the --input
+    file": writing over one of them, or into one of those directories, would lose it."""
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         return f"{flag} {path} is a directory; give a file name such as {os.path.join(path, example)}"
@@ -18,7 +20,19 @@ def file_target_problem(path: str, flag: str, example: str) -> str | None:
         return f"{flag} {path}: the directory {parent} does not exist; create it first or write elsewhere"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{flag} {path}: the directory {parent} is not writable; write elsewhere"
+    for other, what in keep:
+        if other and same_file(path, other):
+            return f"{flag} {path} is {what}, which it would overwrite; write it elsewhere, e.g. {flag} {example}"
+        if other and inside(path, other):
+            return f"{flag} {path} is inside {what}, whose files it could overwrite; write it elsewhere, e.g. {flag} {example}"
     return None
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether `path` lies in the directory `directory` (links followed), at any depth."""
+    if not os.path.isdir(directory):
+        return False
+    return os.path.realpath(path).startswith(os.path.join(os.path.realpath(directory), ""))
 
 
 def same_file(a: str, b: str) -> bool:

@@ -19,8 +19,10 @@ Writing never loses a user's file and never leaves a half-written plan:
   reader sees the old plan, no plan, or the whole new one, and every file it then
   reads is checked against the manifest it read;
 * a commit in progress is recorded in `.bbgrap-replacing` (the files it owns), so
-  a commit killed half-way is finished by the next compile to that directory;
-* staging directories whose writer died (no lock held) are swept by the next write.
+  a commit killed half-way (SIGKILL: SIGINT and SIGTERM wait for it to end) is finished by
+  the next compile to that directory;
+* staging directories whose writer died (no lock held; marked `.bbgrap-staging` as bbgrap's)
+  are swept by the next write to that directory, and nothing outside it is ever swept.
 A directory that is neither empty nor a plan is refused, never emptied.
 """
 
@@ -33,7 +35,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 import zipfile
 from dataclasses import replace
@@ -48,7 +52,7 @@ from bbgrap.plan_schema import PLAN_FORMAT, PLAN_VERSION, Plan, PlanSchemaError,
 MANIFEST = "plan.json"
 SAMPLE = "sample.npz"
 STAGING_PREFIX = ".bbgrap-plan-"
-LEGACY_PREFIXES = (STAGING_PREFIX, ".bbgrap-old-")  # temporary directories earlier versions left beside a plan
+STAGING_MARK = ".bbgrap-staging"  # in every staging directory: what a sweep may remove
 REPLACING = ".bbgrap-replacing"
 
 
@@ -154,22 +158,51 @@ def _flock(path: str, blocking: bool = True) -> Iterator[bool]:
         os.close(fd)  # releases the lock
 
 
-def sweep_stale(directory: str) -> list[str]:
-    """Remove the staging directories in `directory` whose writer is gone (nobody holds
-    their lock; earlier versions' leftovers hold none). Returns what it removed."""
+def sweep_stale(target: str) -> list[str]:
+    """Remove the staging directories in the plan directory `target` whose writer is gone
+    (nobody holds their lock): those that hold STAGING_MARK, or nothing (a writer killed before
+    it wrote the mark). A directory of that name the user made, anywhere, is not bbgrap's to
+    remove. Returns what it removed."""
     removed = []
-    for entry in os.listdir(directory):
-        path = os.path.join(directory, entry)
-        if not entry.startswith(LEGACY_PREFIXES) or os.path.islink(path) or not os.path.isdir(path):
+    for entry in os.listdir(target):
+        path = os.path.join(target, entry)
+        if not entry.startswith(STAGING_PREFIX) or os.path.islink(path) or not os.path.isdir(path):
             continue
         try:
             with _flock(path, blocking=False) as free:
-                if free:
+                if not free:
+                    continue
+                if os.path.isfile(os.path.join(path, STAGING_MARK)):
                     shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+                elif not os.listdir(path):
+                    os.rmdir(path)
                     removed.append(path)
         except OSError:
             continue  # removed by another sweeper meanwhile
     return removed
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held off for the block and delivered after it, so that a commit, once
+    begun, ends with the whole new plan in place (a commit stopped half-way had removed the old
+    plan's manifest: no plan until the next compile finished it). Only the main thread can set
+    handlers; elsewhere the block runs as it is (SIGKILL cannot be held anywhere: the REPLACING
+    record covers it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def write_plan(directory: str, plan: Plan, files: Mapping[str, bytes],
@@ -183,12 +216,12 @@ def write_plan(directory: str, plan: Plan, files: Mapping[str, bytes],
         with contextlib.ExitStack() as alive:
             with _flock(target):
                 sweep_stale(target)
-                sweep_stale(os.path.dirname(target))
                 staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target)
                 alive.enter_context(_flock(staging))  # locked before any other sweeper can look at it
+                open(os.path.join(staging, STAGING_MARK), "w").close()
             try:
                 written = _stage(staging, plan, files, inputs, outputs)
-                with _flock(target):
+                with _flock(target), signals_held():
                     _commit(staging, target, directory)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -235,7 +268,7 @@ def _commit(staging: str, target: str, directory: str) -> None:
     if old is None:
         raise BBGrapError(f"-o {directory} is not empty and holds no bbgrap plan (files appeared while compiling); "
                           f"bbgrap never deletes files it did not write: choose a new or empty directory")
-    new = {os.path.relpath(os.path.join(root, f), staging) for root, _, fs in os.walk(staging) for f in fs}
+    new = {os.path.relpath(os.path.join(root, f), staging) for root, _, fs in os.walk(staging) for f in fs} - {STAGING_MARK}
     with open(os.path.join(staging, REPLACING), "w") as fh:  # staged, so the target never holds a half-written marker
         json.dump(sorted((old | new) - {REPLACING}), fh)
     os.replace(os.path.join(staging, REPLACING), os.path.join(target, REPLACING))

@@ -108,6 +108,9 @@ def test_help_is_complete() -> None:
     (["compile", "{model}", "--config", "{negmem}"], ["cluster.memory_mb", "positive"]),
     (["compile", "{model}", "--config", "{dupcustom}"], ["is given twice"]),
     (["compile", "{model}", "--nodes", "2", "--planner", "annealing"], ["--planner", "'annealing'", "dp"]),
+    # 2026-11-24's audit: an output over the command's own input
+    (["calibrate", "--model", "{afile}", "-o", "{afile}"], ["-o", "is the --model file", "write it elsewhere"]),
+    (["calibrate", "--refine", "{afile}", "--profile", "{badkey}", "-o", "{afile}"], ["-o", "is a --refine file"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
     (tmp_path / "badkey.toml").write_text("[cluster]\ncores = 4\n")
@@ -137,6 +140,14 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str
     assert "<defaults>" not in proc.stderr
     assert os.listdir(work) == [], "a failed command left files behind"
     assert (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "missing").exists()
+
+
+def test_inspect_svg_into_the_plan_is_refused(tmp_path, small_model: str) -> None:
+    plan = tmp_path / "plan"
+    assert bbgrap("compile", small_model, "--nodes", "2", "-o", str(plan), "--quiet").returncode == 0
+    manifest = (plan / "plan.json").read_text()
+    one_error_line(bbgrap("inspect", str(plan), "--svg", str(plan / "plan.json")), "--svg", "is inside the plan directory")
+    assert (plan / "plan.json").read_text() == manifest
 
 
 def test_plan_from_another_version(tmp_path, small_model: str) -> None:

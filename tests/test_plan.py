@@ -23,6 +23,7 @@ from bbgrap.ir import BBGrapError, Movement
 from bbgrap.plan import (
     MANIFEST,
     REPLACING,
+    STAGING_MARK,
     STAGING_PREFIX,
     check_output_dir,
     plan_files,
@@ -167,15 +168,49 @@ def test_stale_staging_directories_are_swept_live_ones_kept(tmp_path) -> None:
     write_tiny(str(plan))
     dead = plan / f"{STAGING_PREFIX}dead"
     live = plan / f"{STAGING_PREFIX}live"
-    legacy = tmp_path / ".bbgrap-old-abc"  # an earlier version's leftover beside the plan
-    for d in (dead, live, legacy):
+    empty = plan / f"{STAGING_PREFIX}empty"  # its writer was killed before it marked it
+    for d in (dead, live, empty):
         d.mkdir()
+    for d in (dead, live):
+        (d / STAGING_MARK).touch()
         (d / "big").write_bytes(b"0" * 1000)
+    # 2026-11-24's audit: directories of those names that bbgrap did not make, beside the plan
+    # (a plan the user named so, with their notes) and inside it, were deleted
+    users = [tmp_path / f"{STAGING_PREFIX}mine", tmp_path / ".bbgrap-old-backup", plan / f"{STAGING_PREFIX}notes"]
+    for d in users:
+        d.mkdir()
+        (d / "NOTES.txt").write_text("mine")
     with _flock(str(live)):  # its writer is alive
         write_tiny(str(plan))
-        assert live.exists() and not dead.exists() and not legacy.exists()
+        assert live.exists() and not dead.exists() and not empty.exists()
     write_tiny(str(plan))
     assert not live.exists()
+    assert all((d / "NOTES.txt").read_text() == "mine" for d in users)
+    assert not (plan / STAGING_MARK).exists()
+
+
+def test_a_signal_during_a_commit_waits_for_its_end(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2026-11-24's audit: SIGINT in the middle of a commit (after the old manifest was removed)
+    left no plan. Now the commit ends first, the new plan whole, and then the signal is delivered."""
+    from bbgrap import plan as plan_module
+
+    plan = tmp_path / "P"
+    write_tiny(str(plan), nodes=2)
+    real_replace = os.replace
+    sent: list[str] = []
+
+    def replace_then_interrupt(src: str, dst: str) -> None:
+        if dst.endswith("seg000.onnx") and not sent:  # the old plan's manifest is gone by now
+            sent.append(dst)
+            os.kill(os.getpid(), signal.SIGINT)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(plan_module.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_tiny(str(plan), nodes=1)
+    monkeypatch.undo()
+    assert sent and read_manifest(str(plan)).nodes == 1  # the new plan, whole
+    assert sorted(os.listdir(plan)) == ["node0", "plan.json", "sample.npz"]
 
 
 def test_an_interrupted_commit_is_finished_by_the_next_compile(tmp_path) -> None:

@@ -185,6 +185,17 @@ def damage(case: str, plan: Path, tmp_path: Path) -> list[str]:
         args = [str(tmp_path / "nosuch"), "--output", str(tmp_path / "missing" / "out.npz")]  # found before the plan
     elif case == "--output a directory":
         args += ["--output", str(tmp_path)]
+    elif case == "--output over --input":
+        np.savez(tmp_path / "in.npz", input=np.zeros((1, 3, 32, 32), np.float32))
+        args += ["--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "in.npz")]
+    elif case == "--output over the plan's model":  # a copy of it, recorded as the plan's model
+        shutil.copy(json.loads((plan / "plan.json").read_text())["source"]["path"], tmp_path / "model.onnx")
+        rewrite_manifest(plan, lambda m: m["source"].update(path=str(tmp_path / "model.onnx")))
+        args += ["--output", str(tmp_path / "model.onnx")]
+    elif case == "--trace into the plan":
+        args += ["--trace", str(plan / "plan.json")]
+    elif case == "--output over --trace":
+        args += ["--output", str(tmp_path / "same.json"), "--trace", str(tmp_path / "same.json")]
     elif case.startswith("--tolerance "):
         args += [f"--tolerance={case.split()[1]}"]  # "=": argparse reads a lone "-1e-3" as an option
     elif case == "--check, model gone":
@@ -220,6 +231,10 @@ CASES = {  # case: words its one line must hold
     "string array in --input": ["--input", "'input'", "numeric"],
     "--input not an npz": ["--input", "not a readable .npz"],
     "--output into a missing directory": ["--output", "does not exist"],
+    "--output over --input": ["--output", "is the --input file", "write it elsewhere"],
+    "--output over the plan's model": ["--output", "is the model the plan was compiled from", "write it elsewhere"],
+    "--trace into the plan": ["--trace", "is inside the plan directory", "write it elsewhere"],
+    "--output over --trace": ["--output", "is the --trace file", "write it elsewhere"],
     "--output a directory": ["--output", "is a directory"],
     "--tolerance nan": ["--tolerance", "finite number >= 0"],
     "--tolerance inf": ["--tolerance", "finite number >= 0"],
