@@ -50,7 +50,7 @@ from bbgrap.backends.engine import (
     session_options,
 )
 from bbgrap.backends.executor import NodeRunner, Profile, run_embedded, run_node
-from bbgrap.backends.threads import PROCESS_THREAD_POOL, host_ranks, threads_per_rank
+from bbgrap.backends.threads import PROCESS_THREAD_POOL, host_ranks, threads_per_rank, threads_problem
 from bbgrap.backends.trace import clock_offset, op_events, rank_events, segment_layers, write_trace
 from bbgrap.backends.transports import MPITransport, allgather, poll
 
@@ -171,6 +171,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("repeat", "warmup", "threads"):
         if getattr(args, name) < (1 if name == "repeat" else 0):
             p.error(f"--{name} must be {'at least 1' if name == 'repeat' else 'non-negative'}")
+    if (problem := threads_problem(args.threads)) is not None:
+        p.error(problem)
     for flag, path, example, other in (("--output", args.output, "out.npz", (args.trace, "the --trace file")),
                                        ("--trace", args.trace, "trace.json", (args.output, "the --output file"))):
         problem = file_target_problem(path, flag, example, [(args.input, "the --input file"), (args.model, "the --model file"),

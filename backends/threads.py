@@ -115,3 +115,17 @@ def host_ranks(local: Any) -> HostRanks:
     communicator), which every local rank calls, whatever else it finds wrong."""
     affinities, quotas = zip(*allgather(local, (tuple(sorted(os.sched_getaffinity(0))), cpu_quota())))
     return HostRanks(tuple(affinities), tuple(quotas), local.Get_rank())
+
+
+THREADS_PER_CORE_MAX = 4  # --threads beyond this many per core of the host is a typo, not a setting
+
+
+def threads_problem(threads: int | None) -> str | None:
+    """Why --threads `threads` is refused: more than THREADS_PER_CORE_MAX per core this process may
+    use (onnxruntime starts every one of them: 20000 took minutes and ignored SIGTERM); None where
+    it is fine (or not given)."""
+    cores = len(os.sched_getaffinity(0))
+    if threads is not None and threads > THREADS_PER_CORE_MAX * cores:
+        return (f"--threads {threads} is more than {THREADS_PER_CORE_MAX} per core of this host ({cores} cores); give at most "
+                f"{THREADS_PER_CORE_MAX * cores}, or leave it out for the rank's share of the cores")
+    return None

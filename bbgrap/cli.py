@@ -392,6 +392,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                    "another file, e.g. -o refined.toml")
     if problem is None and args.threads is not None and args.threads < 1:
         problem = f"--threads {args.threads}: give at least 1 thread"
+    if problem is None:
+        from bbgrap.backends.threads import threads_problem
+
+        problem = threads_problem(args.threads)
     if problem is None and args.input_shape and not args.model:
         problem = "--input-shape only matters with --model FILE; drop it or name the model"
     model = None

@@ -111,6 +111,7 @@ def test_help_is_complete() -> None:
     # 2026-11-24's audit: an output over the command's own input
     (["calibrate", "--model", "{afile}", "-o", "{afile}"], ["-o", "is the --model file", "write it elsewhere"]),
     (["calibrate", "--refine", "{afile}", "--profile", "{badkey}", "-o", "{afile}"], ["-o", "is a --refine file"]),
+    (["calibrate", "--threads", "100000", "-o", "x.toml"], ["--threads 100000", "per core of this host"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
     (tmp_path / "badkey.toml").write_text("[cluster]\ncores = 4\n")

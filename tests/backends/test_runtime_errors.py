@@ -194,6 +194,8 @@ def damage(case: str, plan: Path, tmp_path: Path) -> list[str]:
         args += ["--output", str(tmp_path / "model.onnx")]
     elif case == "--trace into the plan":
         args += ["--trace", str(plan / "plan.json")]
+    elif case == "--threads 20000":  # onnxruntime started them all: minutes, and deaf to SIGTERM
+        args += ["--threads", "20000"]
     elif case == "--output over --trace":
         args += ["--output", str(tmp_path / "same.json"), "--trace", str(tmp_path / "same.json")]
     elif case.startswith("--tolerance "):
@@ -235,6 +237,7 @@ CASES = {  # case: words its one line must hold
     "--output over the plan's model": ["--output", "is the model the plan was compiled from", "write it elsewhere"],
     "--trace into the plan": ["--trace", "is inside the plan directory", "write it elsewhere"],
     "--output over --trace": ["--output", "is the --trace file", "write it elsewhere"],
+    "--threads 20000": ["--threads 20000", "per core of this host"],
     "--output a directory": ["--output", "is a directory"],
     "--tolerance nan": ["--tolerance", "finite number >= 0"],
     "--tolerance inf": ["--tolerance", "finite number >= 0"],
