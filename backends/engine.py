@@ -23,6 +23,7 @@ from bbgrap.backends.executor import NodeRunner
 from bbgrap.backends.threads import PROCESS_THREAD_POOL
 
 from bbgrap.ir import BBGrapError
+from bbgrap.plan import MANIFEST
 from bbgrap.plan_schema import Plan, Program
 
 GPU_HANDLES = ("cublasCreate", "cudnnCreate")  # in onnxruntime's message where a CUDA session cannot make its cuBLAS or cuDNN handle
@@ -392,6 +393,11 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
             if not on_cpu and out_of_gpu_handles(exc):
                 raise gpu_handles_error(f"cannot load {path} on the GPU after node {node}'s first {k} segments") from None
             raise cannot_load(path, exc) from None
+        declared, made = {i.name for i in sess.get_inputs()}, {o.name for o in sess.get_outputs()}
+        if declared != set(seg.inputs) or not set(seg.outputs) <= made:
+            odd = sorted(declared ^ set(seg.inputs) or set(seg.outputs) - made)[0]
+            raise BBGrapError(f"{os.path.join(plan_dir, MANIFEST)} is damaged (segment {path} and the manifest differ on its "
+                              f"value '{odd}'); compile the plan again")
         if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
             raise BBGrapError(FELL_BACK)
         if provider == "auto" and sess.get_providers()[0] != "CUDAExecutionProvider" and providers[0] != "CPUExecutionProvider":

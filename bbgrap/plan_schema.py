@@ -275,6 +275,14 @@ class WaitStep:
 Step = Union[RunStep, SendStep, WaitStep]
 
 
+def _is_dtype(name: str) -> bool:
+    try:
+        np.dtype(name)
+    except TypeError:
+        return False
+    return True
+
+
 def step_from_json(value: Any, where: str) -> Step:
     """A step from its tagged list (see the module docstring)."""
     if isinstance(value, list) and value and all(_is_int(v) and v >= 0 for v in value[1:2]):
@@ -796,9 +804,32 @@ class Plan:
         plan.check()
         return plan
 
+    def _check_values(self, n: int, prog: Program, messages: Mapping[int, MessageSpec]) -> None:
+        """Program `n` reads only values it has by then: the model's inputs, what its segments made
+        and the messages it waited for, in step order (the runtime looks each one up by name)."""
+        have = {spec.value for spec in self.inputs}
+        for k, step in enumerate(prog.steps):
+            where = f"'programs[{n}].steps[{k}]'"
+            if isinstance(step, RunStep):
+                seg = prog.segments[step.segment]
+                missing = [v for v in seg.inputs if v not in have]
+                if missing:
+                    raise PlanSchemaError(f"{where} runs segment {step.segment}, which reads '{missing[0]}', a value program {n} "
+                                          "does not have by then")
+                have.update(seg.outputs)
+            elif isinstance(step, SendStep):
+                if step.value not in have:
+                    raise PlanSchemaError(f"{where} sends '{step.value}', a value program {n} does not have by then")
+            else:
+                have.add(messages[step.message].value)
+        missing = [v for v in prog.outputs.values() if v not in have]
+        if missing:
+            raise PlanSchemaError(f"'programs[{n}].outputs' names '{missing[0]}', a value program {n} never has")
+
     def check(self) -> None:
-        """What crosses records: messages between existing nodes, one program per node whose steps
-        name its own segments and messages, segment files the plan lists, one stats entry per node."""
+        """What crosses records: messages between existing nodes, of a shape their region has, one
+        program per node whose steps name its own segments and messages and read only values it
+        has by then, segment files the plan lists, one stats entry per node."""
         for k, m in enumerate(self.messages):
             for key in ("src", "dst"):
                 if getattr(m, key) >= self.nodes:
@@ -825,5 +856,11 @@ class Plan:
                     raise PlanSchemaError(f"{where} names message {step.message}, which 'messages' lacks")
                 if (msg.src if isinstance(step, SendStep) else msg.dst) != n:
                     raise PlanSchemaError(f"{where} {step.op}s message {step.message}, which goes from node {msg.src} to node {msg.dst}")
+            self._check_values(n, prog, messages)
+        for k, m in enumerate(self.messages):
+            if m.shape != tuple(b - a for a, b in m.region):
+                raise PlanSchemaError(f"'messages[{k}].shape' {list(m.shape)} is not the size of its region {[list(r) for r in m.region]}")
+            if not _is_dtype(m.dtype):
+                raise PlanSchemaError(f"'messages[{k}].dtype' ({m.dtype}) is not a numpy element type")
         if len(self.stats.per_node) != self.nodes:
             raise PlanSchemaError(f"'stats.per_node' does not hold one entry for each of the {self.nodes} nodes")

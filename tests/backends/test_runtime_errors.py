@@ -194,6 +194,11 @@ def damage(case: str, plan: Path, tmp_path: Path) -> list[str]:
         args += ["--output", str(tmp_path / "model.onnx")]
     elif case == "--trace into the plan":
         args += ["--trace", str(plan / "plan.json")]
+    elif case == "segment reads a value it lacks":  # 2026-11-24's audit: a KeyError deep in the run
+        rewrite_manifest(plan, lambda m: m["programs"][1]["segments"][-1]["inputs"].append("nosuch"))
+    elif case == "segment and manifest name a value apart":  # renamed in the manifest only, consistently
+        name = json.loads((plan / "plan.json").read_text())["programs"][1]["segments"][0]["outputs"][0]
+        (plan / "plan.json").write_text((plan / "plan.json").read_text().replace(json.dumps(name), json.dumps(name + "x")))
     elif case == "--threads 20000":  # onnxruntime started them all: minutes, and deaf to SIGTERM
         args += ["--threads", "20000"]
     elif case == "--output over --trace":
@@ -238,6 +243,8 @@ CASES = {  # case: words its one line must hold
     "--trace into the plan": ["--trace", "is inside the plan directory", "write it elsewhere"],
     "--output over --trace": ["--output", "is the --trace file", "write it elsewhere"],
     "--threads 20000": ["--threads 20000", "per core of this host"],
+    "segment reads a value it lacks": ["plan.json is damaged", "'nosuch'", "compile the plan again"],
+    "segment and manifest name a value apart": ["plan.json is damaged", "seg000.onnx", "compile the plan again"],
     "--output a directory": ["--output", "is a directory"],
     "--tolerance nan": ["--tolerance", "finite number >= 0"],
     "--tolerance inf": ["--tolerance", "finite number >= 0"],
