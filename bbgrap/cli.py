@@ -445,6 +445,8 @@ def refine_profile(args: argparse.Namespace) -> int:
 
 def cmd_zoo(args: argparse.Namespace) -> int:
     problem = file_target_problem(args.output, "-o", f"{args.name}.onnx")
+    if args.seed < 0:
+        problem = f"--seed {args.seed}: give a seed of 0 or more"
     if problem:
         raise BBGrapError(problem)
     import onnx

@@ -366,10 +366,15 @@ def with_speeds(profile: ClusterProfile, speeds: tuple[float, ...]) -> ClusterPr
 DEFAULT_PROFILE = ClusterProfile()
 
 
+PROFILE_RANGE = (1e-18, 1e18)  # a profile's non-zero numbers (seconds, bytes/s, ops/s): beyond it a typo, whose inverse overflows sums
+
+
 def _number(source: str, where: str, key: str, value: Any, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+    low, high = PROFILE_RANGE
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0)
+            or (value != 0 and not low <= value <= high)):
         kind = "a positive number" if positive else "a number >= 0"
-        raise BBGrapError(f"{source}: '{where}.{key}' must be {kind}, got {value!r}")
+        raise BBGrapError(f"{source}: '{where}.{key}' must be {kind} (if not 0, from {low:g} to {high:g}), got {value!r}")
     return float(value)
 
 
@@ -459,6 +464,8 @@ def read_profile(path: str) -> ClusterProfile:
         raise BBGrapError(f"--profile {path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
     except tomllib.TOMLDecodeError as exc:
         raise BBGrapError(f"--profile {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise BBGrapError(f"--profile {path}: not UTF-8 text, so not a profile; give the TOML file bbgrap calibrate wrote") from None
     return profile_from_dict(data, path)
 
 

@@ -56,6 +56,8 @@ SEARCHES = ("exact", "pruned-tree", "exhaustive")
 PLANNERS = ("greedy", "dp", "heft", "ga", "map-elites")
 # More nodes than any model here has rows or channels to share out; compile time and memory grow with the count.
 MAX_NODES = 1024
+# Node speeds further apart than this leave the slow nodes no work at all (and overflow the cut's sizes).
+MAX_SPEED_RATIO = 1e6
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,8 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
         raise fail("speeds", "cluster.speeds", f"has {len(cfg.speeds)} entries for {cfg.nodes} nodes; give one per node")
     if not all(math.isfinite(s) and s > 0 for s in cfg.speeds):
         raise fail("speeds", "cluster.speeds", "must all be positive finite numbers, e.g. 1,3,1")
+    if cfg.speeds and max(cfg.speeds) > MAX_SPEED_RATIO * min(cfg.speeds):
+        raise fail("speeds", "cluster.speeds", f"are relative speeds, within a factor of {MAX_SPEED_RATIO:g} of each other, e.g. 1,3,1")
     if cfg.memory_mb and len(cfg.memory_mb) != cfg.nodes:
         raise fail("memory_mb", "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node (or one for all)")
     if not all(math.isfinite(m) and m > 0 for m in cfg.memory_mb):

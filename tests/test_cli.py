@@ -112,6 +112,11 @@ def test_help_is_complete() -> None:
     (["calibrate", "--model", "{afile}", "-o", "{afile}"], ["-o", "is the --model file", "write it elsewhere"]),
     (["calibrate", "--refine", "{afile}", "--profile", "{badkey}", "-o", "{afile}"], ["-o", "is a --refine file"]),
     (["calibrate", "--threads", "100000", "-o", "x.toml"], ["--threads 100000", "per core of this host"]),
+    # ... and user mistakes that were internal errors (exit 3)
+    (["compile", "{model}", "--nodes", "2", "--profile", "{model}"], ["--profile", "not UTF-8"]),
+    (["compile", "{model}", "--nodes", "2", "--speeds", "1,1e308"], ["--speeds", "within a factor"]),
+    (["compile", "{model}", "--nodes", "2", "--profile", "{tinyspeed}"], ["conv_ops_per_s", "from 1e-18 to 1e+18"]),
+    (["zoo", "resnet18", "-o", "r.onnx", "--seed", "-1"], ["--seed -1"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
     (tmp_path / "badkey.toml").write_text("[cluster]\ncores = 4\n")
@@ -125,13 +130,14 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str
     (tmp_path / "negmem.toml").write_text("[cluster]\nnodes = 2\nmemory_mb = [-1, 100]\n")
     (tmp_path / "dupcustom.toml").write_text("[cluster]\nnodes = 2\n" + "[[custom]]\nlayer = 'conv1'\ndirection = 'c'\n" * 2)
     (tmp_path / "afile").write_text("mine")
+    (tmp_path / "tinyspeed.toml").write_text("[[node]]\nconv_ops_per_s = 1e-300\n[[node]]\n")
     (tmp_path / "dir").mkdir()
     os.symlink(str(tmp_path / "nowhere"), str(tmp_path / "dangling"))
     subs = {"{model}": small_model, "{badkey}": str(tmp_path / "badkey.toml"), "{badtype}": str(tmp_path / "badtype.toml"),
             "{garbage}": str(tmp_path / "garbage.onnx"), "{truncated}": str(tmp_path / "truncated.onnx")}
     subs |= {f"{{{k}}}": str(tmp_path / v) for k, v in (("customint", "customint.toml"), ("latin1", "latin1.toml"),
                                                        ("nanweight", "nanweight.toml"), ("negmem", "negmem.toml"),
-                                                       ("dupcustom", "dupcustom.toml"), ("afile", "afile"), ("dir", "dir"),
+                                                       ("dupcustom", "dupcustom.toml"), ("afile", "afile"), ("dir", "dir"), ("tinyspeed", "tinyspeed.toml"),
                                                        ("dangling", "dangling"))}
     work = tmp_path / "work"
     work.mkdir()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Collection, Iterable, Optional, Sequence
 
+from bbgrap.ir import BBGrapError
 from bbgrap.search.objective import LayerCost, NodeCost, PartialCost, Weights, lower_bound, objective
 from bbgrap.search.procedural import Interval, Partition, Partitions
 
@@ -103,9 +104,9 @@ class Exhaustive(Strategy):
     def run(self) -> tuple[Partition, float]:
         total = self.partitions.total()
         if total > EXHAUSTIVE_LIMIT:
-            raise ValueError(
-                f"exhaustive search refused: {total} candidate partitions (limit {EXHAUSTIVE_LIMIT}); "
-                "use strategy 'exact'"
+            raise BBGrapError(
+                f"--search exhaustive: a layer has {total} candidate partitions, more than it tries ({EXHAUSTIVE_LIMIT}); "
+                "use --search exact (the same optimum, found without trying them all) or a smaller --threshold"
             )
         best: Optional[Partition] = None
         best_value = INF
