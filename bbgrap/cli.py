@@ -147,8 +147,12 @@ def _numbers(flag: str, text: str | None, example: str) -> tuple[float, ...] | N
     return values
 
 
-def _check_dump_dir(directory: str) -> None:
-    """--dump-dir must be a writable directory, or one that can be made (checked before compiling)."""
+def _check_dump_dir(directory: str, plan: str) -> None:
+    """--dump-dir must be a writable directory, or one that can be made, outside the plan's
+    directory `plan`, which its files would turn into a directory that is not a plan (checked
+    before compiling)."""
+    if same_file(directory, plan) or os.path.realpath(directory).startswith(os.path.join(os.path.realpath(plan), "")):
+        raise BBGrapError(f"--dump-dir {directory} is in the plan's directory -o {plan}; dump the IR elsewhere, e.g. --dump-dir ir")
     if os.path.islink(directory) and not os.path.exists(directory):
         raise BBGrapError(f"--dump-dir {directory} is a symbolic link to a missing directory; choose another --dump-dir")
     if os.path.exists(directory):
@@ -189,7 +193,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     check_output_dir(args.output)
     if args.dump_ir_after:
-        _check_dump_dir(args.dump_dir)
+        _check_dump_dir(args.dump_dir, args.output)
     from bbgrap.compiler import compile_model
     from bbgrap.frontends.onnx import parse_input_shapes
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))

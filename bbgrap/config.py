@@ -97,6 +97,8 @@ class Config:
         if isinstance(given.get("direction"), str):
             given["direction"] = parse_direction(given["direction"], lambda problem: BBGrapError(f"--direction {problem}"))
         cfg = replace(self, **given)
+        if "nodes" in given and "memory_mb" not in given and len(set(cfg.memory_mb)) == 1:  # the file's one size for every node
+            cfg = replace(cfg, memory_mb=cfg.memory_mb[:1] * cfg.nodes)
         if "nodes" in given and "speeds" not in given and len(cfg.speeds) not in (0, cfg.nodes):
             raise BBGrapError(
                 f"--nodes {cfg.nodes} disagrees with the {len(cfg.speeds)} speeds in {cfg.source}; "
@@ -107,7 +109,7 @@ class Config:
 
 
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "cluster": {"nodes": (int,), "speeds": (list,), "memory_mb": (list,)},
+    "cluster": {"nodes": (int,), "speeds": (list,), "memory_mb": (list, int, float)},
     "partition": {"threshold": (int, float), "direction": (str,), "search": (str,), "planner": (str,)},
     "objective": {k: (int, float) for k in ("operations_w", "data_w", "over_w", "harmonic_w")},
 }
@@ -146,6 +148,8 @@ def load_config(path: str) -> Config:
             if isinstance(v, bool) or not isinstance(v, types):
                 raise _fail(path, f"{section}.{key}", f"must be {' or '.join(t.__name__ for t in types)}, not {type(v).__name__}")
     cluster, part, obj = data.get("cluster", {}), data.get("partition", {}), data.get("objective", {})
+    if isinstance(cluster.get("memory_mb"), (int, float)):  # one size for every node
+        cluster = {**cluster, "memory_mb": [cluster["memory_mb"]]}
     for key in ("speeds", "memory_mb"):
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in cluster.get(key, [])):
             raise _fail(path, f"cluster.{key}", "must be a list of numbers")
@@ -172,7 +176,7 @@ def load_config(path: str) -> Config:
     cfg = Config(
         nodes=nodes,
         speeds=speeds,
-        memory_mb=tuple(float(m) for m in cluster.get("memory_mb", [])),
+        memory_mb=tuple(float(m) for m in cluster.get("memory_mb", [])) * (nodes if len(cluster.get("memory_mb", [])) == 1 else 1),
         threshold=float(part.get("threshold", Config.threshold)),
         direction=parse_direction(part.get("direction", Config.direction.value), lambda problem: _fail(path, "partition.direction", problem)),
         search=str(part.get("search", Config.search)),

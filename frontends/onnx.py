@@ -451,6 +451,9 @@ def import_proto(
     real_inputs = [i for i in model.graph.input if i.name not in inits]
     del model.graph.input[:]
     model.graph.input.extend(real_inputs)
+    if not real_inputs:
+        raise BBGrapError("the model takes no input (every graph input is a weight, or there is none), so every run computes the "
+                          "same result and there is nothing to run across nodes; export the model with its input")
     name_nodes(model)
     known = _inferred(model)
     _check_sample_memory(model, shapes, known, overridden=bool(input_shapes))

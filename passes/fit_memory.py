@@ -147,5 +147,5 @@ class FitMemory(Pass):
         copies = "with onnxruntime's prepacked copies" if cost.prepack else "without prepacked copies"
         return (f"the plan does not fit: node {n} needs about {need:.0f} MB ({usage[n].weights / MB:.0f} MB of weights {copies}, "
                 f"{usage[n].activations / MB:.0f} MB of activations) with every layer it can shard cut along channels, "
-                f"{need - self.memory_mb[n]:.0f} MB more than cluster.memory_mb gives it ({self.memory_mb[n]:g} MB); "
-                f"use more nodes or raise cluster.memory_mb")
+                f"{need - self.memory_mb[n]:.0f} MB more than its memory limit gives it ({self.memory_mb[n]:g} MB); "
+                f"use more nodes or raise the limit (--memory-mb, or cluster.memory_mb in the config)")

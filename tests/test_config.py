@@ -89,3 +89,17 @@ def test_direction_axis_of_a_scalar_is_none() -> None:
     """A rank-0 tensor (a Gather's scalar index) has no axis along any direction, batch included."""
     assert [Direction(d).axis(0) for d in "nchw"] == [None] * 4
     assert [Direction(d).axis(4) for d in "nchw"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("value", ["200", "200.0", "[200]"])
+def test_memory_mb_of_one_size_is_every_nodes(tmp_path, value: str) -> None:
+    """2026-11-24's audit: the error offered "one for all", but neither a number nor a list of one
+    was accepted; both are, as with --memory-mb, also when --nodes changes the count."""
+    path = tmp_path / "m.toml"
+    path.write_text(f"[cluster]\nnodes = 2\nmemory_mb = {value}\n")
+    cfg = load_config(str(path))
+    assert cfg.memory_mb == (200.0, 200.0)
+    assert cfg.with_overrides(nodes=4).memory_mb == (200.0,) * 4
+    path.write_text("[cluster]\nnodes = 2\nmemory_mb = [200, 300]\n")
+    with pytest.raises(BBGrapError, match="has 2 entries for 4 nodes"):
+        load_config(str(path)).with_overrides(nodes=4)

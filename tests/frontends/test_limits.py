@@ -116,3 +116,12 @@ def test_untyped_and_non_tensor_inputs_are_refused() -> None:
     sequence.graph.input[0].type.CopyFrom(helper.make_sequence_type_proto(sequence.graph.input[0].type))
     with pytest.raises(BBGrapError, match="is not a tensor"):
         import_proto(sequence)
+
+
+def test_a_model_without_inputs_is_refused_in_one_line(tmp_path) -> None:
+    """2026-11-24's audit: it compiled to a plan that bbgrap-run then called damaged ('inputs' is empty)."""
+    const = helper.make_node("Constant", [], ["x"], value=helper.make_tensor("v", TensorProto.FLOAT, [1, 3, 8, 8], [0.5] * 192))
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = graph_of([const, conv], [], [value_info("y", [1, 4, 8, 8])], {"w": np.ones((4, 3, 3, 3), np.float32)})
+    err = _one_clean_line(tmp_path, model_of(graph))
+    assert "takes no input" in err
