@@ -56,6 +56,7 @@ from bbgrap.backends.transports import MPITransport, allgather, poll
 
 from bbgrap import package_version
 from bbgrap.ir import BBGrapError
+from bbgrap.oneline import OneLineParser, env_rank
 from bbgrap.paths import file_target_problem, written_whole
 from bbgrap.plan import file_sha256, read_manifest, read_sample, verify_files
 from bbgrap.plan_schema import Plan
@@ -63,7 +64,6 @@ from bbgrap.progress import Progress
 
 REFINE_HINT = 0.1  # a rank whose time in segments and sends is this far off its prediction: bbgrap-run says how to refine the profile
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
-RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # this process's rank, before MPI starts
 
 
 def agreed_boundary_block(comm: Any, layout: str, provider: str, device_id: int, able: bool = True) -> int:
@@ -94,27 +94,6 @@ def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) ->
         abs_err = max(abs_err, diff)
         rel_err = max(rel_err, diff / scale if scale > 0 else diff)
     return abs_err, rel_err
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with bbgrap's error form: one line on stderr, exit 2; under mpirun printed by
-    rank 0 only (every rank parses the same arguments)."""
-
-    def error(self, message: str) -> Any:  # argparse's signature says NoReturn; it exits
-        if env_rank() == 0:
-            fix = "" if ";" in message else f"; see {self.prog} --help"  # bbgrap's own messages name their fix
-            print(f"{self.prog}: error: {message}{fix}", file=sys.stderr)
-        sys.exit(2)
-
-
-def env_rank() -> int:
-    """This process's rank as the MPI launcher's environment says (0 outside mpirun), known
-    before MPI starts."""
-    for name in RANK_ENV:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def tolerance(text: str) -> float:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from bbgrap import package_version
 from bbgrap.config import DIRECTIONS, PLANNERS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
+from bbgrap.oneline import OneLineParser, env_rank
 from bbgrap.paths import file_target_problem, new_dir_problem, same_file, written_whole
 from bbgrap.plan_schema import Plan, PredictionRecord
 from bbgrap.progress import Progress
@@ -26,7 +27,7 @@ EPILOG = """examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="bbgrap",
         description="BBGraP: partition an ONNX CNN across N nodes and run it there exactly.",
         epilog=EPILOG,
@@ -383,8 +384,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from bbgrap.backends.runtime import env_rank
-
     problem = file_target_problem(args.output, "-o", "cluster.toml", [(args.model, "the --model file"), *((r, "a --refine file") for r in args.refine or ())])
     if problem is None and (args.refine is None) != (args.profile is None):
         problem = ("--refine RUN.json needs --profile FILE, the profile its plan was compiled with" if args.profile is None
@@ -428,8 +427,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def calibrate_error(problem: str) -> int:
     """calibrate's exit status 2 for `problem`, which every rank finds: one line, by rank 0."""
-    from bbgrap.backends.runtime import env_rank
-
     if env_rank() == 0:
         print(f"bbgrap: error: {problem}", file=sys.stderr)
     return 2

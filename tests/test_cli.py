@@ -118,6 +118,10 @@ def test_help_is_complete() -> None:
     (["compile", "{model}", "--nodes", "2", "--profile", "{tinyspeed}"], ["conv_ops_per_s", "from 1e-18 to 1e+18"]),
     (["zoo", "resnet18", "-o", "r.onnx", "--seed", "-1"], ["--seed -1"]),
     (["compile", "{model}", "--nodes", "2", "--dump-ir-after", "search", "--dump-dir", "p5", "-o", "p5"], ["--dump-dir p5", "plan's directory"]),
+    # argparse's own errors: one line too, not the usage above it
+    (["compile", "{model}", "--nodes", "abc"], ["bbgrap compile: error:", "--nodes", "invalid int", "--help"]),
+    (["frobnicate"], ["bbgrap: error:", "invalid choice", "--help"]),
+    (["zoo"], ["bbgrap zoo: error:", "required"]),
     (["compile", "{model}", "--nodes", "2", "--dump-ir-after", "search", "--dump-dir", "p5/ir", "-o", "p5"], ["--dump-dir p5/ir"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
