@@ -193,6 +193,9 @@ def load_inputs(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, np.ndar
         if arr.shape != spec.shape:
             raise BBGrapError(f"--input {args.input}: '{spec.name}' has shape {list(arr.shape)}, the plan was compiled for {list(spec.shape)}; "
                               f"give that shape or compile again")
+        if np.dtype(spec.dtype).kind in "biu" and arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
+            raise BBGrapError(f"--input {args.input}: '{spec.name}' holds fractions, the model takes {spec.dtype}; save whole numbers "
+                              f"(or an integer array)")
         given[spec.name] = arr.astype(spec.dtype, copy=False)
     return {s.name: given[s.name] for s in plan.inputs}, {}
 

@@ -65,6 +65,8 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
             shape = ()
         if not sep or not name or not shape:
             raise BBGrapError(f"--input-shape '{spec}' is not NAME:DIMS (for example input:1x3x224x224)")
+        if name in out:
+            raise BBGrapError(f"--input-shape gives '{name}' twice ({'x'.join(map(str, out[name]))} and {dims}); give it once")
         if min(shape) < 1:
             what = "a zero-size dimension (a tensor with no elements)" if min(shape) == 0 else "a negative dimension"
             raise BBGrapError(f"--input-shape '{spec}' has {what}; every dimension must be at least 1 (for example input:1x3x224x224)")

@@ -122,6 +122,7 @@ def test_help_is_complete() -> None:
     (["compile", "{model}", "--nodes", "abc"], ["bbgrap compile: error:", "--nodes", "invalid int", "--help"]),
     (["frobnicate"], ["bbgrap: error:", "invalid choice", "--help"]),
     (["zoo"], ["bbgrap zoo: error:", "required"]),
+    (["compile", "{model}", "--input-shape", "x:1x3x16x16", "--input-shape", "x:1x3x8x8"], ["--input-shape", "'x' twice"]),
     (["compile", "{model}", "--nodes", "2", "--dump-ir-after", "search", "--dump-dir", "p5/ir", "-o", "p5"], ["--dump-dir p5/ir"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:

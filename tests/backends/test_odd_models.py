@@ -192,3 +192,16 @@ def test_a_quantized_model_is_said_to_differ_and_its_check_fails(tmp_path) -> No
     assert compiled.returncode == 0 and "quantized with QuantizeLinear/DequantizeLinear" in compiled.stderr, compiled.stderr
     ran = bbgrap_run(plan, "--repeat", "1")
     assert ran.returncode == 1 and "result differs from the reference" in ran.stderr, ran.stderr
+
+
+def test_fractions_for_an_integer_input_are_refused(tmp_path) -> None:
+    """2026-11-24's audit: an --input of 0.7 for an int64 input was cast to 0 without a word, for the
+    plan and for --check's reference alike; whole numbers in a float array still pass."""
+    path = save(pads_from_an_input(), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compile_plan(path, plan, nodes=2)
+    np.savez(tmp_path / "frac.npz", x=OTHER_PADS["x"], pads=np.full(8, 0.7))
+    proc = bbgrap_run(plan, "--input", str(tmp_path / "frac.npz"), "--check", "--repeat", "1")
+    assert proc.returncode == 2 and "'pads' holds fractions" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    np.savez(tmp_path / "whole.npz", x=OTHER_PADS["x"], pads=OTHER_PADS["pads"].astype(np.float64))
+    assert bbgrap_run(plan, "--input", str(tmp_path / "whole.npz"), "--check", "--repeat", "1").returncode == 0
