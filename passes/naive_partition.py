@@ -262,11 +262,20 @@ class NaivePartition(Pass):
                                None if c else partitions, speeds)
             shape = graph.tensors[layer.outputs[0]].shape
             sizes = None
+            if c is not None and (axis is None or c.direction.axis(len(shape)) != axis):
+                # the config asked for this cut of this layer: another one, or none, is not what it asked
+                rule = self.registry.get(layer)
+                cuts = sorted(rule.axes(layer, graph)) if rule is not None else []
+                raise BBGrapError(
+                    f"custom partition of '{layer.name}' (output {list(shape)}) along '{c.direction.value}': the layer cannot be "
+                    f"cut there ({'its rule cuts output axes ' + ', '.join(map(str, cuts)) if cuts else 'it cannot be cut at all'}); "
+                    "choose another direction for it or drop its [[custom]] table")
             if c is not None and c.sizes is not None:
-                if axis is None or c.direction.axis(len(shape)) != axis or sum(c.sizes) != shape[axis]:
+                assert axis is not None
+                if sum(c.sizes) != shape[axis]:
                     raise BBGrapError(
                         f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} must sum to the "
-                        f"extent along '{c.direction.value}', and the layer must be cuttable there"
+                        f"extent along '{c.direction.value}' ({shape[axis]})"
                     )
                 sizes = list(c.sizes)
             elif axis is not None:

@@ -123,6 +123,7 @@ def test_help_is_complete() -> None:
     (["frobnicate"], ["bbgrap: error:", "invalid choice", "--help"]),
     (["zoo"], ["bbgrap zoo: error:", "required"]),
     (["compile", "{model}", "--input-shape", "x:1x3x16x16", "--input-shape", "x:1x3x8x8"], ["--input-shape", "'x' twice"]),
+    (["compile", "{model}", "--config", "{customfc}", "--quiet"], ["custom partition of 'fc'", "along 'h'", "cannot be cut there"]),
     (["compile", "{model}", "--nodes", "2", "--dump-ir-after", "search", "--dump-dir", "p5/ir", "-o", "p5"], ["--dump-dir p5/ir"]),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str, args: list[str], words: list[str]) -> None:
@@ -137,6 +138,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str
     (tmp_path / "negmem.toml").write_text("[cluster]\nnodes = 2\nmemory_mb = [-1, 100]\n")
     (tmp_path / "dupcustom.toml").write_text("[cluster]\nnodes = 2\n" + "[[custom]]\nlayer = 'conv1'\ndirection = 'c'\n" * 2)
     (tmp_path / "afile").write_text("mine")
+    (tmp_path / "customfc.toml").write_text("[cluster]\nnodes = 2\n[[custom]]\nlayer = 'fc'\ndirection = 'h'\n")
     (tmp_path / "tinyspeed.toml").write_text("[[node]]\nconv_ops_per_s = 1e-300\n[[node]]\n")
     (tmp_path / "dir").mkdir()
     os.symlink(str(tmp_path / "nowhere"), str(tmp_path / "dangling"))
@@ -144,7 +146,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, small_model: str
             "{garbage}": str(tmp_path / "garbage.onnx"), "{truncated}": str(tmp_path / "truncated.onnx")}
     subs |= {f"{{{k}}}": str(tmp_path / v) for k, v in (("customint", "customint.toml"), ("latin1", "latin1.toml"),
                                                        ("nanweight", "nanweight.toml"), ("negmem", "negmem.toml"),
-                                                       ("dupcustom", "dupcustom.toml"), ("afile", "afile"), ("dir", "dir"), ("tinyspeed", "tinyspeed.toml"),
+                                                       ("dupcustom", "dupcustom.toml"), ("afile", "afile"), ("dir", "dir"), ("tinyspeed", "tinyspeed.toml"), ("customfc", "customfc.toml"),
                                                        ("dangling", "dangling"))}
     work = tmp_path / "work"
     work.mkdir()
