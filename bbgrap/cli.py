@@ -14,7 +14,7 @@ from bbgrap import package_version
 from bbgrap.config import DIRECTIONS, PLANNERS, SEARCHES, Config, load_config
 from bbgrap.ir import BBGrapError
 from bbgrap.oneline import OneLineParser, env_rank
-from bbgrap.paths import file_target_problem, new_dir_problem, same_file, written_whole
+from bbgrap.paths import file_target_problem, inside, new_dir_problem, same_file, written_whole
 from bbgrap.plan_schema import Plan, PredictionRecord
 from bbgrap.progress import Progress
 
@@ -152,7 +152,7 @@ def _check_dump_dir(directory: str, plan: str) -> None:
     """--dump-dir must be a writable directory, or one that can be made, outside the plan's
     directory `plan`, which its files would turn into a directory that is not a plan (checked
     before compiling)."""
-    if same_file(directory, plan) or os.path.realpath(directory).startswith(os.path.join(os.path.realpath(plan), "")):
+    if same_file(directory, plan) or inside(directory, plan):
         raise BBGrapError(f"--dump-dir {directory} is in the plan's directory -o {plan}; dump the IR elsewhere, e.g. --dump-dir ir")
     if os.path.islink(directory) and not os.path.exists(directory):
         raise BBGrapError(f"--dump-dir {directory} is a symbolic link to a missing directory; choose another --dump-dir")

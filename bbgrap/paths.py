@@ -29,9 +29,7 @@ def file_target_problem(path: str, flag: str, example: str, keep: Sequence[tuple
 
 
 def inside(path: str, directory: str) -> bool:
-    """Whether `path` lies in the directory `directory` (links followed), at any depth."""
-    if not os.path.isdir(directory):
-        return False
+    """Whether `path` lies in `directory` (links followed), at any depth; either may not exist yet."""
     return os.path.realpath(path).startswith(os.path.join(os.path.realpath(directory), ""))
 
 

@@ -490,8 +490,8 @@ def import_proto(
         attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
         captured = captured_inputs(node)
         rule = registry.rule_of(node.op_type, node.domain) if not captured else None  # a node with a body is computed whole
-        held = any(t in sized_by_data for t in [*node.input, *node.output] if t)  # auto_pad stays: its input's shape may vary
-        if rule is not None and rule.windowed and not held:
+        held = any(t in sized_by_data for t in [*node.input, *node.output] if t)  # its shapes are the input's values'
+        if rule is not None and rule.windowed and not held:  # (a held layer keeps auto_pad: its input's shape may vary)
             x = tensors[node.input[0]].shape
             kernel = attrs.get("kernel_shape") or list(tensors[node.input[1]].shape[2:])
             attrs["kernel_shape"] = list(kernel)
@@ -504,8 +504,7 @@ def import_proto(
         for piece in split[0] if split is not None else [layer]:
             piece_rule = registry.get(piece) if not captured else None  # a node with a body is computed whole
             # a layer of shapes from the input's values keeps its op's group, but no rule cuts it (RuleRegistry.get)
-            from_values = any(t in sized_by_data for t in piece.inputs + piece.outputs if t)
-            layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque", shape_from_values=from_values))
+            layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque", shape_from_values=held))
 
     used = {t for layer in layers for t in layer.inputs if t}
     constants = {k: v for k, v in constants.items() if k in used}

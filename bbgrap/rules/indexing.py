@@ -292,7 +292,7 @@ class PadRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         pads = self._pads(layer, graph)
-        if pads is None:  # pads from the data, or as opset 10's attribute: whole only
+        if pads is None:  # pads from the data (or a mode the rule does not cut): whole only
             return whole(layer, graph, out)
         mode = layer.attrs.get("mode", "constant")
         dims = shape(graph, layer.inputs[0])
