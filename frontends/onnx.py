@@ -87,6 +87,8 @@ def load_model(path: str) -> onnx.ModelProto:
         raise BBGrapError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}); re-export it or check the file") from None
     if (damaged := _damaged_text(model)) is not None:
         raise BBGrapError(f"'{path}' holds a name or text that is not UTF-8 ({damaged[:40]!r}: a damaged file?); re-export the model")
+    if not model.graph.node and (model.graph.input or model.graph.output):
+        raise BBGrapError(f"'{path}' has a graph of no operations (no nodes), so there is nothing to compute; re-export the model")
     if not model.graph.node:
         raise BBGrapError(f"'{path}' holds no ONNX graph (empty or truncated file?); re-export the model")
     if not model.graph.output:

@@ -125,3 +125,12 @@ def test_a_model_without_inputs_is_refused_in_one_line(tmp_path) -> None:
     graph = graph_of([const, conv], [], [value_info("y", [1, 4, 8, 8])], {"w": np.ones((4, 3, 3, 3), np.float32)})
     err = _one_clean_line(tmp_path, model_of(graph))
     assert "takes no input" in err
+
+
+def test_a_graph_of_no_operations_is_called_so(tmp_path) -> None:
+    """2026-11-24's audit: a valid model with no nodes was called an empty or truncated file."""
+    graph = graph_of([], [value_info("x", [1, 3, 8, 8])], [value_info("x", [1, 3, 8, 8])], {})
+    path = tmp_path / "empty_graph.onnx"
+    onnx.save(model_of(graph), str(path))
+    with pytest.raises(BBGrapError, match="a graph of no operations"):
+        load_model(str(path))
