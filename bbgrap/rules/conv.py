@@ -52,5 +52,83 @@ class ConvRule(RegionRule):
         return Local(tuple(needs), out.with_axis(1, computed_ch), attrs)
 
 
+def _group_channels(out_channels: Interval, groups: int, per_out: int, per_in: int) -> tuple[Interval, Interval, int]:
+    """For a cut of output channels through grouped channels: the output channels the local op
+    computes (whole groups), the input channels those groups read, and the local group count."""
+    if groups == 1:
+        return out_channels, Interval(0, per_in), 1
+    g0, g1 = out_channels.start // per_out, (out_channels.stop - 1) // per_out + 1
+    return Interval(g0 * per_out, g1 * per_out), Interval(g0 * per_in, g1 * per_in), g1 - g0
+
+
+class ConvTransposeRule(RegionRule):
+    """Transposed convolution (a U-Net's or decoder's upsampling), on any spatial rank.
+
+    Along a spatial axis of n input rows, stride s, kernel k, dilation d and pads (p0, p1),
+    input row i adds into output rows i·s − p0 + j·d, j < k. Output rows [o0, o1) therefore
+    read input rows [i0, i1) with i0 = max(0, ⌊(o0 + p0 − (k − 1)·d) / s⌋) and
+    i1 = min(n, ⌊(o1 − 1 + p0) / s⌋ + 1); the same op on those rows alone makes the rows
+    from i0·s − p0 on, so its local pads are q0 = o0 − (i0·s − p0) (≥ 0: ⌊⌋ keeps i0·s − p0 ≤ o0)
+    at the start and whatever is left over at the end, or where its rows stop short of o1 (rows
+    only the bias reaches: after the last input, or in the gaps of a stride longer than the
+    kernel) that many rows of output_padding instead. Channels cut the weights' second axis
+    (whole groups where a cut goes through one, as for Conv); a layer with auto_pad or
+    output_shape is cut along batch and channels only."""
+
+    group = "convolutions"
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """2·(C_in/group)·∏kernel multiply-adds per input position, spread over the output's
+        positions: ∏(input's spatial size) / ∏(output's) of them per output element."""
+        x, w, y = shape(graph, layer.inputs[0]), shape(graph, layer.inputs[1]), shape(graph, layer.outputs[0])
+        groups = int(layer.attrs.get("group", 1))
+        return 2.0 * (w[0] / groups) * math.prod(w[2:]) * math.prod(x[2:]) / max(1, math.prod(y[2:]))
+
+    def _explicit(self, layer: Layer) -> bool:
+        return layer.attrs.get("auto_pad", "NOTSET") in ("NOTSET", "") and "output_shape" not in layer.attrs
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return all_axes(layer, graph) if self._explicit(layer) else frozenset({0, 1})
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        x_shape, w_shape = shape(graph, layer.inputs[0]), shape(graph, layer.inputs[1])
+        groups = int(layer.attrs.get("group", 1))
+        per_in, per_out = w_shape[0] // groups, w_shape[1]
+        computed_ch, in_ch, local_groups = _group_channels(out.interval(1), groups, per_out, per_in)
+        attrs: dict[str, object] = {} if local_groups == groups else {"group": local_groups}
+        spatial_needs = [Interval(0, n) for n in x_shape[2:]]
+        if self._explicit(layer) and any(out.interval(2 + a) != Interval(0, n) for a, n in enumerate(shape(graph, layer.outputs[0])[2:])):
+            rank = len(x_shape) - 2
+            kernel = list(w_shape[2:])
+            strides = list(layer.attrs.get("strides", [1] * rank))
+            dilations = list(layer.attrs.get("dilations", [1] * rank))
+            pads = list(layer.attrs.get("pads", [0] * (2 * rank)))
+            begins, ends, extra = [], [], []
+            for a in range(rank):
+                o = out.interval(2 + a)
+                k, s, d, p0, n = kernel[a], strides[a], dilations[a], pads[a], x_shape[2 + a]
+                i0 = max(0, (o.start + p0 - (k - 1) * d) // s)
+                i1 = min(n, (o.stop - 1 + p0) // s + 1)
+                i1 = max(i1, i0 + 1)  # a piece of rows only the bias reaches still reads a row
+                made = (i1 - i0 - 1) * s + (k - 1) * d + 1  # rows the op makes of input rows [i0, i1), from i0·s − p0
+                q0 = o.start - (i0 * s - p0)
+                q1 = made - q0 - len(o)
+                begins.append(q0)
+                ends.append(max(q1, 0))
+                extra.append(max(-q1, 0))
+                spatial_needs[a] = Interval(i0, i1)
+            attrs |= {"pads": begins + ends, "output_padding": extra}
+        x_need = ShapeMap(((out.interval(0),), (in_ch,)) + tuple((iv,) for iv in spatial_needs))
+        # the weights: (C_in, C_out/group, kernel); one group's output channels are cut along the second axis
+        w_need = ShapeMap.full(w_shape).with_axis(0, in_ch)
+        if groups == 1:
+            w_need = w_need.with_axis(1, computed_ch)
+        needs: list[ShapeMap | None] = [x_need, w_need]
+        if len(layer.inputs) > 2 and layer.inputs[2]:
+            needs.append(ShapeMap.box([computed_ch.start], [computed_ch.stop]))
+        return Local(tuple(needs), out.with_axis(1, computed_ch), attrs)
+
+
 def register(registry: RuleRegistry) -> None:
     registry.register(["Conv"], ConvRule(), OpTraits(layout=Layout.BLOCKED, channel_block=NCHWC_BLOCK, read_ops=CONV_READ_OPS))
+    registry.register(["ConvTranspose"], ConvTransposeRule(), OpTraits())

@@ -50,7 +50,18 @@ def if_with_an_unread_output() -> onnx.ModelProto:
     return conv_model(middle, 17, [numpy_helper.from_array(np.array(0, np.float32), "zero")])
 
 
+def transposed_weights(name: str, cin: int, cout: int, k: int) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal((cin, cout, k, k)) * 0.3).astype(np.float32), name)
+
+
 MODELS = {
+    # a U-Net's or decoder's upsampling (2026-11-24's audit: whole on one node, priced as an elementwise op)
+    "conv-transpose": lambda: conv_model([helper.make_node("ConvTranspose", ["a", "wt", "bt"], ["u"], strides=[2, 2], pads=[1, 1, 1, 1]),
+                                          helper.make_node("Relu", ["u"], ["r"]),
+                                          helper.make_node("ConvTranspose", ["r", "wt2"], ["m"], strides=[3, 2], output_padding=[2, 1],
+                                                           group=2)], 17,
+                                         [transposed_weights("wt", 4, 4, 4), numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "bt"),
+                                          transposed_weights("wt2", 4, 2, 2)]),
     # torch.topk(x, k).values: TopK's indices unread, but an output the op must have
     "topk-values": lambda: conv_model([helper.make_node("TopK", ["a", "k"], ["m", "indices"], axis=1)], 17,
                                       [numpy_helper.from_array(np.array([3], np.int64), "k")], mid_channels=3),
@@ -71,6 +82,16 @@ def test_odd_model_compiles_and_runs_exactly(tmp_path, name: str, planner: str) 
         plan = str(tmp_path / f"plan{nodes}")
         compile_plan(path, plan, nodes=nodes, planner=planner, search=True)
         assert_exact(plan)
+
+
+@pytest.mark.parametrize("direction", ["w", "c"])
+def test_transposed_convolutions_are_cut_and_exact(tmp_path, direction: str) -> None:
+    path = save(MODELS["conv-transpose"](), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compiled = compile_plan(path, plan, nodes=3, direction=direction)
+    assert_exact(plan)
+    cuts = {row.name: row.cut for row in compiled.compiled.layer_table if row.op_type == "ConvTranspose"}
+    assert len(cuts) == 2 and all(c == direction for c in cuts.values()), cuts
 
 
 def test_a_count_of_the_data_is_not_folded_into_a_constant(tmp_path) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
@@ -95,3 +99,82 @@ def test_conv_3d(case: tuple) -> None:
     """3-D convolutions (the windowed rule is rank-generic)."""
     data, model, _ = case
     check_partition(data, model, expect_axes={0, 1, 2, 3, 4})
+
+
+@st.composite
+def conv_transpose_models(draw: st.DrawFn, explicit: bool = True) -> tuple:
+    """A ConvTranspose of any spatial rank 1-2, groups, strides (longer than the kernel too),
+    dilations, pads, output_padding and bias; with `explicit` False, auto_pad or output_shape."""
+    data = draw(st.data())
+    rng = rng_of(data)
+    k = draw(st.sampled_from([1, 2]), label="spatial rank")
+    group = draw(st.sampled_from([1, 1, 2, 3]), label="group")
+    c_in, c_out = group * draw(st.integers(1, 3)), group * draw(st.integers(1, 3))
+    kernel = [draw(st.integers(1, 4)) for _ in range(k)]
+    strides = [draw(st.integers(1, 3)) for _ in range(k)]
+    dilations = [draw(st.integers(1, 2)) for _ in range(k)]
+    spatial = [draw(st.integers(1, 9)) for _ in range(k)]
+    attrs: dict = {"strides": strides, "dilations": dilations}
+    if draw(st.booleans(), label="kernel_shape attr"):
+        attrs["kernel_shape"] = kernel
+    if explicit:
+        attrs["pads"] = [draw(st.integers(0, (kk - 1) * d)) for kk, d in zip(kernel + kernel, dilations + dilations)]
+        attrs["output_padding"] = [draw(st.integers(0, s - 1)) for s in strides]
+        sizes = [(n - 1) * s + (kk - 1) * d + 1 + op - p0 - p1 for n, s, kk, d, op, p0, p1 in
+                 zip(spatial, strides, kernel, dilations, attrs["output_padding"], attrs["pads"][:k], attrs["pads"][k:])]
+        assume(min(sizes) >= 1)
+    elif draw(st.booleans(), label="auto_pad"):
+        attrs["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER"]))
+    else:
+        attrs["output_shape"] = [n * s for n, s in zip(spatial, strides)]
+    if group != 1:
+        attrs["group"] = group
+    consts = {"w": const(rng, [c_in, c_out // group, *kernel])}
+    inputs = ["x", "w"]
+    if draw(st.booleans(), label="bias"):
+        consts["b"] = const(rng, [c_out])
+        inputs.append("b")
+    model = single_op("ConvTranspose", inputs, {"x": [draw(st.integers(1, 2)), c_in, *spatial]}, consts, draw(st.integers(11, 17)), **attrs)
+    return data, model, group
+
+
+@rules_settings(120)
+@given(conv_transpose_models())
+def test_conv_transpose_any_axis(case: tuple) -> None:
+    """U-Net and decoder upsampling (2026-11-24's audit: it had no rule, so it ran whole on one
+    node and was priced as one operation an element): every output box, along every axis,
+    including rows only the bias reaches (strides longer than the kernel, output_padding)."""
+    data, model, _ = case
+    check_partition(data, model, expect_axes=set(range(len(model.graph.input[0].type.tensor_type.shape.dim))))
+
+
+@rules_settings(60)
+@given(conv_transpose_models())
+def test_conv_transpose_every_row_alone(case: tuple) -> None:
+    data, model, _ = case
+    rank = len(model.graph.input[0].type.tensor_type.shape.dim)
+    check_partition(data, model, cut_axes=[data.draw(st.integers(2, rank - 1), label="axis")], finest=True)
+
+
+@rules_settings(40)
+@given(conv_transpose_models(explicit=False))
+def test_conv_transpose_with_auto_pad_or_output_shape_is_cut_by_batch_and_channels(case: tuple) -> None:
+    data, model, _ = case
+    check_partition(data, model, expect_axes={0, 1})
+
+
+def test_conv_transpose_is_priced_by_its_multiply_adds() -> None:
+    """2·C_in·(C_out/group)·∏kernel per input position (the audit's decoder: 33.6 MFLOP, priced 0.13)."""
+    from bbgrap.frontends.onnx import import_proto
+
+    from bbgrap.rules.registry import default_registry
+
+    rng = np.random.default_rng(0)
+    model = single_op("ConvTranspose", ["x", "w"], {"x": [1, 32, 32, 32]}, {"w": const(rng, [32, 32, 4, 4])}, 17,
+                      strides=[2, 2], pads=[1, 1, 1, 1])
+    graph = import_proto(model).graph
+    layer = graph.layers[0]
+    rule = default_registry().get(layer)
+    assert rule is not None
+    flops = rule.ops_per_element(layer, graph) * math.prod(graph.tensors[layer.outputs[0]].shape)
+    assert flops == pytest.approx(2 * 32 * 32 * 16 * 32 * 32)
