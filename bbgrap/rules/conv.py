@@ -72,8 +72,8 @@ class ConvTransposeRule(RegionRule):
     at the start and whatever is left over at the end, or where its rows stop short of o1 (rows
     only the bias reaches: after the last input, or in the gaps of a stride longer than the
     kernel) that many rows of output_padding instead. Channels cut the weights' second axis
-    (whole groups where a cut goes through one, as for Conv); a layer with auto_pad or
-    output_shape is cut along batch and channels only."""
+    (whole groups where a cut goes through one, as for Conv); a layer with auto_pad SAME_* or
+    output_shape is cut along batch and channels only (VALID is pads of 0)."""
 
     group = "convolutions"
 
@@ -85,7 +85,8 @@ class ConvTransposeRule(RegionRule):
         return 2.0 * (w[0] / groups) * math.prod(w[2:]) * math.prod(x[2:]) / max(1, math.prod(y[2:]))
 
     def _explicit(self, layer: Layer) -> bool:
-        return layer.attrs.get("auto_pad", "NOTSET") in ("NOTSET", "") and "output_shape" not in layer.attrs
+        """Pads given (or VALID's zeros), not left to auto_pad or output_shape to work out."""
+        return layer.attrs.get("auto_pad", "NOTSET") in ("NOTSET", "", "VALID") and "output_shape" not in layer.attrs
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         return all_axes(layer, graph) if self._explicit(layer) else frozenset({0, 1})
@@ -117,7 +118,7 @@ class ConvTransposeRule(RegionRule):
                 ends.append(max(q1, 0))
                 extra.append(max(-q1, 0))
                 spatial_needs[a] = Interval(i0, i1)
-            attrs |= {"pads": begins + ends, "output_padding": extra}
+            attrs |= {"pads": begins + ends, "output_padding": extra, "auto_pad": "NOTSET"}
         x_need = ShapeMap(((out.interval(0),), (in_ch,)) + tuple((iv,) for iv in spatial_needs))
         # the weights: (C_in, C_out/group, kernel); one group's output channels are cut along the second axis
         w_need = ShapeMap.full(w_shape).with_axis(0, in_ch)

@@ -103,25 +103,30 @@ def test_conv_3d(case: tuple) -> None:
 
 @st.composite
 def conv_transpose_models(draw: st.DrawFn, explicit: bool = True) -> tuple:
-    """A ConvTranspose of any spatial rank 1-2, groups, strides (longer than the kernel too),
-    dilations, pads, output_padding and bias; with `explicit` False, auto_pad or output_shape."""
+    """A ConvTranspose of spatial rank 1-3, groups, strides (longer than the kernel too),
+    dilations, pads (beyond the kernel too) or VALID, output_padding and bias; with `explicit`
+    False, auto_pad SAME_* or output_shape."""
     data = draw(st.data())
     rng = rng_of(data)
-    k = draw(st.sampled_from([1, 2]), label="spatial rank")
+    k = draw(st.sampled_from([1, 2, 2, 3]), label="spatial rank")
     group = draw(st.sampled_from([1, 1, 2, 3]), label="group")
     c_in, c_out = group * draw(st.integers(1, 3)), group * draw(st.integers(1, 3))
     kernel = [draw(st.integers(1, 4)) for _ in range(k)]
     strides = [draw(st.integers(1, 3)) for _ in range(k)]
     dilations = [draw(st.integers(1, 2)) for _ in range(k)]
-    spatial = [draw(st.integers(1, 9)) for _ in range(k)]
+    spatial = [draw(st.integers(1, 9 if k < 3 else 4)) for _ in range(k)]
     attrs: dict = {"strides": strides, "dilations": dilations}
     if draw(st.booleans(), label="kernel_shape attr"):
         attrs["kernel_shape"] = kernel
+    if explicit and draw(st.integers(0, 5), label="VALID") == 0:
+        attrs["auto_pad"] = "VALID"  # pads of 0
+    elif explicit:
+        attrs["pads"] = [draw(st.integers(0, (kk - 1) * d + 2)) for kk, d in zip(kernel + kernel, dilations + dilations)]
     if explicit:
-        attrs["pads"] = [draw(st.integers(0, (kk - 1) * d)) for kk, d in zip(kernel + kernel, dilations + dilations)]
         attrs["output_padding"] = [draw(st.integers(0, s - 1)) for s in strides]
+        pads = attrs.get("pads", [0] * (2 * k))
         sizes = [(n - 1) * s + (kk - 1) * d + 1 + op - p0 - p1 for n, s, kk, d, op, p0, p1 in
-                 zip(spatial, strides, kernel, dilations, attrs["output_padding"], attrs["pads"][:k], attrs["pads"][k:])]
+                 zip(spatial, strides, kernel, dilations, attrs["output_padding"], pads[:k], pads[k:])]
         assume(min(sizes) >= 1)
     elif draw(st.booleans(), label="auto_pad"):
         attrs["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER"]))
