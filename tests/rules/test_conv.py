@@ -14,6 +14,20 @@ from tests.rules.helpers import check_partition, const, rng_of, rules_settings, 
 SETTINGS = rules_settings(60)
 
 
+def weights_and_bias(draw: st.DrawFn, rng: np.random.Generator, attrs: dict, group: int, w_shape: list[int],
+                     c_out: int) -> tuple[dict, list[str]]:
+    """The group attribute (where not 1), weights `w` of `w_shape` and, drawn, a bias of `c_out`:
+    the constants and the op's input names."""
+    if group != 1:
+        attrs["group"] = group
+    consts = {"w": const(rng, w_shape)}
+    inputs = ["x", "w"]
+    if draw(st.booleans(), label="bias"):
+        consts["b"] = const(rng, [c_out])
+        inputs.append("b")
+    return consts, inputs
+
+
 @st.composite
 def conv_models(draw: st.DrawFn, rank: int | None = None) -> tuple:
     data = draw(st.data())
@@ -46,13 +60,7 @@ def conv_models(draw: st.DrawFn, rank: int | None = None) -> tuple:
         attrs["pads"] = [draw(st.integers(0, kk - 1)) for kk in kernel + kernel]
     else:
         attrs["auto_pad"] = auto_pad
-    if group != 1:
-        attrs["group"] = group
-    consts = {"w": const(rng, [c_out, c_in // group, *kernel])}
-    inputs = ["x", "w"]
-    if draw(st.booleans(), label="bias"):
-        consts["b"] = const(rng, [c_out])
-        inputs.append("b")
+    consts, inputs = weights_and_bias(draw, rng, attrs, group, [c_out, c_in // group, *kernel], c_out)
     opset = draw(st.integers(13, 17), label="opset")
     model = single_op("Conv", inputs, {"x": [batch, c_in, *spatial]}, consts, opset, **attrs)
     return data, model, group
@@ -132,13 +140,7 @@ def conv_transpose_models(draw: st.DrawFn, explicit: bool = True) -> tuple:
         attrs["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER"]))
     else:
         attrs["output_shape"] = [n * s for n, s in zip(spatial, strides)]
-    if group != 1:
-        attrs["group"] = group
-    consts = {"w": const(rng, [c_in, c_out // group, *kernel])}
-    inputs = ["x", "w"]
-    if draw(st.booleans(), label="bias"):
-        consts["b"] = const(rng, [c_out])
-        inputs.append("b")
+    consts, inputs = weights_and_bias(draw, rng, attrs, group, [c_in, c_out // group, *kernel], c_out)
     model = single_op("ConvTranspose", inputs, {"x": [draw(st.integers(1, 2)), c_in, *spatial]}, consts, draw(st.integers(11, 17)), **attrs)
     return data, model, group
 
