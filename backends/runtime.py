@@ -623,6 +623,20 @@ def main_mpi(args: argparse.Namespace, ops_dir: str | None) -> int:
     return status
 
 
+ABORT_GRACE_S = 0.5  # for mpirun's proxy to pass a rank's last words on before MPI_Abort ends the job
+
+
+def abort_job(message: str, status: int) -> None:
+    """Print `message` on stderr and end every rank of the job with `status` (the others may be
+    waiting for this one). MPI_Abort kills the processes that forward the ranks' output, so the
+    line is given ABORT_GRACE_S to get out first: without it, mpirun now and then printed nothing."""
+    from mpi4py import MPI
+
+    print(message, file=sys.stderr, flush=True)
+    time.sleep(ABORT_GRACE_S)
+    MPI.COMM_WORLD.Abort(status)
+
+
 def under_mpi() -> bool:
     return any(v in os.environ for v in MPI_ENV)
 
@@ -652,13 +666,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     return main_mpi(args, ops_dir)
                 except BBGrapError as exc:  # a rank's own failure after the ranks agreed to run (shapes_held)
-                    print(f"bbgrap-run: error: rank {MPI.COMM_WORLD.Get_rank()}: {exc}", file=sys.stderr, flush=True)
-                    MPI.COMM_WORLD.Abort(2)
+                    abort_job(f"bbgrap-run: error: rank {MPI.COMM_WORLD.Get_rank()}: {exc}", 2)
                     return 2
                 except Exception:
                     rank = MPI.COMM_WORLD.Get_rank()
-                    print(f"bbgrap-run: rank {rank} failed, aborting the job:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-                    MPI.COMM_WORLD.Abort(1)
+                    abort_job(f"bbgrap-run: rank {rank} failed, aborting the job:\n{traceback.format_exc()}", 1)
                     return 1
         try:
             return main_embedded(args, ops_dir)
