@@ -179,8 +179,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         raise BBGrapError(f"--search '{args.search}' is not one of {', '.join(SEARCHES)}")
     if args.planner is not None and args.planner not in PLANNERS:
         raise BBGrapError(f"--planner '{args.planner}' is not one of {', '.join(PLANNERS)}")
-    if memory is not None and len(memory) == 1:  # one size for every node
-        memory = memory * (nodes if nodes is not None else base.nodes)
     cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search,
                               planner=args.planner, memory_mb=memory)
     if args.force_nodes and not args.profile:

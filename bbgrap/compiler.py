@@ -77,7 +77,7 @@ def pipeline(cfg: Config, optimize: bool = True, search: bool = True,
     if cfg.memory_mb:
         from bbgrap.passes.fit_memory import FitMemory
 
-        passes.append(FitMemory(cfg.memory_mb, cfg.node_speeds(), registry=registry))
+        passes.append(FitMemory(cfg.node_memory(), cfg.node_speeds(), registry=registry))
     if optimize:
         if recompute and cfg.nodes > 1:
             from bbgrap.passes.recompute_halos import RecomputeHalos
@@ -163,7 +163,7 @@ def for_nodes(cfg: Config, nodes: tuple[int, ...]) -> Config:
     """`cfg` for these of its nodes (their speeds and memory; custom per-node sizes dropped), for
     comparing the plan with plans for fewer nodes."""
     return replace(cfg, nodes=len(nodes), speeds=tuple(cfg.speeds[n] for n in nodes) if cfg.speeds else (),
-                   memory_mb=tuple(cfg.memory_mb[n] for n in nodes) if cfg.memory_mb else (),
+                   memory_mb=tuple(cfg.node_memory()[n] for n in nodes) if cfg.memory_mb else (),
                    custom=tuple(c for c in cfg.custom if c.sizes is None))
 
 
@@ -430,7 +430,7 @@ def compile_model(
         source=Source(os.path.abspath(model), file_sha256(model)),
         prediction=prediction_record(profile, requested, chosen, plans) if profile is not None else None,
         planner=kept.planner,
-        memory=memory_record(graph, cfg.memory_mb),
+        memory=memory_record(graph, cfg.node_memory()),
         recompute=kept.recompute,
         shapes_from_values=tuple(layer.name for layer in graph.layers if layer.shape_from_values),
     )

@@ -91,14 +91,16 @@ class Config:
     def node_speeds(self) -> tuple[float, ...]:
         return self.speeds or (1.0,) * self.nodes
 
+    def node_memory(self) -> tuple[float, ...]:
+        """Each node's memory limit in MB (empty: none); `memory_mb` of one size is every node's."""
+        return self.memory_mb * self.nodes if len(self.memory_mb) == 1 else self.memory_mb
+
     def with_overrides(self, **flags: Any) -> Config:
         """CLI flags (None: not given) over the file's values, then re-validated."""
         given = {k: v for k, v in flags.items() if v is not None}
         if isinstance(given.get("direction"), str):
             given["direction"] = parse_direction(given["direction"], lambda problem: BBGrapError(f"--direction {problem}"))
         cfg = replace(self, **given)
-        if "nodes" in given and "memory_mb" not in given and len(set(cfg.memory_mb)) == 1:  # the file's one size for every node
-            cfg = replace(cfg, memory_mb=cfg.memory_mb[:1] * cfg.nodes)
         if "nodes" in given and "speeds" not in given and len(cfg.speeds) not in (0, cfg.nodes):
             raise BBGrapError(
                 f"--nodes {cfg.nodes} disagrees with the {len(cfg.speeds)} speeds in {cfg.source}; "
@@ -176,7 +178,7 @@ def load_config(path: str) -> Config:
     cfg = Config(
         nodes=nodes,
         speeds=speeds,
-        memory_mb=tuple(float(m) for m in cluster.get("memory_mb", [])) * (nodes if len(cluster.get("memory_mb", [])) == 1 else 1),
+        memory_mb=tuple(float(m) for m in cluster.get("memory_mb", [])),
         threshold=float(part.get("threshold", Config.threshold)),
         direction=parse_direction(part.get("direction", Config.direction.value), lambda problem: _fail(path, "partition.direction", problem)),
         search=str(part.get("search", Config.search)),
@@ -213,7 +215,7 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
         raise fail("speeds", "cluster.speeds", "must all be positive finite numbers, e.g. 1,3,1")
     if cfg.speeds and max(cfg.speeds) > MAX_SPEED_RATIO * min(cfg.speeds):
         raise fail("speeds", "cluster.speeds", f"are relative speeds, within a factor of {MAX_SPEED_RATIO:g} of each other, e.g. 1,3,1")
-    if cfg.memory_mb and len(cfg.memory_mb) != cfg.nodes:
+    if len(cfg.memory_mb) not in (0, 1, cfg.nodes):
         raise fail("memory_mb", "cluster.memory_mb", f"has {len(cfg.memory_mb)} entries for {cfg.nodes} nodes; give one per node (or one for all)")
     if not all(math.isfinite(m) and m > 0 for m in cfg.memory_mb):
         raise fail("memory_mb", "cluster.memory_mb", "must all be positive finite numbers of megabytes")

@@ -98,8 +98,8 @@ def test_memory_mb_of_one_size_is_every_nodes(tmp_path, value: str) -> None:
     path = tmp_path / "m.toml"
     path.write_text(f"[cluster]\nnodes = 2\nmemory_mb = {value}\n")
     cfg = load_config(str(path))
-    assert cfg.memory_mb == (200.0, 200.0)
-    assert cfg.with_overrides(nodes=4).memory_mb == (200.0,) * 4
+    assert cfg.node_memory() == (200.0, 200.0)
+    assert cfg.with_overrides(nodes=4).node_memory() == (200.0,) * 4
     path.write_text("[cluster]\nnodes = 2\nmemory_mb = [200, 300]\n")
     with pytest.raises(BBGrapError, match="has 2 entries for 4 nodes"):
         load_config(str(path)).with_overrides(nodes=4)
