@@ -229,8 +229,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         one = os.path.join(work_dir, "plan-one")
         subprocess.run([os.path.join(bindir, "bbgrap"), "compile", args.model, "--nodes", "1", "--quiet", "-o", one], check=True)
-        alone = [json.loads(out)["latency_min_ms"] for out in each_alone(shares, cores, args.period_us, [
-            os.path.join(bindir, "bbgrap-run"), one, "--provider", "cpu", "--repeat", str(args.repeat), "--json", "--quiet"])]
+
+        def run(plan: str, *flags: str) -> list[str]:
+            """bbgrap-run of `plan` on the CPU (on a GPU host its default would take the GPU)."""
+            return [os.path.join(bindir, "bbgrap-run"), plan, "--provider", "cpu", "--repeat", str(args.repeat), "--quiet", *flags]
+
+        alone = [json.loads(out)["latency_min_ms"] for out in each_alone(shares, cores, args.period_us, run(one, "--json"))]
         measured_speeds = [alone[0] / t for t in alone]
         profile = os.path.join(work_dir, "cluster.toml")
         launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap"), "calibrate", "-o", profile, "--provider", "cpu",
@@ -251,8 +255,7 @@ def main(args: argparse.Namespace) -> int:
         for k in range(1, args.refine + 1):  # the latest plan run once under the quotas, its profile refined by that run, compiled again
             run_json, refined = os.path.join(work_dir, f"run-{k}.json"), os.path.join(work_dir, f"refined-{k}.toml")
             with open(run_json, "w", encoding="utf-8") as fh:
-                fh.write(launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), latest, "--provider", "cpu", "--repeat", str(args.repeat),
-                                                                "--json", "--quiet", "--trace", os.path.join(work_dir, f"trace-run-{k}.json")]).stdout)
+                fh.write(launch(shares, cores, args.period_us, run(latest, "--json", "--trace", os.path.join(work_dir, f"trace-run-{k}.json"))).stdout)
             subprocess.run([os.path.join(bindir, "bbgrap"), "calibrate", "--refine", run_json, "--profile", latest_profile, "-o", refined],
                            check=True, capture_output=True)
             speeds = model_speeds(graph, read_profile(refined), n)
@@ -266,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
         for _ in range(ROUNDS):
             for name, plan in dirs.items():
                 trace = os.path.join(work_dir, f"trace-{os.path.basename(plan)}.json")
-                launch(shares, cores, args.period_us, [os.path.join(bindir, "bbgrap-run"), plan, "--provider", "cpu", "--repeat", str(args.repeat), "--quiet", "--trace", trace])
+                launch(shares, cores, args.period_us, run(plan, "--trace", trace))
                 latency, per_rank = rank_work(trace, n, wall=quotas is None)
                 measured[name].append(latency)
                 work[name].append(per_rank)
