@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from bbgrap.ir import Gather, Graph, Interval, Layer, ShapeMap
+from bbgrap.ir import Attached, Gather, Graph, Interval, Layer, ShapeMap
 from bbgrap.movement import OUTPUT_NODE, pieces
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -223,6 +223,9 @@ class _Builder:
 
     def constant(self, tensor: str, need: ShapeMap) -> str:
         value = self.graph.constants[tensor]
+        if (weight := self.graph.dequantized.get(tensor)) is not None:  # a quantized model's integer weight and its node
+            name = tensor if need == ShapeMap.full(value.shape) else value_name(tensor, need)
+            return self.attach(weight.node, self.constant(weight.source, need), need, name)
         if need == ShapeMap.full(value.shape):
             self.current.initializers[tensor] = value
             self.current.weights.add(tensor)
@@ -231,6 +234,21 @@ class _Builder:
         self.current.initializers[name] = np.asarray(value[need.slices()], order="C")  # keeps a rank-0 value rank 0
         self.current.weights.add(name)
         return name
+
+    def attach(self, op: Attached, value: str, region: ShapeMap, out: str = "") -> str:
+        """Emit `op` on `value`, the `region` of its tensor, into `out` (default: a fresh name);
+        a per-channel operand is cut to the region's channels."""
+        operands = []
+        for t in op.operands:
+            whole = ShapeMap.full(self.graph.constants[t].shape) if t else None
+            if whole is None or op.axis is None or whole.rank != 1:
+                operands.append(self.constant(t, whole) if whole is not None else "")
+            else:
+                iv = region.interval(op.axis)
+                operands.append(self.constant(t, ShapeMap.box([iv.start], [iv.stop])))
+        out = out or self._fresh(f"{value}/{op.op_type}")
+        self.current.nodes.append(helper.make_node(op.op_type, [value, *operands], [out], name=self._fresh(op.op_type), **op.attrs))
+        return out
 
     def _local_constant(self, layer: Layer, k: int, value: np.ndarray) -> str:
         """An initializer holding this node's own value of the layer's input k (`Local.inputs`)."""
@@ -269,6 +287,7 @@ class _Builder:
             rule = self.registry.get(layer)
             windowed = rule is not None and rule.windowed
             replaced = part.local_inputs(n)
+            dequantize = dict(layer.fused.inputs) if layer.fused is not None else {}
             for k, (t, need) in enumerate(zip(layer.inputs, part.needs[n])):
                 if k >= n_explicit:
                     self.bind_captured(t, need)
@@ -286,6 +305,8 @@ class _Builder:
                     if windowed and t == layer.inputs[0]:
                         need = _window_slack(graph, layer, part.attrs[n], g.region, need)
                     inputs.append(self.crop(t, g.region, need))
+                if k in dequantize and need is not None and inputs[-1]:  # the quantized model's DequantizeLinear
+                    inputs[-1] = self.attach(dequantize[k], inputs[-1], need)
             for k in sorted(i for i in replaced if i >= len(layer.inputs)):  # optional inputs the layer omits
                 inputs.extend([""] * (k - len(inputs)))
                 inputs.append(self._local_constant(layer, k, replaced[k]))
@@ -304,14 +325,22 @@ class _Builder:
                 outputs.pop()
             if not outputs:
                 pass  # nothing reads what this layer computes here
-            elif self.registry.traits(layer.op_type, layer.domain).alias and len(outputs) == 1:
+            elif layer.fused is None and self.registry.traits(layer.op_type, layer.domain).alias and len(outputs) == 1:
                 if outputs[0] != inputs[0]:
                     self.alias[outputs[0]] = inputs[0]
             else:
                 attrs = dict(layer.attrs)
                 attrs.update(part.attrs[n])
+                after = layer.fused.outputs if layer.fused is not None and outputs[0] else ()
+                result = outputs[0]
+                if after:  # the op writes a float value its Relu/Clip and QuantizeLinear end in the layer's output
+                    outputs[0] = self._fresh(f"{layer.name}/float")
                 node = helper.make_node(layer.op_type, inputs, outputs, name=layer.name, domain=layer.domain or None, **attrs)
                 self.current.nodes.append(node)
+                value = outputs[0]
+                for j, op in enumerate(after):
+                    value = self.attach(op, value, emitted, result if j == len(after) - 1 else "")
+                outputs[0] = result
                 self.available.update(o for o in outputs if o)
                 if outputs[0] and emitted != computes:  # drop the rows the local op clamped (rules/base.py Local.emits)
                     self.crop(layer.outputs[0], emitted, computes)

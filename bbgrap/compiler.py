@@ -210,7 +210,6 @@ def memory_record(graph: Graph, limits: Sequence[float]) -> MemoryRecord:
                         estimate_mb=tuple(round(cost.of(m) / MB, 3) for m in usage))
 
 
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")  # a QDQ-quantized model's: onnxruntime fuses them with the op between
 GC_THRESHOLD0 = 100_000  # allocations between the cyclic garbage collector's young collections while compiling
 
 
@@ -287,10 +286,6 @@ def compile_model(
                 "layers; --speeds sets them instead)")
     requested = cfg.nodes
     log(f"imported {model}: {len(front.graph.layers)} layers ({time.perf_counter() - t0:.1f}s)")
-    if any(layer.op_type in QDQ_OPS for layer in front.graph.layers):
-        log("this model is quantized with QuantizeLinear/DequantizeLinear: onnxruntime fuses those around a convolution or "
-            "MatMul into integer kernels, which the plan's segments do not keep, so its results differ from onnxruntime's on "
-            "the whole model by up to a quantization step (bbgrap-run's check reports it)")
     if sized := [layer for layer in front.graph.layers if layer.shape_from_values]:
         log(f"{len(sized)} layer(s) have shapes that depend on the input's values (first: {sized[0].describe(front.graph)}): the plan "
             "holds them at the sample input's shapes and computes them whole; bbgrap-run refuses an input that changes them")

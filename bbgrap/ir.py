@@ -323,6 +323,45 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class Attached:
+    """A node of a quantized (QDQ) model kept beside a layer rather than cut on its own:
+    `op_type` applied to one value, with constant `operands` after it (a DequantizeLinear's
+    or QuantizeLinear's scale and zero point, a Clip's bounds; "" for an absent one).
+    `axis` is the value's axis a 1-D operand runs along (a per-channel scale), which lowering
+    cuts to the region it emits; None where every operand is whole (per tensor)."""
+
+    op_type: str
+    attrs: Mapping[str, Any]
+    operands: tuple[str, ...]
+    axis: int | None = None
+
+
+@dataclass(frozen=True)
+class Fused:
+    """The QDQ pattern around one layer of a quantized model: a DequantizeLinear before
+    explicit input k for each `(k, node)` of `inputs` (the layer reads the integer tensor),
+    and after its one output the Relu/Clip and the QuantizeLinear of `outputs`, in order
+    (the layer writes the integer tensor). onnxruntime fuses such a pattern into an integer
+    kernel (DequantizeLinear–Conv–QuantizeLinear into QLinearConv) where it sees it whole;
+    lowering emits it whole in one segment, so each piece runs the kernel the whole model
+    runs, and the halos that move are the integer tensors."""
+
+    inputs: tuple[tuple[int, Attached], ...] = ()
+    outputs: tuple[Attached, ...] = ()
+
+
+@dataclass(frozen=True)
+class Dequantized:
+    """A weight of a quantized model, `DequantizeLinear(source, ...)` of a constant integer
+    tensor: the graph holds its float value (for the rules and the cost model), lowering emits
+    the integer tensor and the node (cut like the weight), as the model has them, so that
+    onnxruntime fuses the layer that reads it as it does in the whole model."""
+
+    source: str
+    node: Attached
+
+
+@dataclass(frozen=True)
 class Layer:
     """One ONNX node with static shapes; `group` follows thesis table 3.1.
 
@@ -344,6 +383,7 @@ class Layer:
     # a tensor it reads or writes has a shape that depends on the input's values (NonZero's count,
     # a Reshape's shape from the data): fixed at the sample input's, so computed whole, never cut
     shape_from_values: bool = False
+    fused: Fused | None = None  # a quantized model's DequantizeLinear/QuantizeLinear around it (Fused)
 
     @property
     def explicit_inputs(self) -> tuple[str, ...]:
@@ -493,6 +533,8 @@ class Graph:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opsets: Mapping[str, int]
+    # the constants that are a quantized model's DequantizeLinear of an integer weight (Dequantized)
+    dequantized: Mapping[str, Dequantized] = field(default_factory=dict)
     nodes: int = 1
     partitions: Mapping[str, LayerPartition] = field(default_factory=dict)
     gathers: Mapping[tuple[str, int], Gather] = field(default_factory=dict)

@@ -9,7 +9,11 @@ def format_graph(graph: Graph) -> str:
     lines = [f"graph {graph.name}: {len(graph.layers)} layers, {graph.nodes} nodes, movement={graph.movement.value}"]
     for layer in graph.layers:
         shapes = ", ".join(f"{t}{list(graph.tensors[t].shape)}" for t in layer.outputs if t in graph.tensors)
-        lines.append(f"{layer.name}: {layer.op_type} [{layer.group}] ({', '.join(layer.inputs)}) -> {shapes}")
+        fused = ""
+        if layer.fused is not None:  # a quantized model's pattern around the op
+            ops = [f"{op.op_type}@{k}" for k, op in layer.fused.inputs] + [op.op_type for op in layer.fused.outputs]
+            fused = f" fused[{', '.join(ops)}]"
+        lines.append(f"{layer.name}: {layer.op_type}{fused} [{layer.group}] ({', '.join(layer.inputs)}) -> {shapes}")
         part = graph.partitions.get(layer.name)
         if part is None:
             continue

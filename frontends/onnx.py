@@ -21,10 +21,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
+from bbgrap.frontends import quantized
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-from bbgrap.ir import BBGrapError, Graph, Layer, Tensor
+from bbgrap.ir import BBGrapError, Dequantized, Graph, Layer, Tensor
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.indexing import split_as_slices
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -341,8 +342,11 @@ def _check_sample_memory(
                       f"but only {_size(available)} is available; {fix}")
 
 
-def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the model in onnxruntime and return the values of `wanted` tensors."""
+def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, np.ndarray], optimized: bool = False) -> dict[str, np.ndarray]:
+    """Run the model in onnxruntime and return the values of `wanted` tensors: as written
+    (every value is there to be read), or `optimized` as onnxruntime runs it by default (its
+    graph optimisations fuse a quantized model's QDQ patterns into integer kernels, whose
+    results differ from the float ops' by up to a quantization step)."""
     import onnxruntime as ort
 
     saved = list(model.graph.output)
@@ -354,7 +358,8 @@ def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, 
     model.graph.output.extend(saved)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: a failure is reported once, as bbgrap's own line
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimized:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     run_opts = ort.RunOptions()
     run_opts.log_severity_level = 4  # a failing kernel logs at error level through the run's logger
     try:
@@ -481,12 +486,15 @@ def import_proto(
 
     opsets = {("" if is_default_domain(o.domain) else o.domain): int(o.version) for o in model.opset_import}
     layers: list[Layer] = []
+    dequantized: dict[str, Dequantized] = {}
     live_outputs = set(outputs)
     for node in model.graph.node:
         if all(t in foldable for t in node.output if t) and not live_outputs.intersection(node.output):
             for t in node.output:
                 if t:
                     constants[t] = np.asarray(values[t], order="C")  # ascontiguousarray would make a rank-0 value 1-D
+            if (weight := quantized.dequantized_weight(node, constants)) is not None:
+                dequantized[node.output[0]] = weight
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
@@ -508,7 +516,11 @@ def import_proto(
             # a layer of shapes from the input's values keeps its op's group, but no rule cuts it (RuleRegistry.get)
             layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque", shape_from_values=held))
 
+    layers = quantized.fuse(layers, tensors, constants, outputs)
     used = {t for layer in layers for t in layer.inputs if t}
+    used |= {t for layer in layers if layer.fused is not None for t in quantized.operands(layer.fused) if t}
+    dequantized = {k: v for k, v in dequantized.items() if k in used}
+    used |= {t for weight in dequantized.values() for t in (weight.source, *weight.node.operands) if t}
     constants = {k: v for k, v in constants.items() if k in used}
     tensors = {k: v for k, v in tensors.items() if k in used or k in feeds or any(k in la.outputs for la in layers)}
     graph = Graph(
@@ -519,10 +531,12 @@ def import_proto(
         inputs=tuple(feeds),
         outputs=tuple(outputs),
         opsets=opsets,
+        dequantized=dequantized,
     )
     for out in outputs:
         if out not in graph.producers():
             raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant), so there is "
                               f"nothing to partition for it; re-export the model with outputs that the network computes")
-    reference = {o: values[o] for o in outputs}
+    # the reference is what onnxruntime gives for the model as it runs it, optimised (a quantized model's differs)
+    reference = _run_everything(model, outputs, feeds, optimized=True)
     return Frontend(graph, feeds, reference)

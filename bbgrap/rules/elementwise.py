@@ -1,4 +1,5 @@
-"""Elementwise ops: activations, broadcasting arithmetic, Expand, BatchNormalization.
+"""Elementwise ops: activations, broadcasting arithmetic, Expand, BatchNormalization,
+QuantizeLinear and DequantizeLinear.
 
 Every output element depends only on the input elements at the same (broadcast)
 position, so regions pass through; constant operands are sliced along with them.
@@ -73,6 +74,28 @@ class BatchNormRule(RegionRule):
         return Local((out,) + params, out)
 
 
+class QuantizeRule(RegionRule):
+    """QuantizeLinear and DequantizeLinear on their own (a quantized model's input, or a value
+    something besides a layer reads, frontends/quantized.py): elementwise, with a scale and zero
+    point per tensor, or 1-D along `axis` (per channel), cut with the region there. A blocked
+    scale (opset 21's `block_size`) is not cut."""
+
+    group = "others"
+    passes_through = True
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        return frozenset() if layer.attrs.get("block_size", 0) else all_axes(layer, graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        scale = shape(graph, layer.inputs[1])
+        if len(scale) == 1 and scale[0] > 1:
+            channels = out.interval(int(layer.attrs.get("axis", 1)) % out.rank)
+            params = ShapeMap.box([channels.start], [channels.stop])
+        else:
+            params = ShapeMap.full(scale)
+        return Local((out,) + tuple(params if t else None for t in layer.inputs[1:]), out)
+
+
 def register(registry: RuleRegistry) -> None:
     activation, arithmetic = BroadcastRule("others"), BroadcastRule("arithmetic")
     registry.register(ACTIVATIONS, activation, OpTraits(fuses_in_chain=True))
@@ -88,3 +111,4 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["Mul"], arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_in_chain=True))
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())
+    registry.register(["QuantizeLinear", "DequantizeLinear"], QuantizeRule())

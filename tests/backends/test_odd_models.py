@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.ir import BBGrapError
 from bbgrap.plan import read_manifest
-from tests.helpers import assert_exact, bbgrap, bbgrap_run, compile_plan, run_plan, save
+from tests.helpers import assert_exact, bbgrap_run, compile_plan, run_plan, save
 
 RNG = np.random.default_rng(7)
 
@@ -184,35 +184,6 @@ def test_mpirun_refuses_an_input_that_changes_held_shapes_in_one_line(tmp_path) 
     assert proc.returncode == 2, proc.stderr
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("bbgrap-run: error: ")]
     assert len(ours) == 1 and "depend on the input's values" in ours[0] and "Traceback" not in proc.stderr, proc.stderr
-
-
-def qdq_conv() -> onnx.ModelProto:
-    """A convolution quantized as onnxruntime's quantize_static writes it: int8 weights behind a
-    DequantizeLinear, the activations through QuantizeLinear–DequantizeLinear pairs."""
-    consts = {"xs": np.float32(0.02), "xz": np.uint8(0), "wq": RNG.integers(-100, 100, (8, 3, 3, 3)).astype(np.int8),
-              "ws": np.full(8, 0.01, np.float32), "wz": np.zeros(8, np.int8), "b": (RNG.standard_normal(8) * 0.3).astype(np.float32),
-              "rs": np.float32(0.05), "rz": np.uint8(0)}
-    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
-             helper.make_node("Conv", ["xd", "wd", "b"], ["a"], pads=[1] * 4), helper.make_node("Relu", ["a"], ["r"]),
-             helper.make_node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]), helper.make_node("DequantizeLinear", ["rq", "rs", "rz"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 10])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 10])],
-                              [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-
-
-def test_a_quantized_model_is_said_to_differ_and_its_check_fails(tmp_path) -> None:
-    """A known limit (README): onnxruntime fuses the QDQ pattern into an integer convolution on
-    the whole model, the plan's segments compute it in float (the weights' DequantizeLinear folded
-    at import), and the results differ by up to a quantization step. compile says so, and
-    bbgrap-run's check fails (exit 1) rather than passing a result that is not onnxruntime's."""
-    path = save(qdq_conv(), str(tmp_path))
-    plan = str(tmp_path / "plan")
-    compiled = bbgrap("compile", path, "--nodes", "2", "-o", plan)
-    assert compiled.returncode == 0 and "quantized with QuantizeLinear/DequantizeLinear" in compiled.stderr, compiled.stderr
-    ran = bbgrap_run(plan, "--repeat", "1")
-    assert ran.returncode == 1 and "result differs from the reference" in ran.stderr, ran.stderr
 
 
 def test_fractions_for_an_integer_input_are_refused(tmp_path) -> None:

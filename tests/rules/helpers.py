@@ -139,7 +139,8 @@ def run_local(layer: Layer, graph: Graph, local: Local, values: Mapping[str, np.
     attrs.update(local.attrs)
     outs = [f"out{k}" if t else "" for k, t in enumerate(layer.outputs)]
     node = helper.make_node(layer.op_type, names, outs, name="local", domain=layer.domain or None, **attrs)
-    g = graph_of([node], [value_info_of(n, v) for n, v in feeds.items()], [value_info(outs[0])], inits, "local")
+    out_type = helper.np_dtype_to_tensor_dtype(np.dtype(graph.tensors[layer.outputs[0]].dtype))
+    g = graph_of([node], [value_info_of(n, v) for n, v in feeds.items()], [value_info(outs[0], elem_type=out_type)], inits, "local")
     model = model_of(g, graph.opsets, check=False)
     return run_model(model, feeds)[outs[0]]
 

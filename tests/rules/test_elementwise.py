@@ -187,3 +187,29 @@ def test_expand(data: st.DataObject, rank: int, extra: int) -> None:
               for a, d in enumerate(out_shape)]
     model = single_op("Expand", ["x", "shape"], {"x": x_shape}, {"shape": np.array(target, np.int64)}, 13)
     check_partition(data, model, expect_axes=set(range(len(out_shape))), max_cut_axes=3)
+
+
+@SETTINGS
+@given(st.data(), st.sampled_from(["tensor", "axis"]), st.sampled_from([np.uint8, np.int8]), st.sampled_from([13, 19, 21]))
+def test_quantize_and_dequantize(data: st.DataObject, scale_kind: str, dtype: type, opset: int) -> None:
+    """QuantizeLinear then DequantizeLinear (each cut on its own, as a quantized model's input
+    and a value something besides a layer reads are): the scale and zero point per tensor, or
+    1-D along `axis`, cut with the region there."""
+    rng = rng_of(data)
+    shape = _shape(data.draw)
+    axis = data.draw(st.integers(-4, 3), label="axis")
+    length = shape[axis] if scale_kind == "axis" else 1
+    scale = rng.uniform(0.01, 0.2, length).astype(np.float32)
+    zero = rng.integers(-20, 20, length).astype(dtype) if dtype is np.int8 else rng.integers(0, 40, length).astype(dtype)
+    consts = {"s": scale if scale_kind == "axis" else scale.reshape(()), "z": zero if scale_kind == "axis" else zero.reshape(())}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quantize", axis=axis),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequantize", axis=axis)]
+    model = build_model(nodes, {"x": shape}, consts, ["y"], opset)
+    for layer in ("quantize", "dequantize"):
+        checked = check_partition(data, model, layer=layer, expect_axes={0, 1, 2, 3})
+        for local in checked.locals:
+            if scale_kind == "axis":  # the scale and zero point of the region's channels along `axis`
+                channels = local.computes.interval(axis % 4)
+                assert local.needs[1] == local.needs[2] == ShapeMap.box([channels.start], [channels.stop])
+            else:
+                assert local.needs[1] == local.needs[2] == ShapeMap(())

@@ -1,0 +1,132 @@
+"""Quantized (QDQ) models: keep onnxruntime's integer kernels in every segment.
+
+A model quantized the QDQ way (onnxruntime's `quantize_static`, PyTorch's PT2E export) is a
+float model with QuantizeLinear/DequantizeLinear pairs on its activations and integer weights
+behind a DequantizeLinear. onnxruntime does not run it as written: it fuses each
+`DequantizeLinear(s) → op → [Relu|Clip] → QuantizeLinear` into one integer kernel
+(QLinearConv, QLinearAdd, QLinearMatMul, ...), whose result differs from the float ops' by up
+to one quantization step. A plan is exact only if each of its segments shows onnxruntime the
+same patterns, so:
+
+* a weight's DequantizeLinear is not folded away: the graph keeps its float value for the rules
+  and the cost model, and `Graph.dequantized` says how lowering writes it (integer tensor and
+  node, cut like the weight);
+* each layer takes the DequantizeLinear nodes in front of it and the Relu/Clip and
+  QuantizeLinear behind it as `Layer.fused`: it reads and writes the integer tensors, so its
+  halos move as integers (a quarter of the bytes) and lowering emits the pattern whole.
+
+The attached nodes are elementwise (per tensor, or per channel along an axis lowering cuts
+their scale to), so they change no region; a layer is cut by its own op's rule as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from bbgrap.ir import Attached, Dequantized, Fused, Layer, Tensor
+from bbgrap.rules.base import is_default_domain
+
+QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
+QDQ_OPS = (QUANTIZE, DEQUANTIZE)
+# what onnxruntime folds between an op and its QuantizeLinear (ReluQuantFusion, ClipQuantFusion)
+ACTIVATIONS = ("Relu", "Clip")
+
+
+def _attached(op_type: str, domain: str, attrs: Mapping[str, object], inputs: Sequence[str], rank: int,
+              constants: Mapping[str, np.ndarray]) -> Attached | None:
+    """The node as an `Attached` to its first input, or None where it cannot be one: another
+    input is computed, its scale is blocked (opset 21 `block_size`) or has more than one axis."""
+    operands = tuple(inputs[1:])
+    if not is_default_domain(domain) or any(t and t not in constants for t in operands) or attrs.get("block_size", 0):
+        return None
+    axis = None
+    if op_type in QDQ_OPS:
+        scale = constants[operands[0]]
+        if scale.ndim > 1:
+            return None
+        if scale.ndim == 1 and scale.size > 1:  # (onnxruntime takes a 1-D scale of one element as per tensor)
+            axis = int(attrs.get("axis", 1)) % max(rank, 1)  # type: ignore[call-overload]
+    while operands and not operands[-1]:
+        operands = operands[:-1]
+    return Attached(op_type, dict(attrs), operands, axis)
+
+
+def operands(fused: Fused) -> list[str]:
+    """The constants the nodes attached to a layer read."""
+    return [t for op in [*(op for _, op in fused.inputs), *fused.outputs] for t in op.operands]
+
+
+def dequantized_weight(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> Dequantized | None:
+    """A folded DequantizeLinear of a constant, as lowering is to write it (None: any other node)."""
+    if node.op_type != DEQUANTIZE or not node.input or node.input[0] not in constants:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    op = _attached(DEQUANTIZE, node.domain, attrs, node.input, constants[node.input[0]].ndim, constants)
+    return None if op is None else Dequantized(node.input[0], op)
+
+
+def fuse(layers: Sequence[Layer], tensors: Mapping[str, Tensor], constants: Mapping[str, np.ndarray],
+         outputs: Sequence[str]) -> list[Layer]:
+    """The layers with every QDQ pattern attached to its op (module docstring). A
+    DequantizeLinear read by several layers goes into each (as onnxruntime's
+    EnsureUniqueDQForNodeUnit copies it); it stays a layer of its own only where something
+    else reads it too. The Relu/Clip behind a layer go into it only on the way to a
+    QuantizeLinear, and only where each is the one reader of the value before it."""
+    producers = {t: layer for layer in layers for t in layer.outputs if t}
+    readers: dict[str, list[Layer]] = {}
+    for layer in layers:
+        for t in dict.fromkeys(layer.inputs):
+            if t:
+                readers.setdefault(t, []).append(layer)
+
+    def attached(layer: Layer) -> Attached | None:
+        if layer.captured or layer.shape_from_values or not layer.inputs or not layer.inputs[0]:
+            return None
+        return _attached(layer.op_type, layer.domain, layer.attrs, layer.inputs, len(tensors[layer.inputs[0]].shape), constants)
+
+    fused: dict[str, Layer] = {}
+    absorbed: set[str] = set()  # the Relu/Clip/QuantizeLinear layers taken into the layer before them
+    taken: set[tuple[str, str]] = set()  # (layer, the DequantizeLinear's value it took in)
+    for layer in layers:
+        if layer.name in absorbed or layer.op_type in QDQ_OPS or layer.captured or layer.shape_from_values \
+                or not is_default_domain(layer.domain):
+            continue
+        inputs = list(layer.inputs)
+        before: list[tuple[int, Attached]] = []
+        for k, t in enumerate(layer.explicit_inputs):
+            producer = producers.get(t)
+            if producer is not None and producer.op_type == DEQUANTIZE and (op := attached(producer)) is not None:
+                inputs[k] = producer.inputs[0]
+                before.append((k, op))
+                taken.add((layer.name, t))
+        chain: list[Layer] = []
+        after: list[Attached] = []
+        value = layer.outputs[0] if len(layer.outputs) == 1 else ""
+        while value and value not in outputs and len(readers.get(value, [])) == 1:
+            reader = readers[value][0]
+            if reader.op_type not in (QUANTIZE, *ACTIVATIONS) or value in reader.inputs[1:] or (op := attached(reader)) is None:
+                break
+            chain.append(reader)
+            after.append(op)
+            value = reader.outputs[0]
+            if reader.op_type == QUANTIZE:
+                break
+        if not after or after[-1].op_type != QUANTIZE:
+            chain, after = [], []
+        if before or after:
+            absorbed.update(c.name for c in chain)
+            out = (chain[-1].outputs[0],) if chain else layer.outputs
+            fused[layer.name] = replace(layer, inputs=tuple(inputs), outputs=out, fused=Fused(tuple(before), tuple(after)))
+
+    def still_read(layer: Layer) -> bool:
+        value = layer.outputs[0]
+        return value in outputs or any((r.name, value) not in taken for r in readers.get(value, []))
+
+    return [fused.get(layer.name, layer) for layer in layers
+            if layer.name not in absorbed and (layer.op_type != DEQUANTIZE or still_read(layer))]
+

@@ -1,0 +1,99 @@
+"""Quantized (QDQ) models, as onnxruntime's `quantize_static` writes them, compiled and run
+bit-exactly: every segment shows onnxruntime the DequantizeLinear–op–QuantizeLinear patterns
+it fuses into integer kernels in the whole model (frontends/quantized.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+from bbgrap import zoo
+from bbgrap.plan import Plan
+from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
+
+
+class _Samples(CalibrationDataReader):
+    def __init__(self, name: str, shape: list[int]) -> None:
+        rng = np.random.default_rng(0)
+        self.samples = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(3)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.samples, None)
+
+
+def quantized(tmp_path: str, name: str, per_channel: bool, activations: QuantType) -> str:
+    """A small zoo model quantized by onnxruntime (QDQ format, int8 weights)."""
+    model = zoo.build(name, resolution=40, width=0.25)
+    src = save(model, tmp_path, f"{name}-float")
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    dst = os.path.join(tmp_path, f"{name}-qdq.onnx")
+    quantize_static(src, dst, _Samples(model.graph.input[0].name, shape), quant_format=QuantFormat.QDQ,
+                    activation_type=activations, weight_type=QuantType.QInt8, per_channel=per_channel)
+    return dst
+
+
+def cut_everywhere(plan: Plan) -> None:
+    """Every node computes a share of the model: the fused layers were cut, not placed whole."""
+    assert all(n.flops > 0 for n in plan.stats.per_node), plan.stats.per_node
+
+
+@pytest.mark.parametrize(("name", "per_channel", "activations", "nodes", "direction"), [
+    ("resnet18", False, QuantType.QUInt8, 2, "h"),
+    ("resnet18", True, QuantType.QInt8, 3, "w"),
+    ("resnet18", True, QuantType.QUInt8, 2, "c"),
+    ("mobilenet_v2", True, QuantType.QUInt8, 3, "h"),
+    ("mobilenet_v2", False, QuantType.QInt8, 2, "c"),
+])
+def test_quantized_zoo_models_run_bit_exactly(tmp_path, name: str, per_channel: bool, activations: QuantType, nodes: int,
+                                             direction: str) -> None:
+    """Each layer cut evenly (and by the dp planner): the plan's result is onnxruntime's to the bit,
+    and the halos between fused layers move as 8-bit integers."""
+    path = quantized(str(tmp_path), name, per_channel, activations)
+    for search in (False, True):
+        plan_dir = str(tmp_path / f"plan-{search}")
+        plan = compile_plan(path, plan_dir, nodes=nodes, direction=direction, search=search,
+                            **({"planner": "dp"} if search else {}))
+        if not search:
+            cut_everywhere(plan)
+            assert {m.dtype for m in plan.messages} & {"uint8", "int8"}, [m.dtype for m in plan.messages]
+        outputs, rel = run_plan(plan_dir)
+        assert rel == 0.0 and all(np.isfinite(o).all() for o in outputs.values()), (search, rel)
+
+
+def qdq_conv() -> onnx.ModelProto:
+    """A convolution quantized as onnxruntime's quantize_static writes it, with a float bias and a
+    Relu before the QuantizeLinear (both fused by onnxruntime: ReluQuantFusion, QLinearConv)."""
+    rng = np.random.default_rng(3)
+    consts = {"xs": np.float32(0.02), "xz": np.uint8(0), "wq": rng.integers(-100, 100, (8, 3, 3, 3)).astype(np.int8),
+              "ws": np.full(8, 0.01, np.float32), "wz": np.zeros(8, np.int8), "b": (rng.standard_normal(8) * 0.3).astype(np.float32),
+              "rs": np.float32(0.05), "rz": np.uint8(0)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["a"], pads=[1] * 4), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]), helper.make_node("DequantizeLinear", ["rq", "rs", "rz"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 10])],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_a_quantized_model_checks_exactly_under_mpirun(tmp_path) -> None:
+    """bbgrap-run --check under mpirun compares with onnxruntime on the model itself: no difference."""
+    path = save(qdq_conv(), str(tmp_path))
+    plan = str(tmp_path / "plan")
+    compiled = bbgrap("compile", path, "--nodes", "2", "--direction", "h", "-o", plan)
+    assert compiled.returncode == 0, compiled.stderr
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
+    proc = subprocess.run([mpirun, "-n", "2", os.path.join(os.path.dirname(sys.executable), "bbgrap-run"), plan, "--check",
+                           "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "max abs error 0, rel 0 against the model (ok)" in proc.stdout + proc.stderr, proc.stderr
+    in_process = bbgrap_run(plan, "--repeat", "1")
+    assert in_process.returncode == 0 and "max abs error 0," in in_process.stdout + in_process.stderr, in_process.stderr
