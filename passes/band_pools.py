@@ -48,7 +48,10 @@ def banded(layer: Layer, graph: Graph, nodes: int) -> tuple[Layer, Layer, Tensor
     """The band pool, the pool of its bands and the tensor between them that replace `layer`, or
     None where it is not a global average pool over an N x C x H x W map whose H rows split into
     `nodes` equal bands of at least two rows (of floating-point values: AveragePool takes no
-    integers, which ReduceMean does)."""
+    integers, which ReduceMean does). Not a quantized model's fused pool (`Layer.fused`): its
+    integer kernel rounds the mean it computes, so the mean of rounded band means is not it."""
+    if layer.fused is not None:
+        return None
     x = graph.tensors.get(layer.inputs[0]) if layer.inputs else None
     if x is None or x.dtype not in FLOATS or len(x.shape) != 4 or x.shape[2] < 2 * nodes or x.shape[2] % nodes:
         return None

@@ -60,6 +60,17 @@ def test_a_reduce_mean_of_integers_is_left() -> None:
     assert not BandPools(2)(graph).modified
 
 
+def test_a_quantized_models_fused_pool_is_left() -> None:
+    """A pool with a QuantizeLinear after it (Layer.fused): onnxruntime's integer kernel rounds the
+    mean, and the mean of N rounded band means is not the rounded mean."""
+    consts = {"s": np.array(0.01, np.float32), "z": np.array(3, np.uint8)}
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["q"], name="quantize")]
+    graph = import_proto(build_model(nodes, {"x": [1, 8, 12, 10]}, consts, ["q"], 17), "quantized").graph
+    assert graph.layer("pool").fused is not None and graph.tensors[graph.layer("pool").inputs[0]].dtype == "float32"
+    assert not BandPools(2)(graph).modified
+
+
 def test_a_pool_over_rows_that_split_evenly_becomes_a_pool_of_bands() -> None:
     graph = BandPools(2)(pool_graph(8, 12, 10)).graph
     assert [(layer.name, layer.op_type) for layer in graph.layers] == [("relu", "Relu"), ("pool", "AveragePool"),
