@@ -15,8 +15,6 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -80,7 +78,7 @@ def bytes_read(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegis
     weights = activations = 0
     for t, need in zip(layer.inputs, rule.local(layer, graph, region).needs):
         if t and need is not None and t not in skip:
-            nbytes = need.volume * np.dtype(graph.tensors[t].dtype).itemsize
+            nbytes = need.volume * graph.itemsize(t)
             if t in graph.constants:
                 weights += nbytes
             else:
@@ -120,7 +118,7 @@ def weight_share(layer: Layer, graph: Graph, needs: Sequence[ShapeMap | None]) -
 def weight_bytes(layer: Layer, graph: Graph) -> int:
     """Bytes of the layer's constant inputs (its weights, a bias): what a node computing all of its
     output channels streams from memory once per inference (`NodeProfile.layer_time`)."""
-    return sum(graph.tensors[t].nbytes for t in layer.inputs if t in graph.constants)
+    return sum(math.prod(graph.tensors[t].shape) * graph.itemsize(t) for t in layer.inputs if t in graph.constants)
 
 
 def plan_flops(graph: Graph, owned: bool = False, registry: RuleRegistry | None = None) -> list[float]:

@@ -569,6 +569,12 @@ class Graph:
                     out.setdefault(t, []).append(layer)
         return out
 
+    def itemsize(self, tensor: str) -> int:
+        """Bytes per element of `tensor` as a plan holds it: a quantized model's dequantized weight
+        (`dequantized`) as its integer source, which lowering writes, not its float value."""
+        weight = self.dequantized.get(tensor)
+        return int(np.dtype(self.tensors[weight.source if weight is not None else tensor].dtype).itemsize)
+
     def is_activation(self, tensor: str) -> bool:
         return bool(tensor) and tensor not in self.constants
 

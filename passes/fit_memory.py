@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
-import numpy as np
 from bbgrap.passes.naive_partition import CHANNELS, channel_cut
 
 from bbgrap.cost import CPU_MEMORY, CPU_MEMORY_UNPACKED, DOUBLED_OPS, MemoryCost, NodeMemory
@@ -42,15 +41,11 @@ from bbgrap.rules.registry import RuleRegistry, default_registry
 MB = 1e6
 
 
-def _itemsize(graph: Graph, tensor: str) -> int:
-    return int(np.dtype(graph.tensors[tensor].dtype).itemsize)
-
-
 def layer_weight_bytes(graph: Graph, layer: Layer, part: LayerPartition, node: int) -> int:
     """Bytes of the layer's constant inputs that `node` reads."""
     if node not in part.active_nodes():
         return 0
-    return sum(need.volume * _itemsize(graph, t) for t, need in zip(layer.inputs, part.needs[node])
+    return sum(need.volume * graph.itemsize(t) for t, need in zip(layer.inputs, part.needs[node])
                if need is not None and t in graph.constants)
 
 
@@ -65,9 +60,9 @@ def node_memory(graph: Graph, partitions: dict[str, LayerPartition]) -> list[Nod
             held = layer_weight_bytes(graph, layer, part, n)
             weights[n] += held
             doubled[n] += held if layer.op_type in DOUBLED_OPS else 0
-            live = sum(need.volume * _itemsize(graph, t) for t, need in zip(layer.inputs, part.needs[n])
+            live = sum(need.volume * graph.itemsize(t) for t, need in zip(layer.inputs, part.needs[n])
                        if need is not None and graph.is_activation(t))
-            live += part.emitted(n).volume * _itemsize(graph, layer.outputs[0])
+            live += part.emitted(n).volume * graph.itemsize(layer.outputs[0])
             activations[n] = max(activations[n], live)
     return [NodeMemory(w, d, a) for w, d, a in zip(weights, doubled, activations)]
 

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config, Direction
+from bbgrap.cost import weight_bytes
 from bbgrap.ir import Attached
 from bbgrap.pass_manager import PassManager
 
@@ -51,6 +52,7 @@ def test_a_convolution_takes_its_pattern_and_its_weight_stays_integer() -> None:
     weight = graph.dequantized["wd"]
     assert weight.source == "wq" and weight.node.axis == 0 and weight.node.operands == ("ws", "wz")
     assert graph.constants["wq"].dtype == np.int8
+    assert graph.itemsize("wd") == 1 and weight_bytes(conv, graph) == 4 * 3 * 3 * 3  # the plan holds the int8 weight
 
 
 def test_a_dequantized_value_read_by_two_layers_goes_into_each() -> None:
