@@ -23,6 +23,7 @@ import numpy as np
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+MS_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops: the QOperator format's QLinearAdd, QLinearConcat, ...
 
 
 def is_default_domain(domain: str) -> bool:
@@ -162,20 +163,26 @@ class RegionRule(ABC):
 
 
 class RuleRegistry:
-    """Op type → rule and traits, with duplicate registration an error (as onnxslim's shape
-    handlers do), so two families cannot silently disagree. Ops of a domain other than ONNX's
-    default have no rule and default traits, whatever their name."""
+    """(Domain, op type) → rule and traits, with duplicate registration an error (as onnxslim's
+    shape handlers do), so two families cannot silently disagree. An op is registered for ONNX's
+    default domain unless a domain is named (onnxruntime's com.microsoft QLinearAdd); an op of
+    any other domain has no rule and default traits, whatever its name."""
 
     def __init__(self) -> None:
-        self._rules: dict[str, RegionRule] = {}
-        self._traits: dict[str, OpTraits] = {}
+        self._rules: dict[tuple[str, str], RegionRule] = {}
+        self._traits: dict[tuple[str, str], OpTraits] = {}
 
-    def register(self, op_types: Iterable[str], rule: RegionRule, traits: OpTraits = OpTraits()) -> None:
+    @staticmethod
+    def _key(op_type: str, domain: str) -> tuple[str, str]:
+        return ("" if is_default_domain(domain) else domain, op_type)
+
+    def register(self, op_types: Iterable[str], rule: RegionRule, traits: OpTraits = OpTraits(), domain: str = "") -> None:
         for op in op_types:
-            if op in self._rules:
-                raise ValueError(f"region rule for {op} registered twice")
-            self._rules[op] = rule
-            self._traits[op] = traits
+            key = self._key(op, domain)
+            if key in self._rules:
+                raise ValueError(f"region rule for {'.'.join(k for k in key if k)} registered twice")
+            self._rules[key] = rule
+            self._traits[key] = traits
 
     def get(self, layer: Layer) -> RegionRule | None:
         """The layer's rule; None for an op without one, and for a layer whose shapes depend on the
@@ -183,18 +190,20 @@ class RuleRegistry:
         return None if layer.shape_from_values else self.rule_of(layer.op_type, layer.domain)
 
     def rule_of(self, op_type: str, domain: str = "") -> RegionRule | None:
-        return self._rules.get(op_type) if is_default_domain(domain) else None
+        return self._rules.get(self._key(op_type, domain))
 
     def traits(self, op_type: str, domain: str = "") -> OpTraits:
         """The op's runtime traits (the defaults for an op without a rule)."""
-        return self._traits.get(op_type, OpTraits()) if is_default_domain(domain) else OpTraits()
+        return self._traits.get(self._key(op_type, domain), OpTraits())
 
     def __contains__(self, op_type: str) -> bool:
-        return op_type in self._rules
+        """Whether an op of ONNX's default domain has a rule."""
+        return self._key(op_type, "") in self._rules
 
-    def op_types(self) -> list[str]:
-        return sorted(self._rules)
-
+    def op_types(self, domain: str = "") -> list[str]:
+        """The ops of `domain` (ONNX's default: "") that have a rule."""
+        wanted = self._key("", domain)[0]
+        return sorted(op for d, op in self._rules if d == wanted)
 
 # region helpers shared by the rule families ------------------------------------------
 
@@ -226,3 +235,4 @@ def whole(layer: Layer, graph: Graph, out: ShapeMap) -> Local:
 
 def all_axes(layer: Layer, graph: Graph) -> frozenset[int]:
     return frozenset(range(len(shape(graph, layer.outputs[0]))))
+

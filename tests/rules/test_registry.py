@@ -10,7 +10,7 @@ from bbgrap.frontends.onnx import import_proto
 from onnx import helper
 
 from bbgrap.ir import GROUPS, Layer
-from bbgrap.rules.base import RegionRule, RuleRegistry
+from bbgrap.rules.base import MS_DOMAIN, RegionRule, RuleRegistry
 from bbgrap.rules.registry import FAMILIES, build_default_registry, default_registry
 from bbgrap.rules.structural import WholeRule
 from tests.rules.helpers import build_model, single_op
@@ -69,6 +69,16 @@ def test_other_domain_has_no_rule() -> None:
     assert default_registry().get(_layer("Conv", "com.microsoft")) is None
     assert default_registry().get(_layer("Conv", "ai.onnx")) is not None
     assert default_registry().get(_layer("Conv", "")) is not None
+
+
+def test_domain_registration_is_separate() -> None:
+    """One op name registered in two domains is two rules; twice in one domain is an error."""
+    registry = RuleRegistry()
+    registry.register(["Foo"], WholeRule())
+    registry.register(["Foo"], WholeRule(), domain=MS_DOMAIN)
+    with pytest.raises(ValueError, match=f"region rule for {MS_DOMAIN}.Foo registered twice"):
+        registry.register(["Foo"], WholeRule(), domain=MS_DOMAIN)
+    assert registry.rule_of("Foo", "ai.onnx") is registry.rule_of("Foo") is not registry.rule_of("Foo", MS_DOMAIN)
 
 
 def test_default_registry_is_built_once() -> None:
