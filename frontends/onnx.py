@@ -29,6 +29,7 @@ from bbgrap.ir import BBGrapError, Dequantized, Graph, Layer, Tensor
 from bbgrap.rules.base import is_default_domain
 from bbgrap.rules.indexing import split_as_slices
 from bbgrap.rules.registry import RuleRegistry, default_registry
+from bbgrap.rules.window import WEIGHTS
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 SHAPE_ONLY = {"Shape", "Size"}
@@ -501,9 +502,10 @@ def import_proto(
         captured = captured_inputs(node)
         rule = registry.rule_of(node.op_type, node.domain) if not captured else None  # a node with a body is computed whole
         held = any(t in sized_by_data for t in [*node.input, *node.output] if t)  # its shapes are the input's values'
-        if rule is not None and rule.windowed and not held:  # (a held layer keeps auto_pad: its input's shape may vary)
+        # (a held layer keeps auto_pad: its input's shape may vary; a channels-last one, which no rule cuts, its own)
+        if rule is not None and rule.windowed and not held and not attrs.get("channels_last", 0):
             x = tensors[node.input[0]].shape
-            kernel = attrs.get("kernel_shape") or list(tensors[node.input[1]].shape[2:])
+            kernel = attrs.get("kernel_shape") or list(tensors[node.input[WEIGHTS.get(node.op_type, 1)]].shape[2:])
             attrs["kernel_shape"] = list(kernel)
             _explicit_pads(attrs, x[2:], kernel)
         layer = Layer(node.name, node.op_type, node.domain, attrs, tuple(node.input) + captured, tuple(node.output), captured=captured)

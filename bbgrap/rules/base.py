@@ -8,15 +8,16 @@ region through unchanged (the search lets it follow its producer's cut), whether
 kernel window (explicit pads in the frontend, window slack in lowering), and, given when
 the family registers it, what the runtime does with it (`OpTraits`). The registry
 (`RuleRegistry`, here) is filled by `registry.default_registry`, which imports the families;
-the families import only this module.
+the families import only this module. `QuantizedRule` (here) is how a family cuts a QOperator op
+(QLinearConv, com.microsoft's QLinearAdd) as the float op it stands for.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -236,3 +237,96 @@ def whole(layer: Layer, graph: Graph, out: ShapeMap) -> Local:
 def all_axes(layer: Layer, graph: Graph) -> frozenset[int]:
     return frozenset(range(len(shape(graph, layer.outputs[0]))))
 
+
+# QOperator ops ------------------------------------------------------------------------
+
+
+class QuantizedRule(RegionRule):
+    """A QOperator op (what onnxruntime's quantize_static writes with QuantFormat.QOperator:
+    QLinearConv, QLinearMatMul, com.microsoft's QLinearAdd, ...) cut exactly as the float op it
+    stands for, by that op's rule (`base`).
+
+    Its integer values sit where the float op has its inputs, among scales and zero points:
+    `values[j]` is the position of the float op's input j among the layer's inputs. `base` maps a
+    region on a view of the layer that has only those inputs and `float_op` as its type, and what it
+    says holds for the quantized op as it is: each output value is the float op's on the input
+    values, requantized on its own, so its regions, attributes and computed rows are the float op's;
+    where a local op pads (a piece at a border keeps the border's pads), onnxruntime pads with the
+    input's zero point, the value that stands for the float op's 0.
+
+    Every other input is a scale or zero point. `follows[k] = (j, axis)`: input k belongs to value
+    j, so it is dropped from the local op with it (QLinearConcat's triples), and where it has more
+    than one element it is per index along the value's `axis` (QLinearConv's per-output-channel
+    w_scale, along the weights' axis 0), so a piece reads the indices its value's region reads
+    there. A scalar or one-element one is read whole, as is every input not in `follows`; where
+    such an input has more than one element, or one in `follows` more than one axis, the rule
+    cannot tell which of them a piece reads, and the layer is not cut."""
+
+    def __init__(self, base: RegionRule, float_op: str, values: Sequence[int], follows: Mapping[int, tuple[int, int]] | None = None) -> None:
+        self.base, self.float_op = base, float_op
+        self.values = tuple(values)
+        self.follows = dict(follows or {})
+        self.group = base.group
+
+    def operands(self, layer: Layer) -> tuple[tuple[int, ...], Mapping[int, tuple[int, int]]]:
+        """`values` and `follows` for this layer (an op of variadic inputs works them out)."""
+        return self.values, self.follows
+
+    def view(self, layer: Layer) -> Layer:
+        """The layer as its float op: the integer values as its inputs, the op type `float_op`."""
+        values, _ = self.operands(layer)
+        inputs = [layer.inputs[k] if k < len(layer.inputs) else "" for k in values]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        return replace(layer, op_type=self.float_op, domain="", inputs=tuple(inputs), captured=())
+
+    def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
+        values, follows = self.operands(layer)
+        for k, t in enumerate(layer.inputs):
+            if not t or k in values:
+                continue
+            dims = shape(graph, t)
+            if (len(dims) > 1 and k in follows) or (int(np.prod(dims)) > 1 and k not in follows):
+                return frozenset()
+        return self.base.axes(self.view(layer), graph)
+
+    def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        values, follows = self.operands(layer)
+        view = self.base.local(self.view(layer), graph, out)
+        needs: list[ShapeMap | None] = [full(graph, t) if t else None for t in layer.inputs]
+        for j, k in enumerate(values):
+            if k < len(needs):
+                needs[k] = view.needs[j] if j < len(view.needs) else None
+        for k, (j, axis) in follows.items():
+            if k >= len(needs) or not layer.inputs[k]:
+                continue
+            value = needs[values[j]]
+            if value is None:
+                needs[k] = None
+            elif int(np.prod(shape(graph, layer.inputs[k]))) > 1:
+                iv = value.interval(axis % value.rank)
+                needs[k] = ShapeMap.box([iv.start], [iv.stop])
+        inputs = {values[j]: v for j, v in view.inputs.items()}
+        return Local(tuple(needs), view.computes, view.attrs, inputs, view.emits)
+
+    def ops_per_element(self, layer: Layer, graph: Graph) -> float:
+        """The float op's."""
+        return self.base.ops_per_element(self.view(layer), graph)
+
+
+class QuantizedWindowRule(QuantizedRule):
+    """A QOperator op of a windowed float op (QLinearConv, QLinearAveragePool): `RegionRule.windowed`."""
+
+    windowed = True
+
+
+class QuantizedElementwiseRule(QuantizedRule):
+    """A QOperator op of an elementwise float op (QLinearAdd, QLinearSigmoid): `RegionRule.passes_through`."""
+
+    passes_through = True
+
+
+def quantized(base: RegionRule, float_op: str, values: Sequence[int], follows: Mapping[int, tuple[int, int]] | None = None) -> QuantizedRule:
+    """The `QuantizedRule` of `base`, of the subclass that keeps its `windowed` or `passes_through`."""
+    kind = QuantizedWindowRule if base.windowed else QuantizedElementwiseRule if base.passes_through else QuantizedRule
+    return kind(base, float_op, values, follows)

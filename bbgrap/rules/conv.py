@@ -2,7 +2,8 @@
 
 Spatial axes use the windowed rule (thesis eq. 3.2–3.6); the channel axis cuts the
 weights, and a cut through the middle of a group computes the whole groups it
-touches and crops (a group conv needs the groups' input channels whole).
+touches and crops (a group conv needs the groups' input channels whole). QLinearConv,
+the QOperator format's integer convolution, is cut as Conv (`base.QuantizedRule`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, shape
+from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, quantized, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -131,5 +132,10 @@ class ConvTransposeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Conv"], ConvRule(), OpTraits(layout=Layout.BLOCKED, channel_block=NCHWC_BLOCK, read_ops=CONV_READ_OPS))
+    conv = ConvRule()
+    registry.register(["Conv"], conv, OpTraits(layout=Layout.BLOCKED, channel_block=NCHWC_BLOCK, read_ops=CONV_READ_OPS))
+    # QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, [B]): Conv's x, w and B, w's
+    # scale and zero point per output channel (w's axis 0); onnxruntime runs it on plain NCHW (or its own NHWC), never
+    # in the float NCHWc layout; its filters are read again per piece as Conv's
+    registry.register(["QLinearConv"], quantized(conv, "Conv", (0, 3, 8), {4: (1, 0), 5: (1, 0)}), OpTraits(read_ops=CONV_READ_OPS))
     registry.register(["ConvTranspose"], ConvTransposeRule(), OpTraits())

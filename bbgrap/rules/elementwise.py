@@ -1,5 +1,6 @@
 """Elementwise ops: activations, broadcasting arithmetic, Expand, BatchNormalization,
-QuantizeLinear and DequantizeLinear.
+QuantizeLinear and DequantizeLinear; the QOperator format's com.microsoft QLinearAdd,
+QLinearMul, QLinearSigmoid and QLinearLeakyRelu, cut as their float ops (`base.QuantizedRule`).
 
 Every output element depends only on the input elements at the same (broadcast)
 position, so regions pass through; constant operands are sliced along with them.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from bbgrap.ir import Graph, Layer, ShapeMap
-from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, shape
+from bbgrap.rules.base import MS_DOMAIN, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, quantized, shape
 
 ACTIVATIONS = (
     "PRelu",
@@ -112,3 +113,9 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())
     registry.register(["QuantizeLinear", "DequantizeLinear"], QuantizeRule())
+    # com.microsoft's QLinearAdd/QLinearMul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
+    # and QLinearSigmoid/QLinearLeakyRelu(X, X_scale, X_zero_point, Y_scale, Y_zero_point), scales per tensor
+    for op in ("Add", "Mul"):
+        registry.register([f"QLinear{op}"], quantized(arithmetic, op, (0, 3)), domain=MS_DOMAIN)
+    for op in ("Sigmoid", "LeakyRelu"):
+        registry.register([f"QLinear{op}"], quantized(activation, op, (0,)), domain=MS_DOMAIN)

@@ -2,7 +2,9 @@
 
 Windowed pools cut any axis (channels and batch pass through, spatial axes use the
 windowed rule); global pools cannot cut a spatial axis; LRN sums over a window of channels, so a
-piece of a channel cut reads a channel halo (`LRNRule`).
+piece of a channel cut reads a channel halo (`LRNRule`). The QOperator format's com.microsoft
+QLinearAveragePool and QLinearGlobalAveragePool are cut as their float ops (`base.QuantizedRule`);
+their `channels_last` layout (NHWC) as well for the global pool, not at all for the windowed one.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, shape
+from bbgrap.rules.base import MS_DOMAIN, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, quantized, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -23,7 +25,8 @@ class WindowPoolRule(RegionRule):
         return float(math.prod(layer.attrs.get("kernel_shape", [1])))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        if len([t for t in layer.outputs if t]) > 1:  # MaxPool's Indices: opaque
+        # MaxPool's Indices: opaque; a channels-last (NHWC) QLinearAveragePool has its window on other axes
+        if len([t for t in layer.outputs if t]) > 1 or layer.attrs.get("channels_last", 0):
             return frozenset()
         return all_axes(layer, graph)
 
@@ -36,17 +39,28 @@ class WindowPoolRule(RegionRule):
 
 
 class GlobalPoolRule(RegionRule):
+    """A pool over every spatial axis: batch and channels pass through, the spatial axes are read
+    whole. Channels are axis 1, or the last axis where `channels_last` is set (NHWC: a
+    QLinearGlobalAveragePool)."""
+
     group = "pools"
+
+    def _axes(self, layer: Layer, graph: Graph) -> tuple[int, int]:
+        """The batch and channel axes."""
+        return 0, len(shape(graph, layer.inputs[0])) - 1 if layer.attrs.get("channels_last", 0) else 1
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
         """One operation per input element of the channel: ∏spatial."""
-        return float(math.prod(shape(graph, layer.inputs[0])[2:]))
+        dims = shape(graph, layer.inputs[0])
+        return float(math.prod(dims)) / max(1, math.prod(dims[a] for a in self._axes(layer, graph)))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return frozenset({0, 1})
+        return frozenset(self._axes(layer, graph))
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
-        need = full(graph, layer.inputs[0]).with_axis(0, out.interval(0)).with_axis(1, out.interval(1))
+        need = full(graph, layer.inputs[0])
+        for a in self._axes(layer, graph):
+            need = need.with_axis(a, out.interval(a))
         return Local((need,), out)
 
 
@@ -76,8 +90,12 @@ class LRNRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["MaxPool", "AveragePool"], WindowPoolRule(), OpTraits(layout=Layout.BLOCKED))
+    window, global_pool = WindowPoolRule(), GlobalPoolRule()
+    registry.register(["MaxPool", "AveragePool"], window, OpTraits(layout=Layout.BLOCKED))
     registry.register(["LpPool"], WindowPoolRule())
-    registry.register(["GlobalAveragePool", "GlobalMaxPool"], GlobalPoolRule(), OpTraits(layout=Layout.BLOCKED))
+    registry.register(["GlobalAveragePool", "GlobalMaxPool"], global_pool, OpTraits(layout=Layout.BLOCKED))
     registry.register(["GlobalLpPool"], GlobalPoolRule())
     registry.register(["LRN"], LRNRule())
+    # com.microsoft's QLinearAveragePool and QLinearGlobalAveragePool(X, x_scale, x_zero_point, y_scale, y_zero_point)
+    registry.register(["QLinearAveragePool"], quantized(window, "AveragePool", (0,)), domain=MS_DOMAIN)
+    registry.register(["QLinearGlobalAveragePool"], quantized(global_pool, "GlobalAveragePool", (0,)), domain=MS_DOMAIN)

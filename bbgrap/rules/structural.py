@@ -1,5 +1,6 @@
 """Ops that move elements around: Concat, Transpose, Reshape (with Flatten, Squeeze and
-Unsqueeze), Gemm, MatMul, Einsum, Softmax."""
+Unsqueeze), Gemm, MatMul, Einsum, Softmax; the QOperator format's QLinearMatMul and
+QLinearConcat, cut as MatMul and Concat (`base.QuantizedRule`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, full, shape
+from bbgrap.rules.base import (
+    MS_DOMAIN,
+    Layout,
+    Local,
+    OpTraits,
+    QuantizedRule,
+    RegionRule,
+    RuleRegistry,
+    all_axes,
+    broadcast_need,
+    full,
+    quantized,
+    shape,
+)
 
 
 def _axis(layer: Layer, rank: int, default: int) -> int:
@@ -248,6 +262,19 @@ class SoftmaxRule(RegionRule):
         return Local((need,), out)
 
 
+class QLinearConcatRule(QuantizedRule):
+    """com.microsoft's QLinearConcat(Y_scale, Y_zero_point, X₀, scale₀, zero_point₀, X₁, ...), cut as
+    Concat on its values: each X's scale and zero point go with it, dropped with it from a piece
+    whose region does not touch it."""
+
+    def __init__(self, base: RegionRule) -> None:
+        super().__init__(base, "Concat", ())
+
+    def operands(self, layer: Layer) -> tuple[tuple[int, ...], dict[int, tuple[int, int]]]:
+        values = tuple(range(2, len(layer.inputs), 3))
+        return values, {k + d: (j, 0) for j, k in enumerate(values) for d in (1, 2)}
+
+
 class WholeRule(RegionRule):
     """Ops computed whole on one node: every input is read whole."""
 
@@ -259,10 +286,16 @@ class WholeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Concat"], ConcatRule(), OpTraits(moves_data=True, layout=Layout.BLIND))
+    concat = ConcatRule()
+    registry.register(["Concat"], concat, OpTraits(moves_data=True, layout=Layout.BLIND))
+    registry.register(["QLinearConcat"], QLinearConcatRule(concat), domain=MS_DOMAIN)  # it requantizes: it computes
     registry.register(["Transpose"], TransposeRule())
     registry.register(["Gemm"], GemmRule())
-    registry.register(["MatMul"], MatMulRule())
+    matmul = MatMulRule()
+    registry.register(["MatMul"], matmul)
+    # QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point): MatMul's a and b, a's
+    # scale and zero point per row (a's axis -2), b's per column (b's axis -1), or per tensor
+    registry.register(["QLinearMatMul"], quantized(matmul, "MatMul", (0, 3), {1: (0, -2), 2: (0, -2), 4: (1, -1), 5: (1, -1)}))
     registry.register(["Einsum"], EinsumRule())
     registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
     registry.register(["Reshape", "Flatten", "Squeeze", "Unsqueeze"], ReshapeRule(), OpTraits(moves_data=True, view=True))

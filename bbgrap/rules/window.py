@@ -51,10 +51,14 @@ class Window:
         return size
 
 
+# where a windowed op without `kernel_shape` has the weights that give its kernel
+WEIGHTS = {"Conv": 1, "QLinearConv": 3}
+
+
 def kernel_of(graph: Graph, layer: Layer) -> tuple[int, ...]:
-    """The spatial kernel of a windowed layer: a Conv's from its weights, a pool's `kernel_shape`."""
-    if layer.op_type == "Conv":
-        return tuple(graph.tensors[layer.inputs[1]].shape[2:])
+    """The spatial kernel of a windowed layer: a convolution's from its weights, a pool's `kernel_shape`."""
+    if layer.op_type in WEIGHTS:
+        return tuple(graph.tensors[layer.inputs[WEIGHTS[layer.op_type]]].shape[2:])
     return tuple(int(v) for v in layer.attrs["kernel_shape"])
 
 

@@ -28,7 +28,7 @@ from bbgrap.rules.base import Local, RegionRule
 from bbgrap.rules.registry import default_registry
 from bbgrap.rules.window import Window
 
-WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
+WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool", "QLinearConv", "QLinearAveragePool")
 
 seeds = st.integers(0, 2**32 - 1)
 

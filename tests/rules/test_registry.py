@@ -54,6 +54,7 @@ def test_build_default_registry_builds_the_default_one_anew() -> None:
     built = build_default_registry()
     assert built is not default_registry() and built is not build_default_registry()
     assert built.op_types() == default_registry().op_types()
+    assert built.op_types(MS_DOMAIN) == default_registry().op_types(MS_DOMAIN)
     for op in built.op_types():
         assert type(built.rule_of(op)) is type(default_registry().rule_of(op)), op
         assert built.traits(op) == default_registry().traits(op), op
@@ -69,6 +70,22 @@ def test_other_domain_has_no_rule() -> None:
     assert default_registry().get(_layer("Conv", "com.microsoft")) is None
     assert default_registry().get(_layer("Conv", "ai.onnx")) is not None
     assert default_registry().get(_layer("Conv", "")) is not None
+
+
+QOPERATOR_MS = ["QLinearAdd", "QLinearAveragePool", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu",
+                 "QLinearMul", "QLinearSigmoid"]
+
+
+def test_com_microsoft_qoperator_ops_have_rules() -> None:
+    """onnxruntime's QOperator contrib ops have rules in their own domain only; ONNX's QLinearConv
+    and QLinearMatMul in the default one."""
+    registry = default_registry()
+    assert registry.op_types(MS_DOMAIN) == QOPERATOR_MS
+    for op in QOPERATOR_MS:
+        assert registry.get(_layer(op, MS_DOMAIN)) is not None and registry.get(_layer(op)) is None, op
+        assert op not in registry
+    for op in ("QLinearConv", "QLinearMatMul"):
+        assert registry.get(_layer(op)) is not None and registry.get(_layer(op, MS_DOMAIN)) is None, op
 
 
 def test_domain_registration_is_separate() -> None:

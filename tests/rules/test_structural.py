@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
@@ -111,11 +112,9 @@ def test_gemm(data: st.DataObject, trans_a: int, trans_b: int, c_kind: str | Non
     check_partition(data, model, expect_axes={0, 1})
 
 
-@rules_settings(80)
-@given(st.data(), st.sampled_from(["weight", "activation"]), st.integers(2, 4), st.integers(2, 4))
-def test_matmul(data: st.DataObject, b_kind: str, rank_a: int, rank_b: int) -> None:
-    """A Linear on tokens/pixels (B a weight) or an activation product (attention), with batch
-    axes broadcast (size 1, or missing) on either side; every output axis can be cut."""
+def matmul_model(data: st.DataObject, b_kind: str, rank_a: int, rank_b: int) -> tuple[onnx.ModelProto, int]:
+    """A MatMul of A (rank `rank_a`) and B, a weight (`b_kind` "weight": rank `rank_b` or 2) or an
+    activation, their batch axes broadcast (size 1, or missing) on either side; and its output's rank."""
     rng = rng_of(data)
     m, k, n = (data.draw(st.integers(1, 7), label=d) for d in "MKN")
     rank_b = 2 if b_kind == "weight" and data.draw(st.booleans(), label="2-D weight") else rank_b
@@ -130,7 +129,15 @@ def test_matmul(data: st.DataObject, b_kind: str, rank_a: int, rank_b: int) -> N
         model = single_op("MatMul", ["a", "b"], {"a": a_shape}, {"b": const(rng, b_shape)}, data.draw(st.integers(13, 17)))
     else:
         model = single_op("MatMul", ["a", "b"], {"a": a_shape, "b": b_shape}, {}, data.draw(st.integers(13, 17)))
-    out_rank = max(rank_a, rank_b)
+    return model, max(rank_a, rank_b)
+
+
+@rules_settings(80)
+@given(st.data(), st.sampled_from(["weight", "activation"]), st.integers(2, 4), st.integers(2, 4))
+def test_matmul(data: st.DataObject, b_kind: str, rank_a: int, rank_b: int) -> None:
+    """A Linear on tokens/pixels (B a weight) or an activation product (attention), with batch
+    axes broadcast (size 1, or missing) on either side; every output axis can be cut."""
+    model, out_rank = matmul_model(data, b_kind, rank_a, rank_b)
     check_partition(data, model, expect_axes=set(range(out_rank)))
 
 
