@@ -1,6 +1,8 @@
-"""Quantized (QDQ) models, as onnxruntime's `quantize_static` writes them, compiled and run
-bit-exactly: every segment shows onnxruntime the DequantizeLinear–op–QuantizeLinear patterns
-it fuses into integer kernels in the whole model (frontends/quantized.py)."""
+"""Quantized models, as onnxruntime's `quantize_static` writes them, compiled and run bit-exactly.
+QDQ format: every segment shows onnxruntime the DequantizeLinear–op–QuantizeLinear patterns it
+fuses into integer kernels in the whole model (frontends/quantized.py). QOperator format: the
+integer ops themselves (QLinearConv, com.microsoft's QLinearAdd, ...) are cut as their float
+ops (rules/base.py QuantizedRule)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from bbgrap import zoo
 from bbgrap.plan import Plan
@@ -29,13 +32,18 @@ class _Samples(CalibrationDataReader):
         return next(self.samples, None)
 
 
-def quantized(tmp_path: str, name: str, per_channel: bool, activations: QuantType) -> str:
-    """A small zoo model quantized by onnxruntime (QDQ format, int8 weights)."""
+def quantized(tmp_path: str, name: str, per_channel: bool, activations: QuantType, quant_format: QuantFormat = QuantFormat.QDQ,
+              preprocess: bool = False) -> str:
+    """A small zoo model quantized by onnxruntime (QDQ format unless `quant_format` says otherwise,
+    int8 weights); with `preprocess`, onnxruntime's quant_pre_process first folds its
+    BatchNormalization into the convolutions (so QOperator's QLinearConv takes in their Relu)."""
     model = zoo.build(name, resolution=40, width=0.25)
     src = save(model, tmp_path, f"{name}-float")
+    if preprocess:
+        quant_pre_process(src, src, skip_symbolic_shape=True)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    dst = os.path.join(tmp_path, f"{name}-qdq.onnx")
-    quantize_static(src, dst, _Samples(model.graph.input[0].name, shape), quant_format=QuantFormat.QDQ,
+    dst = os.path.join(tmp_path, f"{name}-{quant_format.name}.onnx")
+    quantize_static(src, dst, _Samples(model.graph.input[0].name, shape), quant_format=quant_format,
                     activation_type=activations, weight_type=QuantType.QInt8, per_channel=per_channel)
     return dst
 
@@ -63,6 +71,35 @@ def test_quantized_zoo_models_run_bit_exactly(tmp_path, name: str, per_channel: 
                             **({"planner": "dp"} if search else {}))
         if not search:
             cut_everywhere(plan)
+            assert {m.dtype for m in plan.messages} & {"uint8", "int8"}, [m.dtype for m in plan.messages]
+        outputs, rel = run_plan(plan_dir)
+        assert rel == 0.0 and all(np.isfinite(o).all() for o in outputs.values()), (search, rel)
+
+
+@pytest.mark.parametrize(("name", "per_channel", "activations", "preprocess", "nodes", "direction"), [
+    ("resnet18", False, QuantType.QUInt8, False, 2, "h"),
+    ("resnet18", True, QuantType.QInt8, True, 3, "w"),
+    ("resnet18", True, QuantType.QUInt8, True, 2, "c"),
+    ("mobilenet_v2", True, QuantType.QUInt8, True, 3, "h"),
+])
+def test_qoperator_zoo_models_run_bit_exactly(tmp_path, name: str, per_channel: bool, activations: QuantType, preprocess: bool,
+                                              nodes: int, direction: str) -> None:
+    """A QOperator model (QLinearConv, com.microsoft's QLinearAdd and QLinearGlobalAveragePool, a
+    QGemm), each layer cut evenly and by the dp planner: every QLinear layer is cut (only QGemm, which
+    no rule covers, is opaque), its halos move as 8-bit integers, and the plan's result is
+    onnxruntime's to the bit."""
+    path = quantized(str(tmp_path), name, per_channel, activations, QuantFormat.QOperator, preprocess)
+    ops = {node.op_type for node in onnx.load(path).graph.node}
+    assert {"QLinearConv", "QLinearAdd"} <= ops and "Conv" not in ops, ops
+    for search in (False, True):
+        plan_dir = str(tmp_path / f"plan-{search}")
+        plan = compile_plan(path, plan_dir, nodes=nodes, direction=direction, search=search,
+                            **({"planner": "dp"} if search else {}))
+        assert {o.op_type for o in plan.opaque} == {"QGemm"}, plan.opaque
+        if not search:
+            cut_everywhere(plan)
+            qlinear = [row for row in plan.compiled.layer_table if row.op_type.startswith("QLinear")]
+            assert qlinear and all(row.cut != "whole" for row in qlinear), [(r.name, r.cut) for r in qlinear if r.cut == "whole"]
             assert {m.dtype for m in plan.messages} & {"uint8", "int8"}, [m.dtype for m in plan.messages]
         outputs, rel = run_plan(plan_dir)
         assert rel == 0.0 and all(np.isfinite(o).all() for o in outputs.values()), (search, rel)
