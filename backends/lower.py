@@ -247,7 +247,8 @@ class _Builder:
                 iv = region.interval(op.axis)
                 operands.append(self.constant(t, ShapeMap.box([iv.start], [iv.stop])))
         out = out or self._fresh(f"{value}/{op.op_type}")
-        self.current.nodes.append(helper.make_node(op.op_type, [value, *operands], [out], name=self._fresh(op.op_type), **op.attrs))
+        self.current.nodes.append(helper.make_node(op.op_type, [value, *operands], [out], name=self._fresh(op.op_type),
+                                                   domain=op.domain or None, **op.attrs))
         return out
 
     def _local_constant(self, layer: Layer, k: int, value: np.ndarray) -> str:
@@ -472,6 +473,8 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
             continue
         source, out = node.input[0], node.output[0]
         producer = producers.get(source)
+        if source not in meta:  # a value inside a layer's own nodes (a quantized model's DequantizeLinear before a Slice)
+            continue
         dtype, shape = meta[source]
         if producer is None or not registry.traits(producer.op_type, producer.domain).layout.produces_blocked \
                 or dtype != "float32" or len(shape) != 4:

@@ -328,12 +328,14 @@ class Attached:
     `op_type` applied to one value, with constant `operands` after it (a DequantizeLinear's
     or QuantizeLinear's scale and zero point, a Clip's bounds; "" for an absent one).
     `axis` is the value's axis a 1-D operand runs along (a per-channel scale), which lowering
-    cuts to the region it emits; None where every operand is whole (per tensor)."""
+    cuts to the region it emits; None where every operand is whole (per tensor). `domain`:
+    onnxruntime's com.microsoft for its own QuantizeLinear/DequantizeLinear (16-bit types)."""
 
     op_type: str
     attrs: Mapping[str, Any]
     operands: tuple[str, ...]
     axis: int | None = None
+    domain: str = ""
 
 
 @dataclass(frozen=True)

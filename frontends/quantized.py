@@ -29,7 +29,7 @@ import onnx
 from onnx import helper
 
 from bbgrap.ir import Attached, Dequantized, Fused, Layer, Tensor
-from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.base import MS_DOMAIN, is_default_domain
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 QDQ_OPS = (QUANTIZE, DEQUANTIZE)
@@ -42,7 +42,8 @@ def _attached(op_type: str, domain: str, attrs: Mapping[str, object], inputs: Se
     """The node as an `Attached` to its first input, or None where it cannot be one: another
     input is computed, its scale is blocked (opset 21 `block_size`) or has more than one axis."""
     operands = tuple(inputs[1:])
-    if not is_default_domain(domain) or any(t and t not in constants for t in operands) or attrs.get("block_size", 0):
+    if not (is_default_domain(domain) or (domain == MS_DOMAIN and op_type in QDQ_OPS)) \
+            or any(t and t not in constants for t in operands) or attrs.get("block_size", 0):
         return None
     axis = None
     if op_type in QDQ_OPS:
@@ -53,7 +54,7 @@ def _attached(op_type: str, domain: str, attrs: Mapping[str, object], inputs: Se
             axis = int(attrs.get("axis", 1)) % max(rank, 1)  # type: ignore[call-overload]
     while operands and not operands[-1]:
         operands = operands[:-1]
-    return Attached(op_type, dict(attrs), operands, axis)
+    return Attached(op_type, dict(attrs), operands, axis, "" if is_default_domain(domain) else domain)
 
 
 def operands(fused: Fused) -> list[str]:
@@ -68,6 +69,50 @@ def dequantized_weight(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     op = _attached(DEQUANTIZE, node.domain, attrs, node.input, constants[node.input[0]].ndim, constants)
     return None if op is None else Dequantized(node.input[0], op)
+
+
+def unsigned_pairs(layers: Sequence[Layer], tensors: dict[str, Tensor], constants: dict[str, np.ndarray],
+                   outputs: Sequence[str]) -> list[Layer]:
+    """The layers with each int8 QuantizeLinear → DequantizeLinear pair made uint8, as onnxruntime's
+    QDQS8ToU8Transformer makes it (on CPUs whose integer kernels prefer unsigned activations)
+    before it fuses the patterns: a QuantizeLinear whose one reader is a DequantizeLinear that
+    feeds one input (onnxruntime has copied a DequantizeLinear for each input it feeds by then,
+    so the QuantizeLinear of a shared one has several readers), both with one int8 zero point, of
+    equal value; the pair's zero point becomes that value + 128 as
+    uint8 (a constant added to `constants`), and the value between them uint8 (`tensors`). The
+    two are the same numbers, shifted by 128. onnxruntime can rewrite a pair only where it sees
+    both nodes, which a segment boundary or a halo between them would hide: the plan would lose
+    the integer kernels the whole model has. Done here, every segment gets the pair as rewritten."""
+    readers: dict[str, list[Layer]] = {}
+    for layer in layers:
+        for t in dict.fromkeys(layer.inputs):
+            if t:
+                readers.setdefault(t, []).append(layer)
+
+    def int8_zero_point(layer: Layer) -> int | None:
+        if layer.captured or len(layer.inputs) != 3 or _attached(layer.op_type, layer.domain, layer.attrs, layer.inputs, 0, constants) is None:
+            return None
+        zero = constants.get(layer.inputs[2])
+        return int(zero.reshape(-1)[0]) if zero is not None and zero.dtype == np.int8 and zero.size == 1 else None
+
+    changed: dict[str, Layer] = {}
+    for layer in layers:
+        value = layer.outputs[0] if layer.op_type == QUANTIZE and len(layer.outputs) == 1 else ""
+        pair = readers.get(value, [])
+        if not value or value in outputs or len(pair) != 1 or pair[0].op_type != DEQUANTIZE or pair[0].inputs[0] != value:
+            continue
+        zero, dequantize = int8_zero_point(layer), pair[0]
+        read = dequantize.outputs[0]  # onnxruntime first copies it for each input it feeds (EnsureUniqueDQForNodeUnit)
+        if zero is None or zero != int8_zero_point(dequantize) or read in outputs \
+                or sum(r.inputs.count(read) for r in readers.get(read, [])) != 1:
+            continue
+        name = f"{layer.inputs[2]}/uint8"
+        constants[name] = np.asarray(zero + 128, np.uint8).reshape(constants[layer.inputs[2]].shape)
+        tensors[name] = Tensor(name, constants[name].shape, "uint8")
+        tensors[value] = replace(tensors[value], dtype="uint8")
+        changed[layer.name] = replace(layer, inputs=(*layer.inputs[:2], name))
+        changed[dequantize.name] = replace(dequantize, inputs=(*dequantize.inputs[:2], name))
+    return [changed.get(layer.name, layer) for layer in layers]
 
 
 def fuse(layers: Sequence[Layer], tensors: Mapping[str, Tensor], constants: Mapping[str, np.ndarray],

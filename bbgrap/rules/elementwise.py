@@ -112,7 +112,9 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["Mul"], arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_in_chain=True))
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())
-    registry.register(["QuantizeLinear", "DequantizeLinear"], QuantizeRule())
+    quantize = QuantizeRule()
+    registry.register(["QuantizeLinear", "DequantizeLinear"], quantize)
+    registry.register(["QuantizeLinear", "DequantizeLinear"], quantize, domain=MS_DOMAIN)  # onnxruntime's, with 16-bit types
     # com.microsoft's QLinearAdd/QLinearMul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
     # and QLinearSigmoid/QLinearLeakyRelu(X, X_scale, X_zero_point, Y_scale, Y_zero_point), scales per tensor
     for op in ("Add", "Mul"):
