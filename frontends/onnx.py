@@ -518,6 +518,7 @@ def import_proto(
             # a layer of shapes from the input's values keeps its op's group, but no rule cuts it (RuleRegistry.get)
             layers.append(replace(piece, group=piece_rule.group if piece_rule is not None else "opaque", shape_from_values=held))
 
+    layers = quantized.merge_twins(layers, outputs)
     layers = quantized.fuse(quantized.unsigned_pairs(layers, tensors, constants, outputs), tensors, constants, outputs)
     used = {t for layer in layers for t in layer.inputs if t}
     used |= {t for layer in layers if layer.fused is not None for t in quantized.operands(layer.fused) if t}

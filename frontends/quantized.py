@@ -71,6 +71,26 @@ def dequantized_weight(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]
     return None if op is None else Dequantized(node.input[0], op)
 
 
+def merge_twins(layers: Sequence[Layer], outputs: Sequence[str]) -> list[Layer]:
+    """The layers with each QuantizeLinear that repeats another (the same value, scale, zero point
+    and attributes: one per reader, as `quantize_static`'s DedicatedQDQPair writes them) merged into
+    the first, as onnxruntime's common subexpression elimination merges them before it fuses: the
+    op before them then ends in one QuantizeLinear, and fuses with it."""
+    first: dict[tuple[object, ...], str] = {}
+    renamed: dict[str, str] = {}
+    kept: list[Layer] = []
+    for layer in layers:
+        if layer.op_type == QUANTIZE and len(layer.outputs) == 1 and layer.outputs[0] not in outputs and not layer.captured:
+            key = (layer.domain, tuple(renamed.get(t, t) for t in layer.inputs), tuple(sorted(layer.attrs.items())))
+            if key in first:
+                renamed[layer.outputs[0]] = first[key]
+                continue
+            first[key] = layer.outputs[0]
+        kept.append(layer)
+    return [replace(la, inputs=tuple(renamed.get(t, t) for t in la.inputs)) if any(t in renamed for t in la.inputs) else la
+            for la in kept]
+
+
 def unsigned_pairs(layers: Sequence[Layer], tensors: dict[str, Tensor], constants: dict[str, np.ndarray],
                    outputs: Sequence[str]) -> list[Layer]:
     """The layers with each int8 QuantizeLinear → DequantizeLinear pair made uint8, as onnxruntime's

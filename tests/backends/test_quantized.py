@@ -152,7 +152,8 @@ def test_a_quantized_model_checks_exactly_under_mpirun(tmp_path) -> None:
 
 def small_float_model(middle: str) -> onnx.ModelProto:
     """x[1,16,24,24] → Conv 3×3 → `middle` → Conv 3×3 → y: "relu" a Relu, "split" a Slice of the
-    first 8 channels (ShuffleNet's channel split), "pool" a 2×2 AveragePool."""
+    first 8 channels (ShuffleNet's channel split), "pool" a 2×2 AveragePool, "branch" a Relu whose
+    value the last convolution's output is added to."""
     rng = np.random.default_rng(11)
     cin = 8 if middle == "split" else 16
     consts = {"w1": rng.standard_normal((16, 16, 3, 3)) * 0.2, "b1": rng.standard_normal(16) * 0.2,
@@ -165,8 +166,10 @@ def small_float_model(middle: str) -> onnx.ModelProto:
         between = helper.make_node("AveragePool", ["c1"], ["m"], kernel_shape=[2, 2], strides=[2, 2])
     else:
         between = helper.make_node("Relu", ["c1"], ["m"])
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4), between,
-             helper.make_node("Conv", ["m", "w2", "b2"], ["y"], pads=[1] * 4)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4), between,
+             helper.make_node("Conv", ["m", "w2", "b2"], ["y" if middle != "branch" else "c2"], name="conv2", pads=[1] * 4)]
+    if middle == "branch":  # the Relu's value read twice: by the convolution and by a residual Add
+        nodes.append(helper.make_node("Add", ["c2", "m"], ["y"], name="add"))
     graph = helper.make_graph(nodes, middle, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 24, 24])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -181,6 +184,10 @@ def small_float_model(middle: str) -> onnx.ModelProto:
     ("relu", QuantType.QUInt8, {"UseQDQContribOps": True}),
     # a model's Slice reading a DequantizeLinear (lowering crashed on the crop of a value inside the layer)
     ("split", QuantType.QUInt8, {}),
+    # a QuantizeLinear → DequantizeLinear pair per reader: onnxruntime merges the twins before it fuses
+    ("branch", QuantType.QUInt8, {"DedicatedQDQPair": True}),
+    ("branch", QuantType.QInt8, {"DedicatedQDQPair": True}),
+    ("branch", QuantType.QInt8, {}),
 ])
 def test_small_quantized_models_run_bit_exactly_cut_every_way(tmp_path, middle: str, activations: QuantType,
                                                               extra: dict[str, object]) -> None:
@@ -189,14 +196,16 @@ def test_small_quantized_models_run_bit_exactly_cut_every_way(tmp_path, middle: 
     a segment computes in float: the final quantization absorbs most differences)."""
     src = save(small_float_model(middle), str(tmp_path), "float")
     path = quantize(src, str(tmp_path / "quantized.onnx"), True, activations, extra=extra)
-    assert not float_kernels(onnx.load(path))
+    whole = float_kernels(onnx.load(path))
+    # (with int8 activations onnxruntime keeps some convolutions of a branching model in float: the plan must too)
+    assert not whole or (middle == "branch" and activations == QuantType.QInt8), whole
     for nodes, direction in ((2, "c"), (2, "h"), (3, "w")):
         plan_dir = str(tmp_path / f"plan-{nodes}{direction}")
         plan = compile_plan(path, plan_dir, nodes=nodes, direction=direction)
         cut_everywhere(plan)
         outputs, rel = run_plan(plan_dir)
         assert rel == 0.0 and all(np.isfinite(o).all() for o in outputs.values()), (nodes, direction, rel)
-        same_kernels(plan_dir, set())
+        same_kernels(plan_dir, whole)
 
 
 def same_kernels(plan_dir: str, whole: set[str]) -> None:
