@@ -57,6 +57,16 @@ def _attached(op_type: str, domain: str, attrs: Mapping[str, object], inputs: Se
     return Attached(op_type, dict(attrs), operands, axis, "" if is_default_domain(domain) else domain)
 
 
+def _readers(layers: Sequence[Layer]) -> dict[str, list[Layer]]:
+    """Value → the layers that read it (each once)."""
+    readers: dict[str, list[Layer]] = {}
+    for layer in layers:
+        for t in dict.fromkeys(layer.inputs):
+            if t:
+                readers.setdefault(t, []).append(layer)
+    return readers
+
+
 def operands(fused: Fused) -> list[str]:
     """The constants the nodes attached to a layer read."""
     return [t for op in [*(op for _, op in fused.inputs), *fused.outputs] for t in op.operands]
@@ -98,16 +108,12 @@ def unsigned_pairs(layers: Sequence[Layer], tensors: dict[str, Tensor], constant
     before it fuses the patterns: a QuantizeLinear whose one reader is a DequantizeLinear that
     feeds one input (onnxruntime has copied a DequantizeLinear for each input it feeds by then,
     so the QuantizeLinear of a shared one has several readers), both with one int8 zero point, of
-    equal value; the pair's zero point becomes that value + 128 as
-    uint8 (a constant added to `constants`), and the value between them uint8 (`tensors`). The
+    equal value; the pair's zero point becomes that value + 128 as uint8 (a constant added to
+    `constants`), and the value between them uint8 (`tensors`). The
     two are the same numbers, shifted by 128. onnxruntime can rewrite a pair only where it sees
     both nodes, which a segment boundary or a halo between them would hide: the plan would lose
     the integer kernels the whole model has. Done here, every segment gets the pair as rewritten."""
-    readers: dict[str, list[Layer]] = {}
-    for layer in layers:
-        for t in dict.fromkeys(layer.inputs):
-            if t:
-                readers.setdefault(t, []).append(layer)
+    readers = _readers(layers)
 
     def int8_zero_point(layer: Layer) -> int | None:
         if layer.captured or len(layer.inputs) != 3 or _attached(layer.op_type, layer.domain, layer.attrs, layer.inputs, 0, constants) is None:
@@ -143,11 +149,7 @@ def fuse(layers: Sequence[Layer], tensors: Mapping[str, Tensor], constants: Mapp
     else reads it too. The Relu/Clip behind a layer go into it only on the way to a
     QuantizeLinear, and only where each is the one reader of the value before it."""
     producers = {t: layer for layer in layers for t in layer.outputs if t}
-    readers: dict[str, list[Layer]] = {}
-    for layer in layers:
-        for t in dict.fromkeys(layer.inputs):
-            if t:
-                readers.setdefault(t, []).append(layer)
+    readers = _readers(layers)
 
     def attached(layer: Layer) -> Attached | None:
         if layer.captured or layer.shape_from_values or not layer.inputs or not layer.inputs[0]:
