@@ -78,9 +78,12 @@ QOPERATOR_MS = ["QLinearAdd", "QLinearAveragePool", "QLinearConcat", "QLinearGlo
 
 def test_com_microsoft_qoperator_ops_have_rules() -> None:
     """onnxruntime's QOperator contrib ops have rules in their own domain only; ONNX's QLinearConv
-    and QLinearMatMul in the default one."""
+    and QLinearMatMul in the default one. (Its com.microsoft QuantizeLinear/DequantizeLinear, of
+    16-bit types as well, have the standard ones' rule.)"""
     registry = default_registry()
-    assert registry.op_types(MS_DOMAIN) == QOPERATOR_MS
+    assert registry.op_types(MS_DOMAIN) == sorted([*QOPERATOR_MS, "QuantizeLinear", "DequantizeLinear"])
+    for op in ("QuantizeLinear", "DequantizeLinear"):
+        assert registry.get(_layer(op, MS_DOMAIN)) is registry.get(_layer(op)) is not None, op
     for op in QOPERATOR_MS:
         assert registry.get(_layer(op, MS_DOMAIN)) is not None and registry.get(_layer(op)) is None, op
         assert op not in registry
