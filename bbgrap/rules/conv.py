@@ -15,6 +15,15 @@ from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTrait
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
+def _group_channels(out_channels: Interval, groups: int, per_out: int, per_in: int) -> tuple[Interval, Interval, int]:
+    """For a cut of output channels through grouped channels: the output channels the local op
+    computes (whole groups), the input channels those groups read, and the local group count."""
+    if groups == 1:
+        return out_channels, Interval(0, per_in), 1
+    g0, g1 = out_channels.start // per_out, (out_channels.stop - 1) // per_out + 1
+    return Interval(g0 * per_out, g1 * per_out), Interval(g0 * per_in, g1 * per_in), g1 - g0
+
+
 class ConvRule(RegionRule):
     group = "convolutions"
     windowed = True
@@ -31,16 +40,7 @@ class ConvRule(RegionRule):
         x_shape = shape(graph, layer.inputs[0])
         w_shape = shape(graph, layer.inputs[1])
         groups = int(layer.attrs.get("group", 1))
-        c_out, c_in = w_shape[0], x_shape[1]
-        per_out, per_in = c_out // groups, c_in // groups
-        ch = out.interval(1)
-        if groups == 1:
-            computed_ch, in_ch, local_groups = ch, Interval(0, c_in), 1
-        else:
-            g0, g1 = ch.start // per_out, (ch.stop - 1) // per_out + 1
-            computed_ch = Interval(g0 * per_out, g1 * per_out)
-            in_ch = Interval(g0 * per_in, g1 * per_in)
-            local_groups = g1 - g0
+        computed_ch, in_ch, local_groups = _group_channels(out.interval(1), groups, w_shape[0] // groups, x_shape[1] // groups)
         window = Window.of(layer, x_shape, kernel_of(graph, layer))
         spatial, attrs = window_attrs(window, out)
         if local_groups != groups:
@@ -51,15 +51,6 @@ class ConvRule(RegionRule):
         if len(layer.inputs) > 2 and layer.inputs[2]:
             needs.append(ShapeMap.box([computed_ch.start], [computed_ch.stop]))
         return Local(tuple(needs), out.with_axis(1, computed_ch), attrs)
-
-
-def _group_channels(out_channels: Interval, groups: int, per_out: int, per_in: int) -> tuple[Interval, Interval, int]:
-    """For a cut of output channels through grouped channels: the output channels the local op
-    computes (whole groups), the input channels those groups read, and the local group count."""
-    if groups == 1:
-        return out_channels, Interval(0, per_in), 1
-    g0, g1 = out_channels.start // per_out, (out_channels.stop - 1) // per_out + 1
-    return Interval(g0 * per_out, g1 * per_out), Interval(g0 * per_in, g1 * per_in), g1 - g0
 
 
 class ConvTransposeRule(RegionRule):
