@@ -26,6 +26,7 @@ from bbgrap.ir import BBGrapError
 from bbgrap.plan import MANIFEST
 from bbgrap.plan_schema import Plan, Program
 
+RUN_ON_GPU = "cannot run a segment on the GPU"  # what failed, in gpu_handles_error's line
 GPU_HANDLES = ("cublasCreate", "cudnnCreate")  # in onnxruntime's message where a CUDA session cannot make its cuBLAS or cuDNN handle
 
 
@@ -34,6 +35,17 @@ def out_of_gpu_handles(exc: BaseException) -> bool:
     handles: it gives every session its own (cuBLAS when the session loads, cuDNN at its first run),
     and a process holding a few hundred sessions on one GPU runs out."""
     return any(handle in str(exc) for handle in GPU_HANDLES)
+
+
+@contextlib.contextmanager
+def gpu_handles_named(what: str) -> Iterator[None]:
+    """The block's `out_of_gpu_handles` failure as `gpu_handles_error(what)`; any other as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if out_of_gpu_handles(exc):
+            raise gpu_handles_error(what) from None
+        raise
 
 
 def gpu_handles_error(what: str) -> BBGrapError:
@@ -57,12 +69,8 @@ class HostValues:
         # The plan fixed every segment's feeds; skip InferenceSession.run's per-call Python
         # checks where the binding is there (mobilenet_v2 on 2 ranks, side by side: -0.1 ms of 5.3).
         binding = getattr(session, "_sess", None)
-        try:
+        with gpu_handles_named(RUN_ON_GPU):
             return binding.run(outputs, feeds, None) if binding is not None else session.run(outputs, feeds)
-        except Exception as exc:
-            if out_of_gpu_handles(exc):
-                raise gpu_handles_error("cannot run a segment on the GPU") from None
-            raise
 
 
 class DeviceValues:
@@ -87,12 +95,8 @@ class DeviceValues:
             binding.bind_ortvalue_input(name, values[name])
         for name in outputs:
             binding.bind_output(name, self.device, self.device_id)
-        try:
+        with gpu_handles_named(RUN_ON_GPU):
             session.run_with_iobinding(binding)
-        except Exception as exc:
-            if out_of_gpu_handles(exc):
-                raise gpu_handles_error("cannot run a segment on the GPU") from None
-            raise
         return binding.get_outputs()
 
 
