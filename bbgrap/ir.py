@@ -523,6 +523,16 @@ class PlannerStats:
         return dataclasses.asdict(self)
 
 
+def consumers_of(layers: Iterable[Layer]) -> dict[str, list[Layer]]:
+    """Tensor name → the layers that read it, each once, in order."""
+    out: dict[str, list[Layer]] = {}
+    for layer in layers:
+        for t in dict.fromkeys(layer.inputs):
+            if t:
+                out.setdefault(t, []).append(layer)
+    return out
+
+
 @dataclass(frozen=True)
 class Graph:
     """The whole model: layers in topological order, tensors, constants, and (once
@@ -564,12 +574,7 @@ class Graph:
         return self._producer_map
 
     def consumers(self) -> dict[str, list[Layer]]:
-        out: dict[str, list[Layer]] = {}
-        for layer in self.layers:
-            for t in dict.fromkeys(layer.inputs):
-                if t:
-                    out.setdefault(t, []).append(layer)
-        return out
+        return consumers_of(self.layers)
 
     def itemsize(self, tensor: str) -> int:
         """Bytes per element of `tensor` as a plan holds it: a quantized model's dequantized weight

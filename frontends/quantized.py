@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from bbgrap.ir import Attached, Dequantized, Fused, Layer, Tensor
+from bbgrap.ir import Attached, Dequantized, Fused, Layer, Tensor, consumers_of
 from bbgrap.rules.base import MS_DOMAIN, is_default_domain
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
@@ -55,16 +55,6 @@ def _attached(op_type: str, domain: str, attrs: Mapping[str, object], inputs: Se
     while operands and not operands[-1]:
         operands = operands[:-1]
     return Attached(op_type, dict(attrs), operands, axis, "" if is_default_domain(domain) else domain)
-
-
-def _readers(layers: Sequence[Layer]) -> dict[str, list[Layer]]:
-    """Value → the layers that read it (each once)."""
-    readers: dict[str, list[Layer]] = {}
-    for layer in layers:
-        for t in dict.fromkeys(layer.inputs):
-            if t:
-                readers.setdefault(t, []).append(layer)
-    return readers
 
 
 def operands(fused: Fused) -> list[str]:
@@ -113,7 +103,7 @@ def unsigned_pairs(layers: Sequence[Layer], tensors: dict[str, Tensor], constant
     two are the same numbers, shifted by 128. onnxruntime can rewrite a pair only where it sees
     both nodes, which a segment boundary or a halo between them would hide: the plan would lose
     the integer kernels the whole model has. Done here, every segment gets the pair as rewritten."""
-    readers = _readers(layers)
+    readers = consumers_of(layers)
 
     def int8_zero_point(layer: Layer) -> int | None:
         if layer.captured or len(layer.inputs) != 3 or _attached(layer.op_type, layer.domain, layer.attrs, layer.inputs, 0, constants) is None:
@@ -149,7 +139,7 @@ def fuse(layers: Sequence[Layer], tensors: Mapping[str, Tensor], constants: Mapp
     else reads it too. The Relu/Clip behind a layer go into it only on the way to a
     QuantizeLinear, and only where each is the one reader of the value before it."""
     producers = {t: layer for layer in layers for t in layer.outputs if t}
-    readers = _readers(layers)
+    readers = consumers_of(layers)
 
     def attached(layer: Layer) -> Attached | None:
         if layer.captured or layer.shape_from_values or not layer.inputs or not layer.inputs[0]:
