@@ -30,6 +30,7 @@ from onnx import helper
 
 from bbgrap.ir import Attached, Dequantized, Fused, Layer, Tensor, consumers_of
 from bbgrap.rules.base import MS_DOMAIN, is_default_domain
+from bbgrap.rules.elementwise import quantize_axis
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 QDQ_OPS = (QUANTIZE, DEQUANTIZE)
@@ -50,8 +51,7 @@ def _attached(op_type: str, domain: str, attrs: Mapping[str, object], inputs: Se
         scale = constants[operands[0]]
         if scale.ndim > 1:
             return None
-        if scale.ndim == 1 and scale.size > 1:  # (onnxruntime takes a 1-D scale of one element as per tensor)
-            axis = int(attrs.get("axis", 1)) % max(rank, 1)  # type: ignore[call-overload]
+        axis = quantize_axis(attrs, scale.shape, rank)
     while operands and not operands[-1]:
         operands = operands[:-1]
     return Attached(op_type, dict(attrs), operands, axis, "" if is_default_domain(domain) else domain)

@@ -8,6 +8,8 @@ position, so regions pass through; constant operands are sliced along with them.
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Sequence
+
 import numpy as np
 
 from bbgrap.ir import Graph, Layer, ShapeMap
@@ -75,6 +77,13 @@ class BatchNormRule(RegionRule):
         return Local((out,) + params, out)
 
 
+def quantize_axis(attrs: Mapping[str, Any], scale: Sequence[int], rank: int) -> int | None:
+    """The axis of a QuantizeLinear's or DequantizeLinear's value that its scale (and zero point) of
+    shape `scale` runs along: `axis` for a 1-D scale of more than one element (per channel); None
+    for a scalar, or one element (which onnxruntime takes as per tensor)."""
+    return int(attrs.get("axis", 1)) % max(rank, 1) if len(scale) == 1 and scale[0] > 1 else None
+
+
 class QuantizeRule(RegionRule):
     """QuantizeLinear and DequantizeLinear on their own (a quantized model's input, or a value
     something besides a layer reads, frontends/quantized.py): elementwise, with a scale and zero
@@ -89,8 +98,9 @@ class QuantizeRule(RegionRule):
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         scale = shape(graph, layer.inputs[1])
-        if len(scale) == 1 and scale[0] > 1:
-            channels = out.interval(int(layer.attrs.get("axis", 1)) % out.rank)
+        axis = quantize_axis(layer.attrs, scale, out.rank)
+        if axis is not None:
+            channels = out.interval(axis)
             params = ShapeMap.box([channels.start], [channels.stop])
         else:
             params = ShapeMap.full(scale)
