@@ -99,10 +99,10 @@ def unsigned_pairs(layers: Sequence[Layer], tensors: dict[str, Tensor], constant
     feeds one input (onnxruntime has copied a DequantizeLinear for each input it feeds by then,
     so the QuantizeLinear of a shared one has several readers), both with one int8 zero point, of
     equal value; the pair's zero point becomes that value + 128 as uint8 (a constant added to
-    `constants`), and the value between them uint8 (`tensors`). The
-    two are the same numbers, shifted by 128. onnxruntime can rewrite a pair only where it sees
-    both nodes, which a segment boundary or a halo between them would hide: the plan would lose
-    the integer kernels the whole model has. Done here, every segment gets the pair as rewritten."""
+    `constants`), and the value between them uint8 (`tensors`). The two are the same numbers,
+    shifted by 128. onnxruntime can rewrite a pair only where it sees both nodes, which a segment
+    boundary or a halo between them would hide: the plan would lose the integer kernels the whole
+    model has. Done here, every segment gets the pair as rewritten."""
     readers = consumers_of(layers)
 
     def int8_zero_point(layer: Layer) -> int | None:
