@@ -1,6 +1,6 @@
 """Ops that move elements around: Concat, Transpose, Reshape (with Flatten, Squeeze and
-Unsqueeze), Gemm, MatMul, Einsum, Softmax; the QOperator format's QLinearMatMul and
-QLinearConcat, cut as MatMul and Concat (`base.QuantizedRule`)."""
+Unsqueeze), Gemm, MatMul, Einsum, Softmax; the QOperator format's QLinearMatMul, and
+com.microsoft's QGemm and QLinearConcat, cut as MatMul, Gemm and Concat (`base.QuantizedRule`)."""
 
 from __future__ import annotations
 
@@ -275,6 +275,20 @@ class QLinearConcatRule(QuantizedRule):
         return values, {k + d: (j, 0) for j, k in enumerate(values) for d in (1, 2)}
 
 
+class QGemmRule(QuantizedRule):
+    """com.microsoft's QGemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, [C], [y_scale,
+    y_zero_point]) (a quantized Linear, the QOperator format's Gemm), cut as Gemm on A, B and the
+    int32 bias C: B's scale and zero point are per tensor or per column of Y, which is B's axis 0
+    under transB, else its axis 1. Without y_scale the output is float, as the float Gemm's."""
+
+    def __init__(self, base: RegionRule) -> None:
+        super().__init__(base, "Gemm", (0, 3, 6))
+
+    def operands(self, layer: Layer) -> tuple[tuple[int, ...], dict[int, tuple[int, int]]]:
+        columns = 0 if int(layer.attrs.get("transB", 0)) else 1
+        return self.values, {4: (1, columns), 5: (1, columns)}
+
+
 class WholeRule(RegionRule):
     """Ops computed whole on one node: every input is read whole."""
 
@@ -290,7 +304,9 @@ def register(registry: RuleRegistry) -> None:
     registry.register(["Concat"], concat, OpTraits(moves_data=True, layout=Layout.BLIND))
     registry.register(["QLinearConcat"], QLinearConcatRule(concat), domain=MS_DOMAIN)  # it requantizes: it computes
     registry.register(["Transpose"], TransposeRule())
-    registry.register(["Gemm"], GemmRule())
+    gemm = GemmRule()
+    registry.register(["Gemm"], gemm)
+    registry.register(["QGemm"], QGemmRule(gemm), domain=MS_DOMAIN)
     matmul = MatMulRule()
     registry.register(["MatMul"], matmul)
     # QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point): MatMul's a and b, a's

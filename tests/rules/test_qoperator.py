@@ -1,6 +1,6 @@
 """QOperator region rules (onnxruntime's quantize_static with QuantFormat.QOperator: QLinearConv,
 QLinearMatMul, com.microsoft's QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
-QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat): every box computed by the local
+QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat, QGemm): every box computed by the local
 op equals the whole op's, to the bit.
 
 Each case is a float op drawn as the float rule's tests draw it, made into its QOperator op as
@@ -232,3 +232,47 @@ def test_qlinear_concat(data: st.DataObject, count: int, axis: int, q: Quantizat
         for k in range(count):
             kept = [local.needs[2 + 3 * k + d] is not None for d in range(3)]
             assert kept in ([True] * 3, [False] * 3), (k, local.needs)
+
+
+@SETTINGS
+@given(st.data(), st.integers(0, 1), st.integers(0, 1), st.booleans(), st.booleans(), quantizations())
+def test_qgemm(data: st.DataObject, trans_a: int, trans_b: int, bias: bool, float_output: bool, q: Quantization) -> None:
+    """com.microsoft's QGemm (quantize_static's Gemm: a quantized classifier), with alpha: rows and
+    columns cut; B per tensor or per column (its axis 0 under transB), its scale and zero point
+    and the int32 bias C cut with the columns; the output quantized or, without y_scale, float."""
+    rng = rng_of(data)
+    m, k, n = (data.draw(st.integers(1, 12), label=d) for d in "MKN")
+    alpha = data.draw(st.sampled_from([1.0, 0.5]), label="alpha")
+    a = rng.standard_normal([k, m] if trans_a else [m, k]).astype(np.float32)
+    b = rng.standard_normal([n, k] if trans_b else [k, n]).astype(np.float32)
+    columns = 0 if trans_b else 1
+    a_scale = np.float32(np.abs(a).max() / 100)
+    b_peak = np.abs(b).max(axis=1 - columns) if q.per_channel else np.array(np.abs(b).max())
+    b_scale = (np.maximum(b_peak, 1e-3) / 127).astype(np.float32)
+    inits: dict[str, np.ndarray] = {
+        "a_scale": a_scale, "a_zp": _zero_point(q.activations, rng, q), "b_scale": b_scale,
+        "b_zp": np.zeros(b_scale.shape, np.int8),
+        "b_q": np.clip(np.round(b / (b_scale.reshape([-1, 1] if columns == 0 else [1, -1]) if q.per_channel else b_scale)),
+                       -127, 127).astype(np.int8)}
+    inputs = ["a_q", "a_scale", "a_zp", "b_q", "b_scale", "b_zp"]
+    y = alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b))
+    if bias:
+        inits["c"] = rng.integers(-2000, 2000, [n]).astype(np.int32)
+        inputs.append("c")
+    out_type = onnx.TensorProto.FLOAT
+    if not float_output:
+        inits["y_scale"], inits["y_zp"] = np.float32(max(float(np.abs(y).max()), 1e-3) / 100), _zero_point(q.activations, rng, q)
+        inputs += ([] if bias else [""]) + ["y_scale", "y_zp"]
+        out_type = helper.np_dtype_to_tensor_dtype(np.dtype(q.activations))
+    nodes = [helper.make_node("QuantizeLinear", ["a", "a_scale", "a_zp"], ["a_q"], name="quantize_a"),
+             helper.make_node("QGemm", inputs, ["y"], name="op", domain=MS_DOMAIN, alpha=alpha, transA=trans_a, transB=trans_b)]
+    graph = graph_of(nodes, [value_info("a", list(a.shape))], [value_info("y", None, out_type)], inits)
+    checked = check_partition(data, model_of(graph, {"": 13, MS_DOMAIN: 1}, check=False), expect_axes={0, 1}, tolerance=0.0)
+    assert checked.layer.op_type == "QGemm"
+    for box, local in zip(checked.boxes, checked.locals):
+        cols = box.interval(1)
+        assert local.needs[3].interval(columns) == cols
+        for j in (4, 5):
+            assert local.needs[j].shape == ((len(cols),) if q.per_channel else ()), (j, local.needs[j])
+        if bias:
+            assert local.needs[6].interval(0) == cols

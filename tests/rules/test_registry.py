@@ -72,7 +72,7 @@ def test_other_domain_has_no_rule() -> None:
     assert default_registry().get(_layer("Conv", "")) is not None
 
 
-QOPERATOR_MS = ["QLinearAdd", "QLinearAveragePool", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu",
+QOPERATOR_MS = ["QGemm", "QLinearAdd", "QLinearAveragePool", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu",
                  "QLinearMul", "QLinearSigmoid"]
 
 
