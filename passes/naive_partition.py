@@ -10,6 +10,7 @@ where speeds are equal); a layer narrower than the node count is split over fewe
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -92,17 +93,28 @@ def regions_from_sizes(shape: Sequence[int], axis: int, sizes: Sequence[int]) ->
     return out
 
 
+def on_grain(sizes: Sequence[int], grain: int) -> list[int]:
+    """`sizes` with each cut between two of them moved to the nearest multiple of `grain` (the
+    rule's `RegionRule.grain`; their sum kept): a piece may become empty."""
+    if grain <= 1:
+        return list(sizes)
+    cuts = list(itertools.accumulate(sizes))
+    moved = [min(cuts[-1], grain * round(c / grain)) for c in cuts[:-1]] + cuts[-1:]
+    return [b - a for a, b in zip([0, *moved], moved)]
+
+
 def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequence[int] | None, registry: RuleRegistry,
                     whole: int = WHOLE_NODE) -> LayerPartition:
-    """The layer cut into `sizes` along `axis`, or whole on node `whole` when axis is None."""
+    """The layer cut into `sizes` along `axis` (each cut on the rule's grain: `on_grain`), or
+    whole on node `whole` when axis is None."""
     shape = graph.tensors[layer.outputs[0]].shape
     n_inputs = len(layer.inputs)
+    rule = registry.get(layer)
     if axis is None or sizes is None:
         outs = [ShapeMap.empty_like(len(shape))] * graph.nodes
         outs[whole] = ShapeMap.full(shape)
     else:
-        outs = regions_from_sizes(shape, axis, sizes)
-    rule = registry.get(layer)
+        outs = regions_from_sizes(shape, axis, on_grain(sizes, rule.grain(layer, graph, axis) if rule is not None else 1))
     needs: list[tuple[ShapeMap | None, ...]] = []
     computes: list[ShapeMap] = []
     attrs: list[Mapping[str, Any]] = []

@@ -294,8 +294,12 @@ class SearchPartitions(Pass):
         assert axis is not None
         cost = priced[(layer.name, axis)] = self._cost(graph, layer, axis, partitions)
         step = self._grid_step(graph, layer, axis)
+        rule = self.registry.get(layer)
+        grain = rule.grain(layer, graph, axis) if rule is not None else 1
+        if grain > 1:  # cuts on the rule's grain only: a grid of it
+            step = grain * -(-step // grain)
         result = None
-        if step > 1:  # a wide band: the candidate cuts that matter (else, where none is valid, a grid)
+        if step > 1 and grain == 1:  # a wide band: the candidate cuts that matter (else, where none is valid, a grid)
             try:
                 result = search(cost, cfg.node_speeds(), cfg.threshold, cfg.objective, strategy=cfg.search,
                                 positions=cost.candidate_cuts(cfg.threshold))

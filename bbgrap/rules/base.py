@@ -162,6 +162,36 @@ class RegionRule(ABC):
         """Operations per output element, multiply-adds counted as two (the cost model's unit)."""
         return 1.0
 
+    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
+        """Cuts along `axis` fall on multiples of this many positions, for the pieces to be the
+        whole op's to the bit (`rounded_channel_grain`); 1: anywhere. `partition_layer` moves
+        every cut onto it, and `grained` leaves out an axis whose extent is not made of it."""
+        return 1
+
+    def grained(self, layer: Layer, graph: Graph, axes: frozenset[int]) -> frozenset[int]:
+        """`axes` without those whose extent is not a whole number of the layer's grain along them."""
+        dims = shape(graph, layer.outputs[0])
+        return frozenset(a for a in axes if a >= len(dims) or dims[a] % self.grain(layer, graph, a) == 0)
+
+
+def rounds_output(layer: Layer) -> bool:
+    """Whether the layer's result is quantized inside its own pattern (a QuantizeLinear among its
+    `Layer.fused` outputs): where onnxruntime runs such an op in float (an int8 model's pool, or a
+    convolution it leaves unfused), a last-bit difference between a piece and the whole op can
+    move the rounding by a whole quantization step."""
+    return layer.fused is not None and any(a.op_type == "QuantizeLinear" for a in layer.fused.outputs)
+
+
+def rounded_channel_grain(layer: Layer, graph: Graph, axis: int) -> int:
+    """The grain of a channel cut of a channel-local op whose float CPU kernel sums in another
+    order in onnxruntime's blocked layout than in NCHW (an average pool, a depthwise or grouped
+    convolution), where its result is rounded (`rounds_output`): NCHWC_BLOCK, else 1.
+    onnxruntime runs a tensor of whole blocks of channels blocked and any other in NCHW, so a
+    piece of some channels runs the whole op's kernel, and gives its bits, only where both are
+    whole blocks (the last bit elsewhere differs, which a rounding after it can make a step)."""
+    dims = shape(graph, layer.outputs[0])
+    return NCHWC_BLOCK if axis == 1 and len(dims) == 4 and rounds_output(layer) else 1
+
 
 class RuleRegistry:
     """(Domain, op type) → rule and traits, with duplicate registration an error (as onnxslim's

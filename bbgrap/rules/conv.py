@@ -11,7 +11,19 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, quantized, shape
+from bbgrap.rules.base import (
+    CONV_READ_OPS,
+    NCHWC_BLOCK,
+    Layout,
+    Local,
+    OpTraits,
+    RegionRule,
+    RuleRegistry,
+    all_axes,
+    quantized,
+    rounded_channel_grain,
+    shape,
+)
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -34,7 +46,13 @@ class ConvRule(RegionRule):
         return 2.0 * w[1] * math.prod(w[2:])
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return all_axes(layer, graph)
+        return self.grained(layer, graph, all_axes(layer, graph))
+
+    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
+        """A grouped (depthwise) convolution's channels in whole blocks where it is rounded
+        (`rounded_channel_grain`): a piece of its channels reads a piece of the input's. A dense
+        one reads every input channel, and a piece of its outputs sums as the whole op does."""
+        return rounded_channel_grain(layer, graph, axis) if int(layer.attrs.get("group", 1)) > 1 else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         x_shape = shape(graph, layer.inputs[0])

@@ -12,7 +12,19 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import MS_DOMAIN, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, quantized, shape
+from bbgrap.rules.base import (
+    MS_DOMAIN,
+    Layout,
+    Local,
+    OpTraits,
+    RegionRule,
+    RuleRegistry,
+    all_axes,
+    full,
+    quantized,
+    rounded_channel_grain,
+    shape,
+)
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -28,7 +40,12 @@ class WindowPoolRule(RegionRule):
         # MaxPool's Indices: opaque; a channels-last (NHWC) QLinearAveragePool has its window on other axes
         if len([t for t in layer.outputs if t]) > 1 or layer.attrs.get("channels_last", 0):
             return frozenset()
-        return all_axes(layer, graph)
+        return self.grained(layer, graph, all_axes(layer, graph))
+
+    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
+        """An AveragePool's channels in whole blocks where it is rounded (`rounded_channel_grain`);
+        a maximum is the same in any order."""
+        return rounded_channel_grain(layer, graph, axis) if layer.op_type == "AveragePool" else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         x_shape = shape(graph, layer.inputs[0])
@@ -55,7 +72,11 @@ class GlobalPoolRule(RegionRule):
         return float(math.prod(dims)) / max(1, math.prod(dims[a] for a in self._axes(layer, graph)))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return frozenset(self._axes(layer, graph))
+        return self.grained(layer, graph, frozenset(self._axes(layer, graph)))
+
+    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
+        """A GlobalAveragePool's channels in whole blocks where it is rounded (`rounded_channel_grain`)."""
+        return rounded_channel_grain(layer, graph, axis) if layer.op_type == "GlobalAveragePool" else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         need = full(graph, layer.inputs[0])

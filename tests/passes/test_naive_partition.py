@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from bbgrap.frontends.onnx import import_proto
-from bbgrap.passes.naive_partition import NaivePartition, channel_grain, replicated, spare_order, split_sizes
+from bbgrap.passes.naive_partition import NaivePartition, channel_grain, on_grain, replicated, spare_order, split_sizes
 from graphs import conv_chain
 from helpers import assert_exact, compile_plan, save
 from hypothesis import given
@@ -184,3 +184,14 @@ def test_a_layer_computed_whole_runs_on_the_fastest_node(tmp_path, last: bool) -
     mix = next(row for row in plan.compiled.layer_table if row.name == "mix")
     assert mix.whole is not None and mix.whole.node == 1 and mix.per_node[0].flops == 0
     assert_exact(str(tmp_path / "plan"))
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.sampled_from([1, 2, 16]))
+def test_on_grain_moves_each_cut_to_the_nearest_multiple(sizes: list[int], grain: int) -> None:
+    """Each cut between two sizes lands on the multiple of the grain nearest to it; the sum is kept."""
+    moved = on_grain(sizes, grain)
+    assert len(moved) == len(sizes) and sum(moved) == sum(sizes) and min(moved) >= 0
+    cuts, was = np.cumsum(moved)[:-1], np.cumsum(sizes)[:-1]
+    assert all(c % grain == 0 or c == sum(sizes) for c in cuts)
+    assert all(abs(c - w) <= grain / 2 for c, w in zip(cuts, was))
+    assert on_grain([11, 10, 11], 16) == [16, 0, 16] and on_grain([11, 10, 11], 1) == [11, 10, 11]
