@@ -51,7 +51,9 @@ class ConvRule(RegionRule):
     def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
         """A grouped (depthwise) convolution's channels in whole blocks where it is rounded
         (`rounded_channel_grain`): a piece of its channels reads a piece of the input's. A dense
-        one reads every input channel, and a piece of its outputs sums as the whole op does."""
+        one reads every input channel, and a piece of its outputs sums as the whole op does (but
+        for a piece of one channel of a convolution onnxruntime runs in NCHW, which it multiplies
+        as a vector, in another order: not covered)."""
         return rounded_channel_grain(layer, graph, axis) if int(layer.attrs.get("group", 1)) > 1 else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
