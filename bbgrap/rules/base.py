@@ -149,6 +149,9 @@ class RegionRule(ABC):
     group: str = "others"
     passes_through: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
+    # the family's channel-local ops whose float CPU kernel sums in another order in onnxruntime's
+    # blocked layout than in NCHW: their channels are cut in whole blocks where rounded (`grain`)
+    blocked_sums: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
@@ -164,9 +167,10 @@ class RegionRule(ABC):
 
     def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
         """Cuts along `axis` fall on multiples of this many positions, for the pieces to be the
-        whole op's to the bit (`rounded_channel_grain`); 1: anywhere. `partition_layer` moves
-        every cut onto it, and `grained` leaves out an axis whose extent is not made of it."""
-        return 1
+        whole op's to the bit: `rounded_channel_grain` for an op of `blocked_sums`, else 1
+        (anywhere). `partition_layer` moves every cut onto it, and `grained` leaves out an axis
+        whose extent is not made of it."""
+        return rounded_channel_grain(layer, graph, axis) if layer.op_type in self.blocked_sums else 1
 
     def grained(self, layer: Layer, graph: Graph, axes: frozenset[int]) -> frozenset[int]:
         """`axes` without those whose extent is not a whole number of the layer's grain along them."""

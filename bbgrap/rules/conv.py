@@ -11,19 +11,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import (
-    CONV_READ_OPS,
-    NCHWC_BLOCK,
-    Layout,
-    Local,
-    OpTraits,
-    RegionRule,
-    RuleRegistry,
-    all_axes,
-    quantized,
-    rounded_channel_grain,
-    shape,
-)
+from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, quantized, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -39,6 +27,7 @@ def _group_channels(out_channels: Interval, groups: int, per_out: int, per_in: i
 class ConvRule(RegionRule):
     group = "convolutions"
     windowed = True
+    blocked_sums = frozenset({"Conv"})
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
         """A multiply-add per weight of one output channel: 2·(C_in/group)·∏kernel."""
@@ -50,11 +39,11 @@ class ConvRule(RegionRule):
 
     def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
         """A grouped (depthwise) convolution's channels in whole blocks where it is rounded
-        (`rounded_channel_grain`): a piece of its channels reads a piece of the input's. A dense
+        (`RegionRule.grain`): a piece of its channels reads a piece of the input's. A dense
         one reads every input channel, and a piece of its outputs sums as the whole op does (but
         for a piece of one channel of a convolution onnxruntime runs in NCHW, which it multiplies
         as a vector, in another order: not covered)."""
-        return rounded_channel_grain(layer, graph, axis) if int(layer.attrs.get("group", 1)) > 1 else 1
+        return super().grain(layer, graph, axis) if int(layer.attrs.get("group", 1)) > 1 else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         x_shape = shape(graph, layer.inputs[0])

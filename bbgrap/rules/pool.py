@@ -12,25 +12,14 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import (
-    MS_DOMAIN,
-    Layout,
-    Local,
-    OpTraits,
-    RegionRule,
-    RuleRegistry,
-    all_axes,
-    full,
-    quantized,
-    rounded_channel_grain,
-    shape,
-)
+from bbgrap.rules.base import MS_DOMAIN, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, quantized, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
 class WindowPoolRule(RegionRule):
     group = "pools"
     windowed = True
+    blocked_sums = frozenset({"AveragePool"})  # a maximum is the same in any order
 
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
         """One operation per window element: ∏kernel."""
@@ -41,11 +30,6 @@ class WindowPoolRule(RegionRule):
         if len([t for t in layer.outputs if t]) > 1 or layer.attrs.get("channels_last", 0):
             return frozenset()
         return self.grained(layer, graph, all_axes(layer, graph))
-
-    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
-        """An AveragePool's channels in whole blocks where it is rounded (`rounded_channel_grain`);
-        a maximum is the same in any order."""
-        return rounded_channel_grain(layer, graph, axis) if layer.op_type == "AveragePool" else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         x_shape = shape(graph, layer.inputs[0])
@@ -61,6 +45,7 @@ class GlobalPoolRule(RegionRule):
     QLinearGlobalAveragePool)."""
 
     group = "pools"
+    blocked_sums = frozenset({"GlobalAveragePool"})
 
     def _axes(self, layer: Layer, graph: Graph) -> tuple[int, int]:
         """The batch and channel axes."""
@@ -73,10 +58,6 @@ class GlobalPoolRule(RegionRule):
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         return self.grained(layer, graph, frozenset(self._axes(layer, graph)))
-
-    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
-        """A GlobalAveragePool's channels in whole blocks where it is rounded (`rounded_channel_grain`)."""
-        return rounded_channel_grain(layer, graph, axis) if layer.op_type == "GlobalAveragePool" else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         need = full(graph, layer.inputs[0])
