@@ -31,12 +31,12 @@ def axis_name(axis: int | None, rank: int) -> str:
 
 def whole_reason(graph: Graph, layer: Layer, registry: RuleRegistry) -> str:
     """Why a layer is computed whole on one node (see naive_partition.choose_axis)."""
-    if not is_default_domain(layer.domain):
-        return f"no region rule: op of the custom domain '{layer.domain}'"
     if layer.shape_from_values:
         return "its shapes depend on the input's values (held at the sample input's)"
     rule = registry.get(layer)
     if rule is None:
+        if not is_default_domain(layer.domain):
+            return f"no region rule: op of the custom domain '{layer.domain}'"
         return f"no region rule for {layer.op_type}"
     shape = graph.tensors[layer.outputs[0]].shape
     allowed = rule.axes(layer, graph)

@@ -7,16 +7,22 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import pytest
+from bbgrap.frontends.onnx import import_proto
 from helpers import assert_exact, compile_plan, save
 from onnx import helper
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
-from tests.rules.helpers import build_model
+from bbgrap.report import whole_reason
+from bbgrap.rules.base import MS_DOMAIN
+from bbgrap.rules.registry import default_registry
+from tests.rules.helpers import build_model, single_op
+from tests.rules.test_qoperator import Quantization, qoperator
 
 BIN = os.path.dirname(sys.executable)
 
@@ -74,3 +80,17 @@ def test_a_layer_without_rule_is_whole_with_its_reason(tmp_path) -> None:
     assert info["whole"][0]["name"] == "hardmax" and 0 < info["whole"][0]["share"] < 1
     assert len(info["layers_table"]) == 2
     assert_exact(plan)
+
+
+def test_an_op_of_another_domain_with_a_rule_is_whole_for_its_rules_reason() -> None:
+    """A com.microsoft op the registry has a rule for (a channels-last QLinearAveragePool, which
+    its rule does not cut) is whole for that rule's reason, not for having no rule; an op of a
+    domain without rules is whole for that."""
+    rng = np.random.default_rng(0)
+    model = single_op("AveragePool", ["x"], {"x": [1, 6, 7, 3]}, {}, 13, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = import_proto(qoperator(model, Quantization(np.uint8, False, False), rng, channels_last=1)).graph
+    pool = graph.layers[-1]
+    assert pool.domain == MS_DOMAIN
+    assert whole_reason(graph, pool, default_registry()) == "its rule cannot cut this QLinearAveragePool along any axis"
+    custom = replace(pool, domain="org.example")
+    assert whole_reason(graph, custom, default_registry()) == "no region rule: op of the custom domain 'org.example'"
