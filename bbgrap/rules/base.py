@@ -175,7 +175,7 @@ class RegionRule(ABC):
     def grained(self, layer: Layer, graph: Graph, axes: frozenset[int]) -> frozenset[int]:
         """`axes` without those whose extent is not a whole number of the layer's grain along them."""
         dims = shape(graph, layer.outputs[0])
-        return frozenset(a for a in axes if a >= len(dims) or dims[a] % self.grain(layer, graph, a) == 0)
+        return frozenset(a for a in axes if dims[a] % self.grain(layer, graph, a) == 0)
 
 
 def rounds_output(layer: Layer) -> bool:
