@@ -72,28 +72,52 @@ def agreed_boundary_block(comm: Any, layout: str, provider: str, device_id: int,
     return nchwc.agreed_block(allgather(comm, boundary_block(layout, provider, device_id) if able else 0))
 
 
-def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[float | None, float | None]:
-    """Max absolute error, and max error relative to each output's largest finite magnitude.
-    A missing output, another shape, or a non-finite value that the reference does not have at
-    the same place (NaN where it has a number or another non-finite value, a number or -inf where
-    it has +inf, ...) is an infinite error: a mismatch at any tolerance. The same non-finite value
-    at the same place (NaN for NaN, +inf for +inf) is no error: the plan reproduces the model there."""
-    if not reference:
-        return None, None
-    abs_err, rel_err = 0.0, 0.0
+def mismatch(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
+    """What makes the plan's outputs differ from `reference` beyond any tolerance, in words, or None:
+    an output missing, another shape, or a non-finite value the reference does not have at the same
+    place (NaN where it has a number or another non-finite value, a number or -inf where it has
+    +inf, ...). The same non-finite value at the same place (NaN for NaN, +inf for +inf) is no
+    mismatch: the plan reproduces the model there."""
     for name, ref in reference.items():
         got = outputs.get(name)
-        if got is None or got.shape != ref.shape:
-            return math.inf, math.inf
+        if got is None:
+            return f"output '{name}' is missing"
+        if got.shape != ref.shape:
+            return f"output '{name}' has shape {list(got.shape)} where the model's has {list(ref.shape)}"
         a, b = got.astype(np.float64), ref.astype(np.float64)
+        differ = np.isfinite(a) != np.isfinite(b)
+        both = ~np.isfinite(a) & ~np.isfinite(b)
+        differ[both] = ~((a[both] == b[both]) | (np.isnan(a[both]) & np.isnan(b[both])))
+        if differ.any():
+            at = tuple(int(i) for i in np.argwhere(differ)[0])
+            return (f"output '{name}' differs from the model in non-finite values at {int(differ.sum())} place(s) "
+                    f"(first at {list(at)}: {a[at]} where the model has {b[at]})")
+    return None
+
+
+def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[float | None, float | None]:
+    """Max absolute error, and max error relative to each output's largest finite magnitude, over the
+    places where the reference is finite; infinite (a mismatch at any tolerance) where `mismatch`
+    names one; (None, None) without a reference."""
+    if not reference:
+        return None, None
+    if mismatch(outputs, reference) is not None:
+        return math.inf, math.inf
+    abs_err, rel_err = 0.0, 0.0
+    for name, ref in reference.items():
+        a, b = outputs[name].astype(np.float64), ref.astype(np.float64)
         finite = np.isfinite(b)
-        if not np.array_equal(np.isfinite(a), finite) or not np.array_equal(a[~finite], b[~finite], equal_nan=True):
-            return math.inf, math.inf
         diff = float(np.max(np.abs(a[finite] - b[finite]))) if finite.any() else 0.0
         scale = float(np.max(np.abs(b[finite]))) if finite.any() else 0.0
         abs_err = max(abs_err, diff)
         rel_err = max(rel_err, diff / scale if scale > 0 else diff)
     return abs_err, rel_err
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """`value` for a JSON number: JSON has no infinity or NaN (json.dumps would write `Infinity`,
+    which strict parsers reject), so a non-finite one is null."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def tolerance(text: str) -> float:
@@ -305,6 +329,7 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
     other hosts than their nodes' (`misplaced_ranks`), `kept_on_cpu`: per node, why it runs on the CPU
     where the others may use the GPU ("" for a node that is not: `NodeRunner.kept_on_cpu`)."""
     abs_err, rel_err = compare(outputs, reference)
+    problem = mismatch(outputs, reference)
     ok = rel_err is None or rel_err <= args.tolerance
     memory = plan.compiled.memory
 
@@ -329,8 +354,9 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
         "latency_ms": statistics.median(latencies) * 1e3,
         "latency_min_ms": min(latencies) * 1e3,
         "repeat": len(latencies),
-        "max_abs_error": abs_err,
-        "max_rel_error": rel_err,
+        "max_abs_error": finite_or_none(abs_err),  # null without a reference, or where "mismatch" names why no error is measured
+        "max_rel_error": finite_or_none(rel_err),
+        "mismatch": problem,
         "reference": "model" if args.check else "sample" if reference else None,
         "ok": ok,
         "peak_memory_mb": [round(m, 1) for m in peak_mb],  # per rank
@@ -348,10 +374,11 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
     result["predicted_ms"] = pred.latency_ms if pred is not None else None  # compile --profile's prediction
     result["prediction"] = pred.to_json() if pred is not None else None  # all of it: each rank's, the profile (calibrate --refine)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, allow_nan=False))
     elif not args.quiet:
         against = "against the model" if args.check else "against the sample's reference"
         check = ("no reference (--check compares with the model)" if rel_err is None
+                 else f"MISMATCH {against}: {problem}" if problem is not None
                  else f"max abs error {abs_err:.3g}, rel {rel_err:.3g} {against} ({'ok' if ok else 'MISMATCH'})")
         print(f"{plan.model}: {plan.nodes} nodes on {ranks} rank(s), {result['mode']}, {result['provider']}, "
               f"{result['layout']} between segments")
@@ -391,8 +418,8 @@ def report(args: argparse.Namespace, plan: Plan, outputs: dict[str, np.ndarray],
             print(f"note: the plan is cut for nodes of different speeds, and {where}: the result is exact, but the cuts "
                   f"follow the calibrated nodes' speeds (start rank k on the k-th host compile named)")
     if not ok:
-        print(f"bbgrap-run: error: result differs from the {'model' if args.check else 'reference'} by {rel_err:.3g} "
-              f"> --tolerance {args.tolerance:g}", file=sys.stderr)
+        differs = f": {problem}" if problem is not None else f" by {rel_err:.3g} > --tolerance {args.tolerance:g}"
+        print(f"bbgrap-run: error: result differs from the {'model' if args.check else 'reference'}{differs}", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -78,7 +78,10 @@ def run_bbgrap(plan: str, nodes: int, repeat: int, node_cores: int | None, *flag
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if result["mismatch"] is not None:  # no error measured: an output missing, misshapen or non-finite where the model's is not
+        result["max_abs_error"] = result["max_rel_error"] = math.inf
+    return result
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 from bbgrap.backends.engine import gpu_present, load_segment
-from bbgrap.backends.runtime import compare, plan_id_problem
+from bbgrap.backends.runtime import compare, mismatch, plan_id_problem
 from helpers import assert_exact, compile_plan, save
 from onnx import numpy_helper
 
@@ -114,16 +114,28 @@ def test_compare_counts_non_finite_values_the_reference_lacks_as_infinite() -> N
     assert compare({"y": ref["y"][:2]}, ref) == (math.inf, math.inf)  # another shape
 
 
+def test_mismatch_names_the_output_and_the_first_place() -> None:
+    ref = {"y": np.array([[1.0, np.nan], [np.inf, 4.0]], np.float32)}
+    assert mismatch({"y": ref["y"].copy()}, ref) is None
+    assert mismatch({"y": np.array([[1.5, np.nan], [np.inf, 9.0]], np.float32)}, ref) is None  # only finite errors: compare's
+    assert mismatch({}, ref) == "output 'y' is missing"
+    assert mismatch({"y": ref["y"][:1]}, ref) == "output 'y' has shape [1, 2] where the model's has [2, 2]"
+    got = {"y": np.array([[1.0, 0.0], [-np.inf, np.nan]], np.float32)}
+    assert mismatch(got, ref) == "output 'y' differs from the model in non-finite values at 3 place(s) (first at [0, 1]: 0.0 where the model has nan)"
+
+
 @pytest.mark.parametrize("ranks", [0, 2])
 def test_nan_weights_are_a_mismatch(compiled: tuple[str, str], tmp_path, ranks: int) -> None:
     plan = copy_plan(compiled[1], tmp_path)
     nan_weights(plan, 1)
     proc = run(str(plan), *QUICK, ranks=ranks)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "MISMATCH" in proc.stdout and "max abs error inf" in proc.stdout, proc.stdout
-    assert "Traceback" not in proc.stderr and "differs from the reference by inf" in proc.stderr
-    result = json.loads(run(str(plan), *QUICK, "--json", ranks=ranks).stdout.strip().splitlines()[-1])
-    assert result["ok"] is False and result["max_rel_error"] == math.inf
+    assert "MISMATCH" in proc.stdout and "in non-finite values at" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr and "differs from the reference: output" in proc.stderr, proc.stderr
+    line = run(str(plan), *QUICK, "--json", ranks=ranks).stdout.strip().splitlines()[-1]
+    result = json.loads(line, parse_constant=lambda c: pytest.fail(f"--json wrote {c}, which JSON does not have"))
+    assert result["ok"] is False and result["max_rel_error"] is None and result["max_abs_error"] is None
+    assert "in non-finite values at" in result["mismatch"] and result["reference"] == "sample"
 
 
 def test_assert_exact_fails_on_nan_weights(compiled: tuple[str, str], tmp_path) -> None:
