@@ -156,7 +156,6 @@ def load_config(path: str) -> Config:
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in cluster.get(key, [])):
             raise _fail(path, f"cluster.{key}", "must be a list of numbers")
     speeds = tuple(float(s) for s in cluster.get("speeds", []))
-    nodes = int(cluster.get("nodes", len(speeds) or 1))
     entries = data.get("custom", [])
     if not isinstance(entries, list):
         raise _fail(path, "custom", "must be a list of [[custom]] tables, each with 'layer' and 'direction'")
@@ -175,6 +174,8 @@ def load_config(path: str) -> Config:
             raise _fail(path, f"{where}.sizes", "must be a list of non-negative integers, one per node")
         direction = parse_direction(entry["direction"], lambda problem: _fail(path, f"custom '{entry['layer']}' direction", problem))
         custom.append(CustomPartition(entry["layer"], direction, tuple(sizes) if sizes is not None else None))
+    # without cluster.nodes: as many as the speeds, else as a [[custom]] table's sizes (--nodes may set it)
+    nodes = int(cluster.get("nodes", len(speeds) or next((len(c.sizes) for c in custom if c.sizes is not None), 1)))
     cfg = Config(
         nodes=nodes,
         speeds=speeds,
@@ -235,4 +236,5 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
             raise _fail(cfg.source, f"custom '{c.layer}'", "is given twice; keep one [[custom]] table per layer")
         seen.add(c.layer)
         if c.sizes is not None and len(c.sizes) != cfg.nodes:
-            raise _fail(cfg.source, f"custom '{c.layer}' sizes", f"has {len(c.sizes)} entries for {cfg.nodes} nodes")
+            nodes = f"--nodes {cfg.nodes}" if "nodes" in from_flags else f"{cfg.nodes} nodes"
+            raise _fail(cfg.source, f"custom '{c.layer}' sizes", f"has {len(c.sizes)} entries for {nodes}; give one per node")

@@ -289,6 +289,14 @@ class NaivePartition(Pass):
                         f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} must sum to the "
                         f"extent along '{c.direction.value}' ({shape[axis]})"
                     )
+                rule = self.registry.get(layer)
+                grain = rule.grain(layer, graph, axis) if rule is not None else 1
+                if on_grain(c.sizes, grain) != list(c.sizes):
+                    at = ", ".join(map(str, list(itertools.accumulate(c.sizes))[:-1]))
+                    raise BBGrapError(
+                        f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} cut it at {at} "
+                        f"along '{c.direction.value}', inside the blocks of {grain} that onnxruntime computes together (a cut "
+                        f"there is not exact); use sizes {on_grain(c.sizes, grain)}")
                 sizes = list(c.sizes)
             elif axis is not None:
                 sizes = axis_sizes(shape, axis, speeds)

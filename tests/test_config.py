@@ -103,3 +103,17 @@ def test_memory_mb_of_one_size_is_every_nodes(tmp_path, value: str) -> None:
     path.write_text("[cluster]\nnodes = 2\nmemory_mb = [200, 300]\n")
     with pytest.raises(BBGrapError, match="has 2 entries for 4 nodes"):
         load_config(str(path)).with_overrides(nodes=4)
+
+
+def test_custom_sizes_count_the_nodes_or_follow_the_flag(tmp_path) -> None:
+    """A file with [[custom]] sizes and no cluster.nodes is for as many nodes as the sizes (it was
+    refused as "3 entries for 1 nodes", even with --nodes 3); --nodes with another count names the flag."""
+    path = tmp_path / "c.toml"
+    path.write_text('[[custom]]\nlayer = "conv1"\ndirection = "c"\nsizes = [16, 0, 16]\n')
+    assert load_config(str(path)).nodes == 3
+    assert load_config(str(path)).with_overrides(nodes=3).nodes == 3
+    with pytest.raises(BBGrapError, match=r"'custom 'conv1' sizes' has 3 entries for --nodes 4; give one per node"):
+        load_config(str(path)).with_overrides(nodes=4)
+    path.write_text('[cluster]\nnodes = 2\n\n[[custom]]\nlayer = "conv1"\ndirection = "c"\nsizes = [16, 0, 16]\n')
+    with pytest.raises(BBGrapError, match=r"'custom 'conv1' sizes' has 3 entries for 2 nodes; give one per node"):
+        load_config(str(path))

@@ -253,6 +253,27 @@ def test_float_layers_of_an_int8_model_are_cut_on_whole_channel_blocks(tmp_path,
     assert "c" in cuts, cuts
 
 
+def test_custom_sizes_inside_a_channel_block_are_refused_in_one_line(tmp_path) -> None:
+    """A [[custom]] table that cuts such a layer inside a block of 16 channels asks for a plan that
+    is not exact: compile says so in one line with the sizes on whole blocks, exits 2 and writes
+    nothing; on whole blocks it compiles."""
+    src = save(read_twice_model("pool"), str(tmp_path), "float")
+    path = quantize(src, str(tmp_path / "quantized.onnx"), True, QuantType.QInt8)
+    for sizes, ok in (("[11, 10, 11]", False), ("[16, 0, 16]", True)):
+        config = tmp_path / "cluster.toml"
+        config.write_text(f'[[custom]]\nlayer = "pool"\ndirection = "c"\nsizes = {sizes}\n')
+        plan_dir = tmp_path / f"plan{ok}"
+        res = bbgrap("compile", path, "--nodes", "3", "--direction", "c", "--config", str(config), "-o", str(plan_dir))
+        if ok:
+            assert res.returncode == 0, res.stderr
+            continue
+        errors = [line for line in res.stderr.splitlines() if "error" in line]
+        assert res.returncode == 2 and len(errors) == 1 and errors[0] == res.stderr.strip().splitlines()[-1], res.stderr
+        assert "sizes [11, 10, 11] cut it at 11, 21 along 'c', inside the blocks of 16" in errors[0], errors
+        assert "use sizes [16, 0, 16]" in errors[0], errors
+        assert not plan_dir.exists()
+
+
 def same_kernels(plan_dir: str, whole: set[str]) -> None:
     """onnxruntime runs in float in the plan's segments the convolutions and pools it runs in float
     in the whole model (`whole`: float_kernels of the model), and fuses every other one into an
