@@ -101,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
                        "measures nothing: it corrects FILE by runs of plans compiled with it (bbgrap-run --json), each "
                        "node's figures by its segments' measured times against the predicted ones.")
     k.add_argument("-o", "--output", default="cluster.toml", metavar="FILE", help="the profile to write (default ./cluster.toml)")
-    k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default: as bbgrap-run, the rank's share of its cores, "
-                   "at most a CPU quota's whole cores)")
+    k.add_argument("--threads", type=int, help="onnxruntime threads per rank (default, or 0: as bbgrap-run, the rank's share of its "
+                   "cores, at most a CPU quota's whole cores)")
     k.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where each rank's ops, segments and messages are timed, as bbgrap-run's --provider (default auto: "
                    "CUDA when usable, each rank on its local rank's GPU as bbgrap-run picks it); plan with the profile of the "
@@ -391,8 +391,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if problem is None and args.profile is not None and os.path.exists(args.output) and same_file(args.output, args.profile):
         problem = (f"-o {args.output} is the --profile being refined, which would be lost; write the refined one to "
                    "another file, e.g. -o refined.toml")
-    if problem is None and args.threads is not None and args.threads < 1:
-        problem = f"--threads {args.threads}: give at least 1 thread"
+    if problem is None and args.threads is not None and args.threads < 0:
+        problem = f"--threads {args.threads}: give at least 1 thread, or 0 for the rank's share of its cores (as bbgrap-run)"
     if problem is None:
         from bbgrap.backends.threads import threads_problem
 
@@ -415,7 +415,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from bbgrap.backends.calibrate import run
 
     try:
-        rank, text = run(args.output, args.threads, model, args.provider)
+        rank, text = run(args.output, args.threads or None, model, args.provider)  # 0: the default, as bbgrap-run's
     except BBGrapError as exc:  # the provider (no GPU, no CUDA provider), or --model on a GPU
         return calibrate_error(str(exc))
     if rank == 0:

@@ -401,7 +401,7 @@ def test_calibrating_a_gpu_that_is_not_there_is_one_line_and_writes_nothing(tmp_
     (["--input-shape", "x:1x3x8x8"], "--input-shape only matters with --model FILE"),
     (["--refine", "{tmp}/run.json", "--profile", "{tmp}/p.toml", "--provider", "cpu"], "--refine measures nothing"),
     (["--model", "{tmp}/missing.onnx"], "missing.onnx"),
-    (["--threads", "0"], "--threads 0: give at least 1 thread"),
+    (["--threads", "-1"], "--threads -1: give at least 1 thread, or 0 for the rank's share of its cores"),
     (["-o", "{tmp}"], "is a directory"),
     (["-o", "{tmp}/missing/cluster.toml"], "does not exist"),
 ])
