@@ -19,7 +19,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): for each kind
   (a 3x3 convolution, a depthwise convolution of 3x3 and of 7x7 kernels, a grouped 3x3 one of
   FEW_PER_GROUP channels per group, a MatMul of MATMUL_ROWS rows, each of a chain by its own
-  weights, an Add) probes at four or five sizes each, from
+  weights, the 3x3 convolution and the MatMul in a quantized model's QDQ pattern, which onnxruntime
+  runs as an integer kernel (`quantized_chain`: QLinearConv, QLinearMatMul), an Add) probes at
+  four or five sizes each, from
   small feature maps to large, each timed as one op and as a chain of CHAIN: one op's share of
   the chain beyond the first (`marginal_time`) is what an op costs inside a model, without the
   session's run and the layout reorders a lone convolution pays. The line through (operations,
@@ -134,10 +136,15 @@ def conv_ops(channels: int, size: int, per_group: int, kernel: int = 3) -> float
 def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` kernel x kernel convolutions of `per_group` input channels per group (1: depthwise;
     `channels`: dense), padded, so every output is size x size; and one's operations."""
-    rng = np.random.default_rng(0)
-    w = (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
-    model = _chain("Conv", (1, channels, size, size), {"w": w}, chain, pads=[kernel // 2] * 4, group=channels // per_group)
+    model = _chain("Conv", (1, channels, size, size), {"w": conv_weights(channels, per_group, kernel)}, chain,
+                   pads=[kernel // 2] * 4, group=channels // per_group)
     return model, conv_ops(channels, size, per_group, kernel)
+
+
+def conv_weights(channels: int, per_group: int, kernel: int = 3) -> np.ndarray:
+    """The weights of a probe's convolutions (the same for each of a chain)."""
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
 
 
 def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Probe:
@@ -164,6 +171,45 @@ def matmul_model(rows: int, size: int, chain: int = 1) -> tuple[onnx.ModelProto,
 def matmul_probe(rows: int, size: int) -> Probe:
     """`matmul_model`'s MatMuls as a `Probe` (no model built until timed)."""
     return Probe(lambda chain: matmul_model(rows, size, chain)[0], matmul_ops(rows, size), float(rows * size))
+
+
+ACTIVATION_SCALE = 0.05  # the scale of a quantized probe's uint8 activations (zero point 128: values of about +-6)
+
+
+def quantized_chain(op: str, shape: tuple[int, ...], weights: Sequence[np.ndarray], **attrs: Any) -> onnx.ModelProto:
+    """`len(weights)` ops `op` in sequence, each by its weights, as a quantized (QDQ) model writes
+    them: the op between a DequantizeLinear of its uint8 input and of its int8 weights (per tensor)
+    and a QuantizeLinear of its output, which onnxruntime fuses into one integer kernel (QLinearConv,
+    QLinearMatMul); the float input of `shape` quantized once, the last output dequantized once."""
+    constants: dict[str, np.ndarray] = {"s": np.array(ACTIVATION_SCALE, np.float32), "z": np.array(128, np.uint8), "wz": np.array(0, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"])]
+    for i, w in enumerate(weights):
+        scale = float(np.max(np.abs(w))) / 127 or 1.0
+        constants[f"w{i}"], constants[f"ws{i}"] = np.round(w / scale).astype(np.int8), np.array(scale, np.float32)
+        nodes += [helper.make_node("DequantizeLinear", [f"q{i}", "s", "z"], [f"x{i}"]),
+                  helper.make_node("DequantizeLinear", [f"w{i}", f"ws{i}", "wz"], [f"f{i}"]),
+                  helper.make_node(op, [f"x{i}", f"f{i}"], [f"y{i}"], **attrs),
+                  helper.make_node("QuantizeLinear", [f"y{i}", "s", "z"], [f"q{i + 1}"])]
+    nodes.append(helper.make_node("DequantizeLinear", [f"q{len(weights)}", "s", "z"], ["y"]))
+    return float_model(nodes, {"x": shape}, {"y": shape}, constants)
+
+
+def qconv_probe(channels: int, size: int) -> Probe:
+    """Dense 3x3 convolutions of `channels` channels on a size x size map in an integer kernel
+    (`quantized_chain`; conv_model's weights, the same for each) as a `Probe`."""
+    build = functools.partial(lambda w, chain: quantized_chain("Conv", (1, channels, size, size), [w] * chain, pads=[1] * 4),
+                              conv_weights(channels, channels))
+    return Probe(build, conv_ops(channels, size, channels), float(channels * size * size))
+
+
+def qmatmul_probe(rows: int, size: int) -> Probe:
+    """MatMuls of `rows` x `size` by a `size` x `size` weight in an integer kernel (`quantized_chain`;
+    each its own weights, as matmul_model's) as a `Probe`."""
+    def build(chain: int) -> onnx.ModelProto:
+        rng = np.random.default_rng(0)
+        return quantized_chain("MatMul", (rows, size), [rng.standard_normal((size, size)).astype(np.float32) for _ in range(chain)])
+
+    return Probe(build, matmul_ops(rows, size), float(rows * size))
 
 
 def weights_model(nbytes: int) -> tuple[onnx.ModelProto, float]:
@@ -264,7 +310,8 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
 
 # A tiny op of each kind: what it takes beyond its operations (`op_speed`) is the kind's fixed cost per op
 TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8, 4, 1), "grouped": conv_probe(16, 4, 8),
-                          "matmul": matmul_probe(1, 16), "other": add_probe(64)}
+                          "matmul": matmul_probe(1, 16), "qconv": qconv_probe(8, 4), "qmatmul": qmatmul_probe(1, 16),
+                          "other": add_probe(64)}
 CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
 MATMUL_ROWS = 196  # rows of the MatMul probes: a 14 x 14 map's pixels, about a ViT's tokens
 SMALL_TERM = 0.01  # a fitted term for output values below this share of the largest probe's time is none (`seconds_per`)
@@ -522,6 +569,9 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         "grouped": [conv_probe(128, s, FEW_PER_GROUP) for s in sizes],
         # a 14 x 14 map's pixels or a ViT's tokens by weights of up to 2.4 MB, beyond a core's L2 cache
         "matmul": [matmul_probe(MATMUL_ROWS, s) for s in (128, 256, 512, 768)],
+        # the same in the integer kernels of a quantized model
+        "qconv": [qconv_probe(64, s) for s in (*sizes, 112)],
+        "qmatmul": [qmatmul_probe(MATMUL_ROWS, s) for s in (128, 256, 512, 768)],
         # (in the core's cache: a chain of Adds over a 56 x 56 map spills it, which `stream_ops_per_s` prices)
         "other": [add_probe(s * s * 64) for s in (7, 14, 21, 28)],
     }

@@ -14,12 +14,16 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     depthwise_elements_per_s = 0.0  # ... and output values per second it writes beyond them; 0: not measured
     grouped_ops_per_s = 5e9    # ... of a grouped convolution of a few input channels per group (simulate.FEW_PER_GROUP)
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
+    qconv_ops_per_s = 7.5e10   # ... of a dense convolution in an 8-bit integer kernel (a quantized model's QLinearConv)
+    qmatmul_ops_per_s = 7.5e10 # ... of a MatMul or Gemm in one (QLinearMatMul, QGemm)
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
     weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at
     conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
     depthwise_op_s = 1e-05
     grouped_op_s = 1e-05
     matmul_op_s = 1e-05
+    qconv_op_s = 1e-05
+    qmatmul_op_s = 1e-05
     other_op_s = 5e-06
     stream_ops_per_s = 0.0     # "other" operations per second of an op that reads and writes more than
     cache_bytes = 0.0          # ... this many bytes (beyond the core's cache); 0: no such regime measured
@@ -85,7 +89,10 @@ else:  # pragma: no cover
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
-OP_KINDS = ("conv", "depthwise", "grouped", "matmul", "other")
+OP_KINDS = ("conv", "depthwise", "grouped", "matmul", "qconv", "qmatmul", "other")
+# the kinds of op an integer kernel of a quantized model runs (`simulate.op_kind`), and the float kind
+# a profile written before they were measured prices them as (`_node`)
+INTEGER_KINDS = {"qconv": "conv", "qmatmul": "matmul"}
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; depthwise_elements_per_s:
 # not measured); every other throughput must be positive
 MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "depthwise_elements_per_s", "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
@@ -143,6 +150,11 @@ class NodeProfile:
     # before it was measured on its own gives it its depthwise figures: `_node`)
     grouped_ops_per_s: float = 5e9
     matmul_ops_per_s: float = 2.5e10
+    # a dense convolution or a MatMul in an 8-bit integer kernel (a quantized model's QLinearConv,
+    # QLinearMatMul, QGemm): on a CPU with VNNI about three times the float kernel's operations per
+    # second (a depthwise or grouped one about as fast as in float: its kinds price it)
+    qconv_ops_per_s: float = 7.5e10
+    qmatmul_ops_per_s: float = 7.5e10
     other_ops_per_s: float = 2.5e9
     # bytes of weights per second a convolution or matmul reads (from beyond the core's cache: the
     # weights of a model do not stay in it from one inference to the next); the default keeps the
@@ -153,6 +165,8 @@ class NodeProfile:
     depthwise_op_s: float = 1e-5
     grouped_op_s: float = 1e-5
     matmul_op_s: float = 1e-5
+    qconv_op_s: float = 1e-5
+    qmatmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
     # moves the values beyond them at `stream_ops_per_s`, the core's cache no longer holding its
@@ -395,9 +409,11 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
     rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST, OTHER_OPS)}
-    for field_name in ("ops_per_s", "op_s"):  # written before grouped convolutions were measured: priced as depthwise then
-        if f"grouped_{field_name}" not in rest and f"depthwise_{field_name}" in rest:
-            rest[f"grouped_{field_name}"] = rest[f"depthwise_{field_name}"]
+    # written before grouped convolutions or integer kernels were measured: priced as depthwise or as float then
+    for kind, then in (("grouped", "depthwise"), *INTEGER_KINDS.items()):
+        for field_name in ("ops_per_s", "op_s"):
+            if f"{kind}_{field_name}" not in rest and f"{then}_{field_name}" in rest:
+                rest[f"{kind}_{field_name}"] = rest[f"{then}_{field_name}"]
     host = table.get(HOST, "")
     if not isinstance(host, str):
         raise BBGrapError(f"{source}: '{where}.{HOST}' must be a string, the node's host name")

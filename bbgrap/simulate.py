@@ -49,7 +49,7 @@ import numpy as np
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
-from bbgrap.rules.base import NCHWC_BLOCK, Layout, is_default_domain
+from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain, rounds_output
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
@@ -151,21 +151,50 @@ FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a 
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
 
 
+# the QOperator ops onnxruntime runs in an integer kernel of a dense convolution or matmul, each
+# with the float kind it stands for and, for a convolution, the input its weights are
+INTEGER_OPS: dict[tuple[str, str], tuple[str, int]] = {
+    ("QLinearConv", ""): ("Conv", 3), ("ConvInteger", ""): ("Conv", 1),
+    ("QLinearMatMul", ""): ("MatMul", 3), ("MatMulInteger", ""): ("MatMul", 1), ("QGemm", MS_DOMAIN): ("Gemm", 3)}
+
+
 def op_kind(layer: Layer, graph: Graph) -> str:
     """Which of OP_KINDS the layer's op is, for its throughput. A convolution of one input channel
     per group is "depthwise"; one of a few more (at most FEW_PER_GROUP, regnet_y's 8) is "grouped":
     onnxruntime runs it on neither the depthwise kernel nor the dense one, several times slower per
-    operation than both (docs/benchmarks.md, sessions 13 and 26)."""
-    if layer.op_type in ("Conv", "ConvTranspose") and is_default_domain(layer.domain):
+    operation than both (docs/benchmarks.md, sessions 13 and 26). A dense convolution or a matmul
+    onnxruntime runs in an 8-bit integer kernel (`integer_kernel`) is "qconv" or "qmatmul"."""
+    domain = "" if is_default_domain(layer.domain) else layer.domain
+    integer = INTEGER_OPS.get((layer.op_type, domain))
+    float_op, weight = integer if integer is not None else (layer.op_type if not domain else "", 1)
+    if float_op in ("Conv", "ConvTranspose"):
         group = int(layer.attrs.get("group", 1))
-        weight = graph.tensors[layer.inputs[1]].shape
-        per_group = weight[1] if layer.op_type == "Conv" else weight[0] // max(group, 1)
+        shape = graph.tensors[layer.inputs[weight]].shape
+        per_group = shape[1] if layer.op_type != "ConvTranspose" else shape[0] // max(group, 1)
         if group > 1 and per_group <= FEW_PER_GROUP:
             return "depthwise" if per_group == 1 else "grouped"
-        return "conv"
-    if layer.op_type in ("Gemm", "MatMul") and is_default_domain(layer.domain):
-        return "matmul"
+        return "qconv" if integer is not None or integer_kernel(layer, graph) else "conv"
+    if float_op in ("Gemm", "MatMul"):
+        return "qmatmul" if integer is not None or integer_kernel(layer, graph) else "matmul"
     return "other"
+
+
+def integer_kernel(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime's CPU provider fuses the layer's QDQ pattern (`Layer.fused`) into an
+    8-bit integer kernel (DequantizeLinear-Conv-QuantizeLinear into QLinearConv, a Gemm into QGemm):
+    its weights dequantized from 8-bit integers, its input dequantized from and its result quantized
+    to 8-bit integers, for a convolution uint8 ones, the activations onnxruntime's QLinearConv takes
+    on x86. An int8 value is uint8 by then where onnxruntime rewrites its pair
+    (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
+    residual block's input) a convolution runs in float, as do 16-bit ones
+    (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
+    if layer.fused is None or len(layer.inputs) < 2 or not rounds_output(layer) or 0 not in {k for k, _ in layer.fused.inputs}:
+        return False
+    data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
+    if weight not in graph.dequantized or graph.itemsize(weight) != 1:
+        return False
+    activations = {graph.tensors[data].dtype, graph.tensors[result].dtype}
+    return activations == {"uint8"} if layer.op_type == "Conv" else activations <= {"uint8", "int8"}
 
 
 def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
@@ -178,7 +207,7 @@ def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int
     producers = graph.producers()
 
     def steps(at: Layer, left: int) -> tuple[int, str] | None:
-        if op_kind(at, graph) != "other":
+        if op_kind(at, graph) in FUSING:
             return 0, at.name
         if left == 0 or not registry.traits(at.op_type, at.domain).fuses_into_conv:
             return None

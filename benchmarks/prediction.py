@@ -17,6 +17,7 @@ the plan predicted fastest measured than the fastest measured.
   python benchmarks/prediction.py --per-layer                  # each model's layers measured by calibrate --model
   python benchmarks/prediction.py --per-layer --no-scaling     # ... but a piece costs its share of the operations
   python benchmarks/prediction.py --no-cold                    # ... and a segment after others as one alone (cold_segment_s = cold_s = 0)
+  python benchmarks/prediction.py --float-kernels --models q.onnx   # a quantized model's integer kernels priced as float ones
   python benchmarks/prediction.py --per-layer --models resnet18 exported/mobilenet_v3_small.onnx   # zoo and exporter models
   python benchmarks/prediction.py --keep pred-run              # profiles, plans and each run's JSON kept in ./pred-run (for calibrate --refine)
 """
@@ -38,7 +39,7 @@ import numpy as np
 import onnx
 
 from bbgrap import zoo
-from bbgrap.cluster import ClusterProfile, read_profile
+from bbgrap.cluster import INTEGER_KINDS, ClusterProfile, NodeProfile, read_profile
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config, Direction
 
@@ -96,6 +97,13 @@ class Profiles:
         if not self.per_layer:
             return self.shared[nodes]
         return calibrate(nodes, os.path.join(self.work, f"cluster-{name}-{nodes}.toml"), path, self.provider)
+
+
+def float_kernels(node: NodeProfile) -> NodeProfile:
+    """`node` with the integer kernels of a quantized model priced as the float kinds they stand for
+    (`cluster.INTEGER_KINDS`), as a profile written before calibrate measured them prices them."""
+    return replace(node, **{f"{kind}_{figure}": getattr(node, f"{then}_{figure}")
+                            for kind, then in INTEGER_KINDS.items() for figure in ("ops_per_s", "op_s")})
 
 
 def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
@@ -168,6 +176,9 @@ def main() -> int:
     p.add_argument("--no-cold", action="store_true",
                    help="drop what calibrate measured of a segment run after others (cold_segment_s = cold_s = 0), so it costs what it "
                    "costs alone (to compare the two)")
+    p.add_argument("--float-kernels", action="store_true",
+                   help="price the integer kernels of a quantized model (qconv, qmatmul) as the float kinds they stand for, as a "
+                   "profile written before calibrate measured them does (to compare the two)")
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu",
                    help="where calibrate times the nodes and bbgrap-run runs the plans (default cpu; cuda: each rank on its local rank's GPU)")
     p.add_argument("--keep", metavar="DIR",
@@ -189,8 +200,9 @@ def main() -> int:
         for name, path in models(work, args.models, args.resolution, args.width):
             for n in args.nodes:
                 profile = profiles.of(name, path, n)
-                if dropped:
-                    profile = replace(profile, nodes=tuple(replace(p, **dropped) for p in profile.nodes))
+                if dropped or args.float_kernels:
+                    profile = replace(profile, nodes=tuple(replace(float_kernels(p) if args.float_kernels else p, **dropped)
+                                                           for p in profile.nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
                 for direction, recompute in variants:
                     row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work, args.provider)

@@ -671,6 +671,14 @@ def test_a_profile_written_before_grouped_convolutions_were_measured_prices_them
     assert read_profile(str(tmp_path / "new.toml")).nodes[0].grouped_ops_per_s == 1e9
 
 
+def test_a_profile_written_before_integer_kernels_were_measured_prices_them_as_float_ones(tmp_path) -> None:
+    (tmp_path / "old.toml").write_text("[[node]]\nconv_ops_per_s = 2e11\nconv_op_s = 1e-6\nmatmul_ops_per_s = 3e11\n")
+    node = read_profile(str(tmp_path / "old.toml")).nodes[0]
+    assert (node.qconv_ops_per_s, node.qconv_op_s, node.qmatmul_ops_per_s) == (2e11, 1e-6, 3e11)
+    (tmp_path / "new.toml").write_text("[[node]]\nconv_ops_per_s = 2e11\nqconv_ops_per_s = 8e11\n")
+    assert read_profile(str(tmp_path / "new.toml")).nodes[0].qconv_ops_per_s == 8e11
+
+
 def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measures() -> None:
     """A receive point costs (in the slowest node's convolution operations) the link's latency, the
     sender's post, the receiver's take, and a boundary of two pieces (a segment, after others)."""

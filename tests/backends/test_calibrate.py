@@ -21,6 +21,7 @@ from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
     CHAIN,
     OTHER_TIMED,
+    Probe,
     ProfilerCost,
     add_model,
     calibrate_one,
@@ -40,6 +41,8 @@ from bbgrap.backends.calibrate import (
     other_model,
     other_probe,
     profiler_cost,
+    qconv_probe,
+    qmatmul_probe,
     stream_speed,
     time_piece,
     wait_share,
@@ -97,6 +100,25 @@ def test_a_matmul_probe_chains_matmuls_each_by_its_own_weights() -> None:
     (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(y, x @ weights[0] @ weights[1] @ weights[2], rtol=1e-4, atol=1e-5)
     assert probe.ops == 2.0 * 4 * 16 * 16 and probe.elements == 4 * 16
+
+
+@pytest.mark.parametrize(("probe", "kernel", "shape"), [(qconv_probe(16, 6), "QLinearConv", (1, 16, 6, 6)),
+                                                    (qmatmul_probe(4, 16), "QLinearMatMul", (4, 16))])
+def test_an_integer_kernel_probe_chains_ops_onnxruntime_fuses_into_the_kernel(tmp_path, probe: Probe, kernel: str,
+                                                                              shape: tuple[int, ...]) -> None:
+    """A qconv or qmatmul probe is a chain of QDQ patterns that onnxruntime runs as CHAIN integer
+    kernels (the float op left nowhere) and keeps its value's shape, counted as its float op's work."""
+    model = probe.build(CHAIN)
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ran = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert ran.count(kernel) == CHAIN and not {"Conv", "MatMul"} & set(ran), ran
+    x = np.random.default_rng(1).uniform(-1, 1, shape).astype(np.float32)
+    assert sess.run(None, {"x": x})[0].shape == shape
+    float_op = conv_probe(16, 6, 16) if kernel == "QLinearConv" else matmul_probe(4, 16)
+    assert (probe.ops, probe.elements) == (float_op.ops, float_op.elements)
 
 
 def test_a_probe_chains_its_op_and_counts_one_ops_work() -> None:

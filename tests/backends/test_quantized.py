@@ -18,6 +18,7 @@ import onnx
 import onnx.external_data_helper
 import onnxruntime as ort
 import pytest
+from bbgrap.frontends.onnx import import_model
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -25,6 +26,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from bbgrap import zoo
 from bbgrap.plan import Plan
 from bbgrap.rules.base import NCHWC_BLOCK
+from bbgrap.simulate import op_kind
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
 
 
@@ -272,6 +274,32 @@ def test_custom_sizes_inside_a_channel_block_are_refused_in_one_line(tmp_path) -
         assert "sizes [11, 10, 11] cut it at 11, 21 along 'c', inside the blocks of 16" in errors[0], errors
         assert "use sizes [16, 0, 16]" in errors[0], errors
         assert not plan_dir.exists()
+
+
+@pytest.mark.parametrize(("name", "activations"), [
+    ("resnet18", QuantType.QUInt8), ("resnet18", QuantType.QInt8), ("resnet18", QuantType.QUInt16),
+    ("mobilenet_v2", QuantType.QInt8), ("densenet", QuantType.QInt8),
+])
+def test_a_layer_is_priced_as_the_kernel_onnxruntime_runs_it_in(tmp_path, name: str, activations: QuantType) -> None:
+    """The simulator prices a dense convolution or matmul onnxruntime fuses into an integer kernel
+    as "qconv" or "qmatmul", and one it runs in float as "conv" or "matmul": every dense convolution
+    of a quantized zoo model is "conv" exactly where the optimised whole model has a float Conv of its
+    name (16-bit activations: all of them; int8: those whose input or output has more than one
+    reader, a residual block's first, densenet's second of each layer, which the concatenations read)."""
+    path = quantized(str(tmp_path), name, True, activations)
+    in_float = float_kernels(onnx.load(path))
+    graph = import_model(path).graph
+    dense = [layer for layer in graph.layers if layer.op_type == "Conv" and op_kind(layer, graph) in ("conv", "qconv")]
+    assert dense and all((op_kind(layer, graph) == "conv") == (layer.name in in_float) for layer in dense), \
+        [(layer.name, op_kind(layer, graph), layer.name in in_float) for layer in dense]
+    assert {op_kind(layer, graph) for layer in graph.layers if layer.op_type == "Gemm"} == \
+        {"matmul" if activations == QuantType.QUInt16 else "qmatmul"}
+    if activations == QuantType.QInt8:
+        assert {op_kind(layer, graph) for layer in dense} == {"conv", "qconv"}  # both, or the test shows nothing
+    if name == "resnet18" and activations == QuantType.QUInt8:  # the QOperator format's ops
+        graph = import_model(quantized(str(tmp_path), name, True, activations, QuantFormat.QOperator)).graph
+        kinds = {(layer.op_type, op_kind(layer, graph)) for layer in graph.layers if layer.op_type in ("QLinearConv", "QGemm")}
+        assert kinds == {("QLinearConv", "qconv"), ("QGemm", "qmatmul")}, kinds
 
 
 def same_kernels(plan_dir: str, whole: set[str]) -> None:
