@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
+from bbgrap.cluster import INTEGER_KINDS, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain, rounds_output
@@ -418,8 +418,11 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     works: list[LayerWork] = []
     copies: list[float] = []
     convolved: dict[str, int] = {}  # values a convolution or matmul of this segment (with what is fused into it) makes: its index in works
+    inside = in_integer_kernels(graph, seg, layers)
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
+        if id(onnx_node) in inside:
+            continue
         traits = registry.traits(onnx_node.op_type, onnx_node.domain)
         anchor = next((convolved[i] for i in onnx_node.input if i in convolved), None) if traits.fuses_into_conv else None
         if anchor is not None and works[anchor].kind == "matmul" and any(
@@ -448,6 +451,34 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             copies.append(size)
     handed = tuple(float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs))
     return SegmentWork(tuple(works), tuple(copies), handed)
+
+
+def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) -> set[int]:
+    """The nodes of `seg` (by id) that lowering attaches to a layer onnxruntime runs in an integer
+    kernel ("qconv", "qmatmul": `integer_kernel`): the DequantizeLinear of each of its inputs and
+    weights, and the Relu/Clip and QuantizeLinear after it (`Layer.fused`). onnxruntime fuses them
+    into the kernel, so they cost nothing of their own; the same nodes around a layer it runs in
+    float are ops it runs (a weight's DequantizeLinear too: it does not fold them)."""
+    producers = {o: n for n in seg.nodes for o in n.output if o}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in seg.nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    inside: set[int] = set()
+    for n in seg.nodes:
+        layer = layers.get(n.name)
+        if layer is None or layer.fused is None or layer.op_type != n.op_type or op_kind(layer, graph) not in INTEGER_KINDS:
+            continue
+        for i in n.input:
+            if (before := producers.get(i)) is not None and before.op_type == "DequantizeLinear":
+                inside.add(id(before))
+        after = readers.get(n.output[0], []) if n.output else []
+        for op in layer.fused.outputs:  # lowering emits them in order, each reading the one before
+            if len(after) != 1 or after[0].op_type != op.op_type:
+                break
+            inside.add(id(after[0]))
+            after = readers.get(after[0].output[0], [])
+    return inside
 
 
 @dataclass(frozen=True)

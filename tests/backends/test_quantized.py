@@ -302,6 +302,31 @@ def test_a_layer_is_priced_as_the_kernel_onnxruntime_runs_it_in(tmp_path, name: 
         assert kinds == {("QLinearConv", "qconv"), ("QGemm", "qmatmul")}, kinds
 
 
+@pytest.mark.parametrize("activations", [QuantType.QUInt8, QuantType.QUInt16])
+def test_the_nodes_of_an_integer_kernels_pattern_are_priced_in_it(tmp_path, activations: QuantType) -> None:
+    """A segment's DequantizeLinear nodes before a layer onnxruntime runs in an integer kernel (of
+    its input and of its weights) and the QuantizeLinear after it are in that kernel: the simulator
+    prices no copy for them (`in_integer_kernels`); around a layer it runs in float (16-bit) they
+    are ops of their own."""
+    from bbgrap.backends.lower import lower
+
+    from bbgrap.compiler import pipeline
+    from bbgrap.config import Config
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import in_integer_kernels
+
+    graph = import_model(quantized(str(tmp_path), "resnet18", True, activations)).graph
+    graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(graph)
+    (seg,) = [step.seg for step in lower(graph)[0][0].steps if step.op == "run"]
+    inside = in_integer_kernels(graph, seg, {layer.name: layer for layer in graph.layers})
+    kernels = [n for n in seg.nodes if n.op_type in ("Conv", "Gemm")]
+    producers = {o: n for n in seg.nodes for o in n.output}
+    expected = {id(producers[i]) for n in kernels for i in n.input if i in producers and producers[i].op_type == "DequantizeLinear"}
+    expected |= {id(r) for n in kernels for r in seg.nodes if n.output[0] in r.input and r.op_type == "QuantizeLinear"}
+    assert len(expected) >= 3 * len(kernels) > 0  # the input's, the weights' (and a bias's) and the result's
+    assert inside == (expected if activations == QuantType.QUInt8 else set())
+
+
 def same_kernels(plan_dir: str, whole: set[str]) -> None:
     """onnxruntime runs in float in the plan's segments the convolutions and pools it runs in float
     in the whole model (`whole`: float_kernels of the model), and fuses every other one into an
