@@ -194,7 +194,9 @@ def integer_kernel(layer: Layer, graph: Graph) -> bool:
     if weight not in graph.dequantized or graph.itemsize(weight) != 1:
         return False
     activations = {graph.tensors[data].dtype, graph.tensors[result].dtype}
-    return activations == {"uint8"} if layer.op_type == "Conv" else activations <= {"uint8", "int8"}
+    if layer.op_type == "Conv":
+        return activations == {"uint8"}
+    return layer.op_type in ("Gemm", "MatMul") and activations <= {"uint8", "int8"}  # (a ConvTranspose: priced in float)
 
 
 def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
