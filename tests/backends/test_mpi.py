@@ -137,7 +137,7 @@ def test_calibrate_under_mpirun_measures_each_rank_and_the_link(tmp_path) -> Non
     assert all(node.send_s != NodeProfile().send_s for node in profile.nodes)  # every rank timed its sends
     assert all(node.recv_s > 0 for node in profile.nodes)  # ... and its receives (the default is 0)
     assert all(node.recv_byte_s > 0 for node in profile.nodes)  # ... whose copy grows with the message
-    for flags in (["--threads", "0"], ["--model", str(tmp_path / "missing.onnx")]):
+    for flags in (["--threads", "-1"], ["--model", str(tmp_path / "missing.onnx")]):
         bad = subprocess.run([MPIRUN, "-n", "2", os.path.join(BIN, "bbgrap"), "calibrate", "-o", str(tmp_path / "bad.toml"), *flags],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and bad.stderr.count("bbgrap: error:") == 1, bad.stderr
