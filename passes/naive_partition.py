@@ -109,12 +109,12 @@ def partition_layer(graph: Graph, layer: Layer, axis: int | None, sizes: Sequenc
     whole on node `whole` when axis is None."""
     shape = graph.tensors[layer.outputs[0]].shape
     n_inputs = len(layer.inputs)
-    rule = registry.get(layer)
     if axis is None or sizes is None:
         outs = [ShapeMap.empty_like(len(shape))] * graph.nodes
         outs[whole] = ShapeMap.full(shape)
     else:
-        outs = regions_from_sizes(shape, axis, on_grain(sizes, rule.grain(layer, graph, axis) if rule is not None else 1))
+        outs = regions_from_sizes(shape, axis, on_grain(sizes, registry.grain(layer, graph, axis)))
+    rule = registry.get(layer)
     needs: list[tuple[ShapeMap | None, ...]] = []
     computes: list[ShapeMap] = []
     attrs: list[Mapping[str, Any]] = []
@@ -289,14 +289,13 @@ class NaivePartition(Pass):
                         f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} must sum to the "
                         f"extent along '{c.direction.value}' ({shape[axis]})"
                     )
-                rule = self.registry.get(layer)
-                grain = rule.grain(layer, graph, axis) if rule is not None else 1
-                if on_grain(c.sizes, grain) != list(c.sizes):
+                grain = self.registry.grain(layer, graph, axis)
+                if (moved := on_grain(c.sizes, grain)) != list(c.sizes):
                     at = ", ".join(map(str, list(itertools.accumulate(c.sizes))[:-1]))
                     raise BBGrapError(
                         f"custom partition of '{layer.name}' (output {list(shape)}): sizes {list(c.sizes)} cut it at {at} "
                         f"along '{c.direction.value}', inside the blocks of {grain} that onnxruntime computes together (a cut "
-                        f"there is not exact); use sizes {on_grain(c.sizes, grain)}")
+                        f"there is not exact); use sizes {moved}")
                 sizes = list(c.sizes)
             elif axis is not None:
                 sizes = axis_sizes(shape, axis, speeds)

@@ -294,8 +294,7 @@ class SearchPartitions(Pass):
         assert axis is not None
         cost = priced[(layer.name, axis)] = self._cost(graph, layer, axis, partitions)
         step = self._grid_step(graph, layer, axis)
-        rule = self.registry.get(layer)
-        grain = rule.grain(layer, graph, axis) if rule is not None else 1
+        grain = self.registry.grain(layer, graph, axis)
         if grain > 1:  # cuts on the rule's grain only: a grid of it
             step = grain * -(-step // grain)
         result = None

@@ -224,6 +224,12 @@ class RuleRegistry:
         input's values (`Layer.shape_from_values`), which no rule may cut."""
         return None if layer.shape_from_values else self.rule_of(layer.op_type, layer.domain)
 
+    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
+        """Where cuts of the layer along `axis` may fall (`RegionRule.grain`); 1 (anywhere) for a
+        layer without a rule, which is not cut."""
+        rule = self.get(layer)
+        return rule.grain(layer, graph, axis) if rule is not None else 1
+
     def rule_of(self, op_type: str, domain: str = "") -> RegionRule | None:
         return self._rules.get(self._key(op_type, domain))
 
