@@ -51,6 +51,7 @@ from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain, rounds_output
 from bbgrap.rules.registry import RuleRegistry, default_registry
+from bbgrap.rules.window import WEIGHTS
 
 if TYPE_CHECKING:  # the simulator itself needs neither onnx nor the backend
     import onnx
@@ -152,10 +153,10 @@ FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution 
 
 
 # the QOperator ops onnxruntime runs in an integer kernel of a dense convolution or matmul, each
-# with the float kind it stands for and, for a convolution, the input its weights are
-INTEGER_OPS: dict[tuple[str, str], tuple[str, int]] = {
-    ("QLinearConv", ""): ("Conv", 3), ("ConvInteger", ""): ("Conv", 1),
-    ("QLinearMatMul", ""): ("MatMul", 3), ("MatMulInteger", ""): ("MatMul", 1), ("QGemm", MS_DOMAIN): ("Gemm", 3)}
+# with the float op it stands for (a convolution's weights: rules.window.WEIGHTS)
+INTEGER_OPS: dict[tuple[str, str], str] = {
+    ("QLinearConv", ""): "Conv", ("ConvInteger", ""): "Conv",
+    ("QLinearMatMul", ""): "MatMul", ("MatMulInteger", ""): "MatMul", ("QGemm", MS_DOMAIN): "Gemm"}
 
 
 def op_kind(layer: Layer, graph: Graph) -> str:
@@ -166,10 +167,10 @@ def op_kind(layer: Layer, graph: Graph) -> str:
     onnxruntime runs in an 8-bit integer kernel (`integer_kernel`) is "qconv" or "qmatmul"."""
     domain = "" if is_default_domain(layer.domain) else layer.domain
     integer = INTEGER_OPS.get((layer.op_type, domain))
-    float_op, weight = integer if integer is not None else (layer.op_type if not domain else "", 1)
+    float_op = integer if integer is not None else layer.op_type if not domain else ""
     if float_op in ("Conv", "ConvTranspose"):
         group = int(layer.attrs.get("group", 1))
-        shape = graph.tensors[layer.inputs[weight]].shape
+        shape = graph.tensors[layer.inputs[WEIGHTS.get(layer.op_type, 1)]].shape
         per_group = shape[1] if layer.op_type != "ConvTranspose" else shape[0] // max(group, 1)
         if group > 1 and per_group <= FEW_PER_GROUP:
             return "depthwise" if per_group == 1 else "grouped"
