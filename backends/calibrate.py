@@ -197,8 +197,9 @@ def quantized_chain(op: str, shape: tuple[int, ...], weights: Sequence[np.ndarra
 def qconv_probe(channels: int, size: int) -> Probe:
     """Dense 3x3 convolutions of `channels` channels on a size x size map in an integer kernel
     (`quantized_chain`; conv_model's weights, the same for each) as a `Probe`."""
-    build = functools.partial(lambda w, chain: quantized_chain("Conv", (1, channels, size, size), [w] * chain, pads=[1] * 4),
-                              conv_weights(channels, channels))
+    def build(chain: int) -> onnx.ModelProto:
+        return quantized_chain("Conv", (1, channels, size, size), [conv_weights(channels, channels)] * chain, pads=[1] * 4)
+
     return Probe(build, conv_ops(channels, size, channels), float(channels * size * size))
 
 
