@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bbgrap.cluster import INTEGER_KINDS, OP_KINDS, ClusterProfile, NodeProfile
+from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain, rounds_output
@@ -447,7 +447,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
             copies.append(float(sum(value_elements(graph, o) for o in outputs)))
     at = {w.name: k for k, w in enumerate(works)}
-    for name, size in layout_reorders(graph, seg, registry, chained):
+    for name, size in (*layout_reorders(graph, seg, registry, chained), *channels_last_transposes(graph, seg, layers, inside, registry)):
         if name in at:
             works[at[name]] = replace(works[at[name]], reorders=(*works[at[name]].reorders, size))
         else:  # caused by an op of lowering's (a crop between two convolutions) or one fused into another's kernel
@@ -456,12 +456,42 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     return SegmentWork(tuple(works), tuple(copies), handed)
 
 
+# ops onnxruntime's CPU provider runs on a quantized model's 8-bit values where their QDQ pattern
+# is whole: Add, Mul, Concat and Softmax in its QLinearAdd, QLinearMul, QLinearConcat and
+# QLinearSoftmax, the average pools in QLinearAveragePool and QLinearGlobalAveragePool, MaxPool,
+# Flatten, Reshape, Split and Transpose on the integers themselves (the pattern dropped); ANY_LAYOUT
+# in the layout of the values they take (`channels_last_transposes`)
+EIGHT_BIT_OPS = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "MaxPool", "Flatten", "Softmax", "Reshape", "Split",
+                 "Transpose")
+UNSIGNED_ONLY = ("Add", "Mul")  # on x86 (an int8 one it runs in float)
+ANY_LAYOUT = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "MaxPool")
+MOVED_PAST = ("DequantizeLinear", "QuantizeLinear", "Slice", "Concat")  # ... and the elementwise ops
+
+
+def eight_bit_op(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime runs the layer, one of EIGHT_BIT_OPS, on the 8-bit values of its QDQ
+    pattern (`Layer.fused`): every value it takes dequantized from, and its result quantized to,
+    integers of one 8-bit type (uint8 for UNSIGNED_ONLY). It prices as its float op; its
+    DequantizeLinear and QuantizeLinear nodes cost nothing of their own (`in_integer_kernels`)."""
+    if layer.op_type not in EIGHT_BIT_OPS or not is_default_domain(layer.domain) or not rounds_output(layer):
+        return False
+    assert layer.fused is not None
+    dequantized = {k for k, _ in layer.fused.inputs}
+    values = [k for k, t in enumerate(layer.inputs) if t and t not in graph.constants]
+    if not values or not set(values) <= dequantized:
+        return False
+    types = {graph.tensors[t].dtype for t in (*(layer.inputs[k] for k in values), layer.outputs[0])}
+    return types == {"uint8"} or (types == {"int8"} and layer.op_type not in UNSIGNED_ONLY)
+
+
 def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) -> set[int]:
-    """The nodes of `seg` (by id) that lowering attaches to a layer onnxruntime runs in an integer
-    kernel ("qconv", "qmatmul": `integer_kernel`): the DequantizeLinear of each of its inputs and
-    weights, and the Relu/Clip and QuantizeLinear after it (`Layer.fused`). onnxruntime fuses them
-    into the kernel, so they cost nothing of their own; the same nodes around a layer it runs in
-    float are ops it runs (a weight's DequantizeLinear too: it does not fold them)."""
+    """The nodes of `seg` (by id) that lowering attaches to a layer onnxruntime runs on 8-bit
+    integers, in an integer kernel (`integer_kernel`: a convolution of any group, a matmul) or as
+    an `eight_bit_op`:
+    the DequantizeLinear of each of its inputs and weights, and the Relu/Clip and QuantizeLinear
+    after it (`Layer.fused`). onnxruntime fuses them into the kernel (or drops them), so they cost
+    nothing of their own; the same nodes around a layer it runs in float are ops it runs (a
+    weight's DequantizeLinear too: it does not fold them)."""
     producers = {o: n for n in seg.nodes for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in seg.nodes:
@@ -470,7 +500,8 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
     inside: set[int] = set()
     for n in seg.nodes:
         layer = layers.get(n.name)
-        if layer is None or layer.fused is None or layer.op_type != n.op_type or op_kind(layer, graph) not in INTEGER_KINDS:
+        if layer is None or layer.fused is None or layer.op_type != n.op_type or not (
+                integer_kernel(layer, graph) or eight_bit_op(layer, graph)):
             continue
         for i in n.input:
             if (before := producers.get(i)) is not None and before.op_type == "DequantizeLinear":
@@ -482,6 +513,65 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
             inside.add(id(after[0]))
             after = readers.get(after[0].output[0], [])
     return inside
+
+
+def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, Layer], inside: set[int],
+                             registry: RuleRegistry) -> list[tuple[str, float]]:
+    """The transposes onnxruntime's CPU provider adds inside one segment of a quantized model, each
+    as (the layer whose run holds it, or "" for one at the segment's edge, the values it moves).
+
+    onnxruntime runs an 8-bit convolution (`integer_kernel`, any group) channels-last (NHWC); an
+    `eight_bit_op` of ANY_LAYOUT, and an elementwise op (`OpTraits.fuses_in_chain`), a
+    DequantizeLinear or QuantizeLinear, or a crop or concat lowering adds (MOVED_PAST) that gives
+    no result of the segment, in the layout of the values it takes where all of them are
+    channels-last (it moves its transposes past them), else in NCHW; every other op (a
+    BatchNormalization, a float convolution, a Flatten), and the values segments hand each other,
+    in NCHW. A value crossing between the two layouts is transposed once per direction: an
+    NCHW value into an 8-bit convolution (on that convolution's account), a channels-last value
+    read by an NCHW op (on that op's), and a segment's channels-last result (at the edge; as its
+    inputs where a convolution takes one, they are not in the whole model a layer was measured in).
+    The DequantizeLinear and QuantizeLinear nodes in an 8-bit kernel (`inside`) pass the layout on."""
+    source: dict[str, str] = {}  # a value in an 8-bit kernel's pattern -> the 8-bit value it stands for
+    last: set[str] = set()  # channels-last values
+    done: set[tuple[str, bool]] = set()  # (value, to channels-last) already transposed
+    edge = set(seg.inputs)
+    out: list[tuple[str, float]] = []
+
+    def transpose(value: str, to_last: bool, account: str) -> None:
+        if (value, to_last) not in done:
+            done.add((value, to_last))
+            out.append(("" if value in edge else account, float(value_elements(graph, value))))
+
+    for node in seg.nodes:
+        values = [source.get(i, i) for i in node.input if i and i not in seg.initializers and i not in graph.constants]
+        if id(node) in inside:  # a DequantizeLinear stands for the integers it reads, a weight's for none
+            for o in (o for o in node.output if o):
+                if node.op_type == "DequantizeLinear":
+                    source[o] = values[0] if values else ""
+                elif values and values[0] in last:
+                    last.add(o)
+            continue
+        values = [v for v in values if v]
+        layer = layers.get(node.name)
+        mine = layer is not None and layer.op_type == node.op_type
+        if mine and layer is not None and layer.op_type == "Conv" and integer_kernel(layer, graph):
+            for v in values:
+                if v not in last:
+                    transpose(v, True, node.name)
+            last.update(o for o in node.output if o)
+        elif values and all(v in last for v in values) and (
+                (mine and layer is not None and layer.op_type in ANY_LAYOUT and eight_bit_op(layer, graph))
+                or ((node.op_type in MOVED_PAST or registry.traits(node.op_type, node.domain).fuses_in_chain)
+                    and not set(node.output) & set(seg.outputs))):
+            last.update(o for o in node.output if o)
+        else:
+            for v in values:
+                if v in last:
+                    transpose(v, False, node.name if mine else "")
+    for v in seg.outputs:
+        if v in last and (v, False) not in done:
+            out.append(("", float(value_elements(graph, v))))
+    return out
 
 
 @dataclass(frozen=True)
