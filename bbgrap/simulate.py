@@ -31,7 +31,8 @@ into the weights, nothing; a matmul takes only a constant bias or an activation,
 the elementwise ops of an activation written as several (x·sigmoid(x), erf's GELU) cost their
 operations, and only the last of them an op's fixed cost and a pass over the values
 (`chained_layers`); each reorder between onnxruntime's blocked layout and NCHW inside a segment
-(around an op it does not run blocked, `layout_reorders`) costs a copy of its values; every value a segment
+(around an op it does not run blocked, `layout_reorders`), and each transpose of a quantized model's values
+to or from its channels-last integer convolutions (`channels_last_transposes`), costs a copy of its values; every value a segment
 takes or gives costs one "other" operation per element (handed from one onnxruntime session to
 the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest
 rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
@@ -487,9 +488,8 @@ def eight_bit_op(layer: Layer, graph: Graph) -> bool:
 def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) -> set[int]:
     """The nodes of `seg` (by id) that lowering attaches to a layer onnxruntime runs on 8-bit
     integers, in an integer kernel (`integer_kernel`: a convolution of any group, a matmul) or as
-    an `eight_bit_op`:
-    the DequantizeLinear of each of its inputs and weights, and the Relu/Clip and QuantizeLinear
-    after it (`Layer.fused`). onnxruntime fuses them into the kernel (or drops them), so they cost
+    an `eight_bit_op`: the DequantizeLinear of each of its inputs and weights, and the Relu/Clip
+    and QuantizeLinear after it (`Layer.fused`). onnxruntime fuses them into the kernel (or drops them), so they cost
     nothing of their own; the same nodes around a layer it runs in float are ops it runs (a
     weight's DequantizeLinear too: it does not fold them)."""
     producers = {o: n for n in seg.nodes for o in n.output if o}
@@ -534,7 +534,7 @@ def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, La
     source: dict[str, str] = {}  # a value in an 8-bit kernel's pattern -> the 8-bit value it stands for
     last: set[str] = set()  # channels-last values
     done: set[tuple[str, bool]] = set()  # (value, to channels-last) already transposed
-    edge = set(seg.inputs)
+    edge, given = set(seg.inputs), set(seg.outputs)
     out: list[tuple[str, float]] = []
 
     def transpose(value: str, to_last: bool, account: str) -> None:
@@ -553,21 +553,21 @@ def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, La
             continue
         values = [v for v in values if v]
         layer = layers.get(node.name)
-        mine = layer is not None and layer.op_type == node.op_type
-        if mine and layer is not None and layer.op_type == "Conv" and integer_kernel(layer, graph):
+        mine = layer if layer is not None and layer.op_type == node.op_type else None  # the node is this layer's op
+        if mine is not None and mine.op_type == "Conv" and integer_kernel(mine, graph):
             for v in values:
                 if v not in last:
                     transpose(v, True, node.name)
             last.update(o for o in node.output if o)
         elif values and all(v in last for v in values) and (
-                (mine and layer is not None and layer.op_type in ANY_LAYOUT and eight_bit_op(layer, graph))
+                (mine is not None and mine.op_type in ANY_LAYOUT and eight_bit_op(mine, graph))
                 or ((node.op_type in MOVED_PAST or registry.traits(node.op_type, node.domain).fuses_in_chain)
-                    and not set(node.output) & set(seg.outputs))):
+                    and not given.intersection(node.output))):
             last.update(o for o in node.output if o)
         else:
             for v in values:
                 if v in last:
-                    transpose(v, False, node.name if mine else "")
+                    transpose(v, False, node.name if mine is not None else "")
     for v in seg.outputs:
         if v in last and (v, False) not in done:
             out.append(("", float(value_elements(graph, v))))
