@@ -343,23 +343,17 @@ def same_kernels(plan_dir: str, whole: set[str]) -> None:
 def float_kernels(model: onnx.ModelProto) -> set[str]:
     """The float convolutions and pools onnxruntime runs for `model` after its optimisations (which
     fuse a quantized model's patterns into QLinearConv, QLinearAveragePool, ...), by name."""
+    return {n.name for n in optimized_nodes(model) if n.op_type in ("Conv", "AveragePool", "GlobalAveragePool")}
+
+
+def optimized_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes onnxruntime's CPU provider runs for `model` after its optimisations."""
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
         opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         opts.log_severity_level = 3
         ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        nodes = onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node
-    return {n.name for n in nodes if n.op_type in ("Conv", "AveragePool", "GlobalAveragePool")}
-
-
-def optimized_ops(model: onnx.ModelProto) -> list[str]:
-    """The op types of the nodes onnxruntime's CPU provider runs for `model` after its optimisations."""
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = ort.SessionOptions()
-        opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
-        opts.log_severity_level = 3
-        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        return [n.op_type for n in onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node]
+        return list(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
 
 
 @pytest.mark.parametrize("name,preprocess,activations", [
@@ -391,7 +385,7 @@ def test_the_transposes_and_qdq_nodes_of_a_segment_are_those_onnxruntime_runs(tm
                 inside = in_integer_kernels(plan, seg, layers)
                 ours = (len(channels_last_transposes(plan, seg, layers, inside, default_registry())),
                         sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes))
-                ops = optimized_ops(segment_model(plan, seg, seg.types, seg.name))
+                ops = [n.op_type for n in optimized_nodes(segment_model(plan, seg, seg.types, seg.name))]
                 theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"))
                 if preprocess and name == "resnet18" and nodes == 2 and direction is Direction.H and seg.name.endswith("_seg0"):
                     theirs = (theirs[0] - 1, theirs[1])  # onnxruntime crops a residual in NCHW there: one transpose more
