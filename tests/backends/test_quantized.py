@@ -18,15 +18,21 @@ import onnx
 import onnx.external_data_helper
 import onnxruntime as ort
 import pytest
+from bbgrap.backends.lower import Segment, lower, segment_model
 from bbgrap.frontends.onnx import import_model
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from bbgrap import zoo
+from bbgrap.compiler import pipeline
+from bbgrap.config import Config, Direction
+from bbgrap.ir import Graph
+from bbgrap.pass_manager import PassManager
 from bbgrap.plan import Plan
 from bbgrap.rules.base import NCHWC_BLOCK
-from bbgrap.simulate import op_kind
+from bbgrap.rules.registry import default_registry
+from bbgrap.simulate import channels_last_transposes, in_integer_kernels, op_kind
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
 
 
@@ -308,16 +314,7 @@ def test_the_nodes_of_an_integer_kernels_pattern_are_priced_in_it(tmp_path, acti
     its input and of its weights) or on 8-bit values (a residual Add, the pools, the Flatten) and
     the QuantizeLinear after it are in that kernel: the simulator prices no copy for them
     (`in_integer_kernels`); around a layer it runs in float (16-bit) they are ops of their own."""
-    from bbgrap.backends.lower import lower
-
-    from bbgrap.compiler import pipeline
-    from bbgrap.config import Config
-    from bbgrap.pass_manager import PassManager
-    from bbgrap.simulate import in_integer_kernels
-
-    graph = import_model(quantized(str(tmp_path), "resnet18", True, activations)).graph
-    graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(graph)
-    (seg,) = [step.seg for step in lower(graph)[0][0].steps if step.op == "run"]
+    graph, (seg,) = planned_segments(import_model(quantized(str(tmp_path), "resnet18", True, activations)).graph, 1, Direction.H)
     inside = in_integer_kernels(graph, seg, {layer.name: layer for layer in graph.layers})
     kernels = [n for n in seg.nodes if n.op_type in ("Conv", "Gemm", "Add", "MaxPool", "GlobalAveragePool", "Flatten")]
     assert {n.op_type for n in kernels} == {"Conv", "Gemm", "Add", "MaxPool", "GlobalAveragePool", "Flatten"}
@@ -356,6 +353,13 @@ def optimized_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         return list(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
 
 
+def planned_segments(graph: Graph, nodes: int, direction: Direction) -> tuple[Graph, list[Segment]]:
+    """The graph planned for `nodes` nodes cut along `direction` (the per-layer search), and every
+    segment of every node's program as lowering makes it (no plan written)."""
+    plan = PassManager(pipeline(Config(nodes=nodes, planner="greedy", direction=direction))).run(graph)
+    return plan, [step.seg for program in lower(plan)[0] for step in program.steps if step.op == "run"]
+
+
 @pytest.mark.parametrize("name,preprocess,activations", [
     ("resnet18", False, QuantType.QUInt8), ("resnet18", True, QuantType.QUInt8), ("mobilenet_v2", True, QuantType.QUInt8),
     ("resnet18", False, QuantType.QInt8), ("densenet", False, QuantType.QInt8)])
@@ -367,28 +371,19 @@ def test_the_transposes_and_qdq_nodes_of_a_segment_are_those_onnxruntime_runs(tm
     (those not in an integer kernel or an 8-bit op: `in_integer_kernels`) as onnxruntime runs in the
     optimised segment; but for the first segment of a preprocessed resnet18's height cut, where
     onnxruntime crops the residual of the first block in NCHW and transposes once more."""
-    from bbgrap.backends.lower import lower, segment_model
-
-    from bbgrap.compiler import pipeline
-    from bbgrap.config import Config, Direction
-    from bbgrap.pass_manager import PassManager
-    from bbgrap.rules.registry import default_registry
-    from bbgrap.simulate import channels_last_transposes, in_integer_kernels
-
     graph = import_model(quantized(str(tmp_path), name, True, activations, preprocess=preprocess)).graph
     layers = {layer.name: layer for layer in graph.layers}
     seen = []
     for nodes, direction in ((1, Direction.H), (2, Direction.H), (2, Direction.C)):
-        plan = PassManager(pipeline(Config(nodes=nodes, planner="greedy", direction=direction))).run(graph)
-        for program in lower(plan)[0]:
-            for seg in (step.seg for step in program.steps if step.op == "run"):
-                inside = in_integer_kernels(plan, seg, layers)
-                ours = (len(channels_last_transposes(plan, seg, layers, inside, default_registry())),
-                        sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes))
-                ops = [n.op_type for n in optimized_nodes(segment_model(plan, seg, seg.types, seg.name))]
-                theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"))
-                if preprocess and name == "resnet18" and nodes == 2 and direction is Direction.H and seg.name.endswith("_seg0"):
-                    theirs = (theirs[0] - 1, theirs[1])  # onnxruntime crops a residual in NCHW there: one transpose more
-                assert ours == theirs, (nodes, direction, seg.name, ours, sorted(ops))
-                seen.append(ours)
+        plan, segments = planned_segments(graph, nodes, direction)
+        for seg in segments:
+            inside = in_integer_kernels(plan, seg, layers)
+            ours = (len(channels_last_transposes(plan, seg, layers, inside, default_registry())),
+                    sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes))
+            ops = [n.op_type for n in optimized_nodes(segment_model(plan, seg, seg.types, seg.name))]
+            theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"))
+            if preprocess and name == "resnet18" and nodes == 2 and direction is Direction.H and seg.name.endswith("_seg0"):
+                theirs = (theirs[0] - 1, theirs[1])  # onnxruntime crops a residual in NCHW there: one transpose more
+            assert ours == theirs, (nodes, direction, seg.name, ours, sorted(ops))
+            seen.append(ours)
     assert any(transposes for transposes, _ in seen)  # the models have channels-last kernels
