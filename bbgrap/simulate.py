@@ -489,9 +489,9 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
     """The nodes of `seg` (by id) that lowering attaches to a layer onnxruntime runs on 8-bit
     integers, in an integer kernel (`integer_kernel`: a convolution of any group, a matmul) or as
     an `eight_bit_op`: the DequantizeLinear of each of its inputs and weights, and the Relu/Clip
-    and QuantizeLinear after it (`Layer.fused`). onnxruntime fuses them into the kernel (or drops them), so they cost
-    nothing of their own; the same nodes around a layer it runs in float are ops it runs (a
-    weight's DequantizeLinear too: it does not fold them)."""
+    and QuantizeLinear after it (`Layer.fused`). onnxruntime fuses them into the kernel (or drops
+    them), so they cost nothing of their own; the same nodes around a layer it runs in float are
+    ops it runs (a weight's DequantizeLinear too: it does not fold them)."""
     producers = {o: n for n in seg.nodes for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in seg.nodes:
@@ -528,9 +528,10 @@ def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, La
     BatchNormalization, a float convolution, a Flatten), and the values segments hand each other,
     in NCHW. A value crossing between the two layouts is transposed once per direction: an
     NCHW value into an 8-bit convolution (on that convolution's account), a channels-last value
-    read by an NCHW op (on that op's), and a segment's channels-last result (at the edge; as its
-    inputs where a convolution takes one, they are not in the whole model a layer was measured in).
-    The DequantizeLinear and QuantizeLinear nodes in an 8-bit kernel (`inside`) pass the layout on."""
+    read by an NCHW op (on that op's). A segment's input into a convolution and its channels-last
+    results are transposed at the segment's edge (""; the whole model a layer was measured in
+    has no such transposes). The DequantizeLinear and QuantizeLinear nodes in an 8-bit kernel
+    (`inside`) pass the layout on."""
     source: dict[str, str] = {}  # a value in an 8-bit kernel's pattern -> the 8-bit value it stands for
     last: set[str] = set()  # channels-last values
     done: set[tuple[str, bool]] = set()  # (value, to channels-last) already transposed
