@@ -25,7 +25,12 @@ def env_rank() -> int:
 class OneLineParser(argparse.ArgumentParser):
     """argparse with bbgrap's error form: one line on stderr (argparse prints the usage above it),
     exit 2; under mpirun printed by rank 0 only (every rank parses the same arguments). Its
-    subcommands' parsers are of this class too."""
+    subcommands' parsers are of this class too. An option is spelled whole: argparse's default
+    would read `--force` as `--force-nodes`, a different option from the one the user meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # argparse's signature says NoReturn; it exits
         if env_rank() == 0:

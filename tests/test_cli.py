@@ -122,6 +122,8 @@ def test_help_is_complete() -> None:
     (["compile", "{model}", "--nodes", "abc"], ["bbgrap compile: error:", "--nodes", "invalid int", "--help"]),
     (["frobnicate"], ["bbgrap: error:", "invalid choice", "--help"]),
     (["zoo"], ["bbgrap zoo: error:", "required"]),
+    # an option spelled in part is refused, not read as the one it begins (--force is not --force-nodes)
+    (["compile", "{model}", "--nodes", "2", "--force"], ["unrecognized arguments: --force", "--help"]),
     (["compile", "{model}", "--input-shape", "x:1x3x16x16", "--input-shape", "x:1x3x8x8"], ["--input-shape", "'x' twice"]),
     (["compile", "{model}", "--config", "{customfc}", "--quiet"], ["custom partition of 'fc'", "along 'h'", "cannot be cut there"]),
     (["compile", "{model}", "--nodes", "2", "--dump-ir-after", "search", "--dump-dir", "p5/ir", "-o", "p5"], ["--dump-dir p5/ir"]),
@@ -187,6 +189,10 @@ def test_run_with_a_damaged_segment_names_it(tmp_path, small_model: str, layout:
 
 def test_run_without_plan(tmp_path) -> None:
     one_error_line(run(cwd=str(tmp_path)), "not a bbgrap plan", "bbgrap compile")
+
+
+def test_run_refuses_an_option_spelled_in_part(tmp_path) -> None:
+    one_error_line(run("--rep", "3", cwd=str(tmp_path)), "bbgrap-run: error:", "unrecognized arguments: --rep")
 
 
 def test_inspect_into_a_closed_pipe_is_quiet(tmp_path, small_model: str) -> None:
