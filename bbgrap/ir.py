@@ -392,6 +392,14 @@ class Layer:
         """The node's own ONNX inputs (`inputs` without the captured tensors)."""
         return self.inputs[: len(self.inputs) - len(self.captured)]
 
+    @property
+    def rounds_output(self) -> bool:
+        """Whether the layer's result is quantized inside its own pattern (a QuantizeLinear among its
+        `Fused.outputs`): where onnxruntime runs such an op in float (an int8 model's pool, or a
+        convolution it leaves unfused), a last-bit difference between a piece and the whole op can
+        move the rounding by a whole quantization step."""
+        return self.fused is not None and any(a.op_type == "QuantizeLinear" for a in self.fused.outputs)
+
     def describe(self, graph: Graph) -> str:
         ins = ", ".join(f"{t}{list(graph.tensors[t].shape)}" for t in self.inputs if t in graph.tensors)
         return f"{self.op_type} '{self.name}' ({ins})"
@@ -533,6 +541,9 @@ def consumers_of(layers: Iterable[Layer]) -> dict[str, list[Layer]]:
     return out
 
 
+QUANTIZERS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})  # ops that round float values to integers
+
+
 @dataclass(frozen=True)
 class Graph:
     """The whole model: layers in topological order, tensors, constants, and (once
@@ -575,6 +586,24 @@ class Graph:
 
     def consumers(self) -> dict[str, list[Layer]]:
         return consumers_of(self.layers)
+
+    @functools.cached_property
+    def _rounded_later(self) -> frozenset[str]:
+        consumers = self.consumers()
+        rounded: set[str] = set()
+        for layer in reversed(self.layers):  # a layer's readers come after it
+            readers = [c for t in layer.outputs if t for c in consumers.get(t, [])]
+            if layer.rounds_output or any(c.op_type in QUANTIZERS or c.name in rounded for c in readers):
+                rounded.add(layer.name)
+        return frozenset(rounded)
+
+    def rounded_later(self, layer: Layer) -> bool:
+        """Whether the layer's result is rounded to integers: in its own pattern
+        (`Layer.rounds_output`), or by a quantizer it reaches (a QuantizeLinear; a dynamically
+        quantized model's DynamicQuantizeLinear before each ConvInteger, which rounds every float
+        op's result on its way). A last-bit difference between a piece of such a layer and the
+        whole op can then become a whole quantization step."""
+        return layer.name in self._rounded_later
 
     def itemsize(self, tensor: str) -> int:
         """Bytes per element of `tensor` as a plan holds it: a quantized model's dequantized weight

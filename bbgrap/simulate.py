@@ -50,7 +50,7 @@ import numpy as np
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
-from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain, rounds_output
+from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import WEIGHTS
 
@@ -190,7 +190,7 @@ def integer_kernel(layer: Layer, graph: Graph) -> bool:
     (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
     residual block's input) a convolution runs in float, as do 16-bit ones
     (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
-    if layer.fused is None or len(layer.inputs) < 2 or not rounds_output(layer) or 0 not in {k for k, _ in layer.fused.inputs}:
+    if layer.fused is None or len(layer.inputs) < 2 or not layer.rounds_output or 0 not in {k for k, _ in layer.fused.inputs}:
         return False
     data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
     if weight not in graph.dequantized or graph.itemsize(weight) != 1:
@@ -474,7 +474,7 @@ def eight_bit_op(layer: Layer, graph: Graph) -> bool:
     pattern (`Layer.fused`): every value it takes dequantized from, and its result quantized to,
     integers of one 8-bit type (uint8 for UNSIGNED_ONLY). It prices as its float op; its
     DequantizeLinear and QuantizeLinear nodes cost nothing of their own (`in_integer_kernels`)."""
-    if layer.op_type not in EIGHT_BIT_OPS or not is_default_domain(layer.domain) or not rounds_output(layer):
+    if layer.op_type not in EIGHT_BIT_OPS or not is_default_domain(layer.domain) or not layer.rounds_output:
         return False
     assert layer.fused is not None
     dequantized = {k for k, _ in layer.fused.inputs}

@@ -178,23 +178,16 @@ class RegionRule(ABC):
         return frozenset(a for a in axes if dims[a] % self.grain(layer, graph, a) == 0)
 
 
-def rounds_output(layer: Layer) -> bool:
-    """Whether the layer's result is quantized inside its own pattern (a QuantizeLinear among its
-    `Layer.fused` outputs): where onnxruntime runs such an op in float (an int8 model's pool, or a
-    convolution it leaves unfused), a last-bit difference between a piece and the whole op can
-    move the rounding by a whole quantization step."""
-    return layer.fused is not None and any(a.op_type == "QuantizeLinear" for a in layer.fused.outputs)
-
-
 def rounded_channel_grain(layer: Layer, graph: Graph, axis: int) -> int:
     """The grain of a channel cut of a channel-local op whose float CPU kernel sums in another
     order in onnxruntime's blocked layout than in NCHW (an average pool, a depthwise or grouped
-    convolution), where its result is rounded (`rounds_output`): NCHWC_BLOCK, else 1.
+    convolution, a BatchNormalization it runs as a 1x1 one), where its result is rounded
+    (`Graph.rounded_later`): NCHWC_BLOCK, else 1.
     onnxruntime runs a tensor of whole blocks of channels blocked and any other in NCHW, so a
     piece of some channels runs the whole op's kernel, and gives its bits, only where both are
     whole blocks (the last bit elsewhere differs, which a rounding after it can make a step)."""
     dims = shape(graph, layer.outputs[0])
-    return NCHWC_BLOCK if axis == 1 and len(dims) == 4 and rounds_output(layer) else 1
+    return NCHWC_BLOCK if axis == 1 and len(dims) == 4 and graph.rounded_later(layer) else 1
 
 
 class RuleRegistry:

@@ -61,15 +61,21 @@ class ExpandRule(RegionRule):
 
 
 class BatchNormRule(RegionRule):
-    """BatchNormalization (inference): per-channel parameters follow the channel axis."""
+    """BatchNormalization (inference): per-channel parameters follow the channel axis. onnxruntime
+    runs one whose input is blocked as a 1x1 convolution of the blocked layout, its last bit not
+    that of its own kernel, so where its result is rounded later its channels are cut in whole
+    blocks (`RegionRule.grain`). That makes a piece exact where its segment computes its blocked
+    input too (a pool before it); a piece reading its input from another segment runs unblocked,
+    a last bit off (not covered)."""
 
     group = "others"
     passes_through = True
+    blocked_sums = frozenset({"BatchNormalization"})
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         if len([t for t in layer.outputs if t]) > 1 or int(layer.attrs.get("spatial", 1)) != 1:
             return frozenset()
-        return all_axes(layer, graph)
+        return self.grained(layer, graph, all_axes(layer, graph))
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         ch = out.interval(1)
