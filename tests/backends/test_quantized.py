@@ -284,7 +284,8 @@ def test_float_layers_of_a_dynamically_quantized_model_are_cut_on_whole_channel_
     """A dynamically quantized model rounds at each DynamicQuantizeLinear, after the float ops
     before it (`Graph.rounded_later`): onnxruntime runs its AveragePool blocked over 32 channels, and
     the BatchNormalization after it as a blocked 1x1 convolution, so a piece of 11 channels of either
-    sums a last bit off, a whole step once rounded (densenet quantized so was a step off at 3 nodes).
+    would run unblocked and can sum a last bit off, a whole step once rounded (densenet quantized so
+    was a step off at 3 nodes).
     Cut along channels for 3 nodes, both layers' pieces are whole blocks, and on several inputs the
     plan's result is the whole model's to the bit."""
     src = save(pooled_model(), str(tmp_path), "float")
