@@ -85,6 +85,18 @@ class Segment:
     name: str = ""  # its ONNX graph's name
     types: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # dtype and shape of each input and output
 
+    def producers(self) -> dict[str, onnx.NodeProto]:
+        """Value name → the node of this segment that computes it."""
+        return {o: node for node in self.nodes for o in node.output if o}
+
+    def readers(self) -> dict[str, list[onnx.NodeProto]]:
+        """Value name → the nodes of this segment that read it, in order (a node once per input it reads it as)."""
+        out: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.nodes:
+            for i in node.input:
+                out.setdefault(i, []).append(node)
+        return out
+
 
 @dataclass
 class Step:
@@ -463,11 +475,7 @@ def _crops_as_convolutions(seg: Segment, meta: dict[str, tuple[str, tuple[int, .
     infinity in a dropped row would spread NaN instead of being dropped). Only small crops
     (at most SELECT_MAX_TAPS taps) of 4-D float32 values are rewritten, where the producer and
     every consumer inside the segment are NCHWc ops and the crop does not leave the segment."""
-    producers = {o: node for node in seg.nodes for o in node.output if o}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in seg.nodes:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    producers, consumers = seg.producers(), seg.readers()
     for k, node in enumerate(seg.nodes):
         if node.op_type != CROP_OP or len(node.input) != 4 or node.output[0] in seg.outputs:  # no `steps`
             continue

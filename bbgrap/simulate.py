@@ -492,11 +492,7 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
     and QuantizeLinear after it (`Layer.fused`). onnxruntime fuses them into the kernel (or drops
     them), so they cost nothing of their own; the same nodes around a layer it runs in float are
     ops it runs (a weight's DequantizeLinear too: it does not fold them)."""
-    producers = {o: n for n in seg.nodes for o in n.output if o}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in seg.nodes:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
+    producers, readers = seg.producers(), seg.readers()
     inside: set[int] = set()
     for n in seg.nodes:
         layer = layers.get(n.name)
