@@ -162,10 +162,15 @@ def matmul_model(rows: int, size: int, chain: int = 1) -> tuple[onnx.ModelProto,
     """`chain` MatMuls of `rows` x `size` by a `size` x `size` weight, each its own weight as a
     model's layers have (a chain of one weight keeps it in the core's cache, and times a MatMul
     faster than a model runs it); and one's operations."""
-    rng = np.random.default_rng(0)
-    weights = {f"w{i}": (rng.standard_normal((size, size)) / math.sqrt(size)).astype(np.float32) for i in range(chain)}
+    weights = {f"w{i}": w for i, w in enumerate(matmul_weights(size, chain))}
     nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"]) for i in range(chain)]
     return float_model(nodes, {"x": (rows, size)}, {f"y{chain - 1}": (rows, size)}, weights), matmul_ops(rows, size)
+
+
+def matmul_weights(size: int, chain: int) -> list[np.ndarray]:
+    """The `size` x `size` weights of a probe's `chain` MatMuls, each its own."""
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((size, size)) / math.sqrt(size)).astype(np.float32) for _ in range(chain)]
 
 
 def matmul_probe(rows: int, size: int) -> Probe:
@@ -205,10 +210,9 @@ def qconv_probe(channels: int, size: int) -> Probe:
 
 def qmatmul_probe(rows: int, size: int) -> Probe:
     """MatMuls of `rows` x `size` by a `size` x `size` weight in an integer kernel (`quantized_chain`;
-    each its own weights, as matmul_model's) as a `Probe`."""
+    matmul_weights, each its own, as matmul_model's) as a `Probe`."""
     def build(chain: int) -> onnx.ModelProto:
-        rng = np.random.default_rng(0)
-        return quantized_chain("MatMul", (rows, size), [rng.standard_normal((size, size)).astype(np.float32) for _ in range(chain)])
+        return quantized_chain("MatMul", (rows, size), matmul_weights(size, chain))
 
     return Probe(build, matmul_ops(rows, size), float(rows * size))
 
