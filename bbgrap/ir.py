@@ -51,6 +51,16 @@ class Interval:
     def shift(self, offset: int) -> Interval:
         return Interval(self.start + offset, self.stop + offset)
 
+    def with_neighbour(self) -> Interval:
+        """The interval and one row beside it: the row before it, or where it starts at row 0 the
+        row after it (the caller knows the axis has that row)."""
+        return Interval(self.start - 1, self.stop) if self.start > 0 else Interval(self.start, self.stop + 1)
+
+    def aligned(self, grain: int, extent: int) -> Interval:
+        """The smallest interval of [0, extent) that holds this one and whose ends are multiples of
+        `grain` (its stop may be `extent`)."""
+        return Interval(grain * (self.start // grain), min(extent, -(-self.stop // grain) * grain))
+
     def __str__(self) -> str:
         return f"{self.start}:{self.stop}"
 

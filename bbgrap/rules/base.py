@@ -15,6 +15,7 @@ the families import only this module. `QuantizedRule` (here) is how a family cut
 from __future__ import annotations
 
 import enum
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
@@ -188,6 +189,34 @@ def rounded_channel_grain(layer: Layer, graph: Graph, axis: int) -> int:
     whole blocks (the last bit elsewhere differs, which a rounding after it can make a step)."""
     dims = shape(graph, layer.outputs[0])
     return NCHWC_BLOCK if axis == 1 and len(dims) == 4 and graph.rounded_later(layer) else 1
+
+
+def multiplies_unpacked(layer: Layer, graph: Graph, k: int) -> bool:
+    """Whether the layer is a float product (Conv, MatMul, Gemm) whose rounded result
+    (`Graph.rounded_later`) onnxruntime computes with its input `k` as it comes, not packed once at
+    load: an activation, or a weight a DequantizeLinear makes at run time (in the layer's QDQ pattern,
+    `Fused.inputs`, or before it, `Graph.dequantized`), which onnxruntime does not fold, in a model it
+    leaves in float (16-bit or unfused QDQ).
+    MLAS multiplies by such an operand along other paths, whose sums round differently from the
+    whole product's, for a single row (M = 1: a vector product), a single column (N = 1), a single
+    row's columns under transB (in groups of 4), and any rows of a single column. So a piece of
+    such a layer computes rows and columns that take the whole product's path (`paired`, and
+    groups of 4 under transB), and a product of a single column is not cut; pieces of a packed
+    operand take the whole product's path as they are."""
+    operand = layer.inputs[k]
+    dequantized = operand in graph.dequantized or layer.fused is not None and any(j == k for j, _ in layer.fused.inputs)
+    return (graph.is_activation(operand) or dequantized) and graph.rounded_later(layer)
+
+
+def paired(region: ShapeMap, axes: Sequence[int], dims: Sequence[int]) -> ShapeMap:
+    """`region` of a tensor of `dims`, grown by one row beside it along the last of `axes` that
+    has more than one, where it holds a single element of their product and the tensor more: the
+    rows (or columns) a piece of a product by an unpacked operand computes so that its M (or N), the
+    product of those axes, is not 1 where the whole product's is not (`multiplies_unpacked`)."""
+    if math.prod(len(region.interval(a)) for a in axes) != 1 or math.prod(dims[a] for a in axes) == 1:
+        return region
+    a = max(a for a in axes if dims[a] > 1)
+    return region.with_axis(a, region.interval(a).with_neighbour())
 
 
 class RuleRegistry:

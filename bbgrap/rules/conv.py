@@ -11,7 +11,20 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import CONV_READ_OPS, NCHWC_BLOCK, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, quantized, shape
+from bbgrap.rules.base import (
+    CONV_READ_OPS,
+    NCHWC_BLOCK,
+    Layout,
+    Local,
+    OpTraits,
+    RegionRule,
+    RuleRegistry,
+    all_axes,
+    multiplies_unpacked,
+    paired,
+    quantized,
+    shape,
+)
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -34,32 +47,50 @@ class ConvRule(RegionRule):
         w = shape(graph, layer.inputs[1])
         return 2.0 * w[1] * math.prod(w[2:])
 
+    def _unpacked(self, layer: Layer, graph: Graph) -> bool:
+        """A dense convolution by weights onnxruntime does not pack (`multiplies_unpacked`): MLAS
+        multiplies the filters (M: output channels) by the input's columns (N: output pixels)."""
+        return int(layer.attrs.get("group", 1)) == 1 and multiplies_unpacked(layer, graph, 1)
+
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return self.grained(layer, graph, all_axes(layer, graph))
+        """Every axis; not the channels of a product of one pixel by unpacked weights (`_unpacked`)."""
+        axes = self.grained(layer, graph, all_axes(layer, graph))
+        if math.prod(shape(graph, layer.outputs[0])[2:]) == 1 and self._unpacked(layer, graph):
+            return axes - {1}
+        return axes
 
     def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
         """A grouped (depthwise) convolution's channels in whole blocks where it is rounded
         (`RegionRule.grain`): a piece of its channels reads a piece of the input's. A dense
-        one reads every input channel, and a piece of its outputs sums as the whole op does (but
-        for a piece of one channel of a convolution onnxruntime runs in NCHW, which it multiplies
-        as a vector, in another order: not covered)."""
+        one reads every input channel, and a piece of its outputs sums as the whole op does (by
+        unpacked weights, with a row or column more: `local`)."""
         return super().grain(layer, graph, axis) if int(layer.attrs.get("group", 1)) > 1 else 1
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        """The output channels' filters (whole groups where the cut goes through one) over the
+        window of the rows. A piece of one output channel, or of one output pixel, of a convolution
+        by unpacked weights (`_unpacked`) computes one beside it too (`paired`), which lowering
+        crops away (`Local.emits`)."""
         x_shape = shape(graph, layer.inputs[0])
         w_shape = shape(graph, layer.inputs[1])
         groups = int(layer.attrs.get("group", 1))
         computed_ch, in_ch, local_groups = _group_channels(out.interval(1), groups, w_shape[0] // groups, x_shape[1] // groups)
+        computes = out.with_axis(1, computed_ch)
+        emitted = computes
+        if self._unpacked(layer, graph):
+            dims = shape(graph, layer.outputs[0])
+            emitted = paired(paired(computes, [1], dims), range(2, len(dims)), dims)
         window = Window.of(layer, x_shape, kernel_of(graph, layer))
-        spatial, attrs = window_attrs(window, out)
+        spatial, attrs = window_attrs(window, emitted)
         if local_groups != groups:
             attrs["group"] = local_groups
-        x_need = ShapeMap(((out.interval(0),), (in_ch,)) + tuple((s,) for s in spatial))
-        w_need = ShapeMap.full(w_shape).with_axis(0, computed_ch)
+        channels = emitted.interval(1)
+        x_need = ShapeMap(((emitted.interval(0),), (in_ch,)) + tuple((s,) for s in spatial))
+        w_need = ShapeMap.full(w_shape).with_axis(0, channels)
         needs: list[ShapeMap | None] = [x_need, w_need]
         if len(layer.inputs) > 2 and layer.inputs[2]:
-            needs.append(ShapeMap.box([computed_ch.start], [computed_ch.stop]))
-        return Local(tuple(needs), out.with_axis(1, computed_ch), attrs)
+            needs.append(ShapeMap.box([channels.start], [channels.stop]))
+        return Local(tuple(needs), computes, attrs, emits=None if emitted == computes else emitted)
 
 
 class ConvTransposeRule(RegionRule):

@@ -528,9 +528,9 @@ class ResizeRule(RegionRule):
             emitted = kept
             if len(rows) == len(kept):  # onnxruntime would copy the crop: read or emit a row more
                 if rows.start > 0 or rows.stop < n:
-                    rows = Interval(rows.start - 1, rows.stop) if rows.start > 0 else Interval(rows.start, rows.stop + 1)
+                    rows = rows.with_neighbour()
                 else:  # all n rows, and n ≠ m: there is an output row beside the piece
-                    emitted = Interval(kept.start - 1, kept.stop) if kept.start > 0 else Interval(kept.start, kept.stop + 1)
+                    emitted = kept.with_neighbour()
             need, emits = need.with_axis(a, rows), emits.with_axis(a, emitted)
             length, count = len(rows), len(emitted)
             first, last = grid.at(emitted.start) - rows.start, grid.at(emitted.stop - 1) - rows.start

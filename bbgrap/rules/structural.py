@@ -21,6 +21,8 @@ from bbgrap.rules.base import (
     all_axes,
     broadcast_need,
     full,
+    multiplies_unpacked,
+    paired,
     quantized,
     shape,
 )
@@ -136,6 +138,13 @@ class ReshapeRule(RegionRule):
         return Local((need, None), computes, inputs={1: np.array(computes.shape, np.int64)})
 
 
+def single_column(layer: Layer, graph: Graph) -> bool:
+    """A product of one output column (N = 1) by an unpacked B (`multiplies_unpacked`): onnxruntime
+    sums each row of it along a path that depends on how many rows it multiplies at once, so no
+    piece of its rows gives the whole product's bits, and it is not cut."""
+    return shape(graph, layer.outputs[0])[-1] == 1 and multiplies_unpacked(layer, graph, 1)
+
+
 class GemmRule(RegionRule):
     """Y = A'·B' + C: rows of Y read rows of A', columns read columns of B' (and C broadcast)."""
 
@@ -145,17 +154,28 @@ class GemmRule(RegionRule):
         return 2.0 * (a[0] if int(layer.attrs.get("transA", 0)) else a[-1])
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return frozenset({0, 1})
+        """Rows and columns; none of a product of one column by an unpacked B (`multiplies_unpacked`)."""
+        return frozenset() if single_column(layer, graph) else frozenset({0, 1})
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        """A' rows and B' columns of the output's. A piece of a product by a B onnxruntime does not
+        pack (`multiplies_unpacked`) computes a row beside a single one (`paired`), and its columns
+        on whole groups of 4 under transB where the product has one row, else a column beside a
+        single one; lowering crops them to its own (`Local.emits`)."""
         rows, cols = out.interval(0), out.interval(1)
         trans_a, trans_b = int(layer.attrs.get("transA", 0)), int(layer.attrs.get("transB", 0))
+        emitted = out
+        if multiplies_unpacked(layer, graph, 1):
+            dims = shape(graph, layer.outputs[0])
+            emitted = paired(out, [0], dims)
+            emitted = emitted.with_axis(1, cols.aligned(4, dims[1])) if trans_b and dims[0] == 1 else paired(emitted, [1], dims)
+            rows, cols = emitted.interval(0), emitted.interval(1)
         a = full(graph, layer.inputs[0]).with_axis(1 if trans_a else 0, rows)
         b = full(graph, layer.inputs[1]).with_axis(0 if trans_b else 1, cols)
         needs: list[ShapeMap | None] = [a, b]
         if len(layer.inputs) > 2 and layer.inputs[2]:
-            needs.append(broadcast_need(out, shape(graph, layer.inputs[2])))
-        return Local(tuple(needs), out)
+            needs.append(broadcast_need(emitted, shape(graph, layer.inputs[2])))
+        return Local(tuple(needs), out, emits=None if emitted == out else emitted)
 
 
 class MatMulRule(RegionRule):
@@ -170,13 +190,25 @@ class MatMulRule(RegionRule):
         return 2.0 * shape(graph, layer.inputs[0])[-1]
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
+        """Every axis; none of a vector product, or of a product of one column by an unpacked B
+        (`multiplies_unpacked`)."""
+        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2 or single_column(layer, graph):
             return frozenset()
         return all_axes(layer, graph)
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
+        """Y's batch entries, rows and columns of A and B. A piece of a product by a B onnxruntime does
+        not pack (`multiplies_unpacked`) computes a row beside a single one (of M: A's rows, and its
+        batch axes where B has none, which onnxruntime folds into them) and a column beside a single
+        one (`paired`); lowering crops them to its own (`Local.emits`)."""
         if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
             return Local(tuple(full(graph, t) for t in layer.inputs), out)
+        emitted = out
+        if multiplies_unpacked(layer, graph, 1):  # M: A's rows, and its batch axes where B has none (onnxruntime folds them)
+            dims = shape(graph, layer.outputs[0])
+            folded = math.prod(shape(graph, layer.inputs[1])[:-2]) == 1
+            m_axes = list(range(out.rank - 1)) if folded else [out.rank - 2]
+            emitted = paired(paired(out, m_axes, dims), [out.rank - 1], dims)
         needs: list[ShapeMap | None] = []
         for operand, t in enumerate(layer.inputs[:2]):
             dims = shape(graph, t)
@@ -184,12 +216,12 @@ class MatMulRule(RegionRule):
             need = full(graph, t)
             for k in range(rank - 2):  # batch axes, aligned right with the output's
                 if dims[k] != 1:
-                    need = need.with_axis(k, out.interval(out.rank - rank + k))
+                    need = need.with_axis(k, emitted.interval(emitted.rank - rank + k))
             # A keeps Y's rows (its axis -2), B Y's columns (its axis -1)
-            need = need.with_axis(rank - 2, out.interval(out.rank - 2)) if operand == 0 else \
-                need.with_axis(rank - 1, out.interval(out.rank - 1))
+            need = need.with_axis(rank - 2, emitted.interval(emitted.rank - 2)) if operand == 0 else \
+                need.with_axis(rank - 1, emitted.interval(emitted.rank - 1))
             needs.append(need)
-        return Local(tuple(needs), out)
+        return Local(tuple(needs), out, emits=None if emitted == out else emitted)
 
 
 class EinsumRule(RegionRule):

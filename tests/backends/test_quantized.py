@@ -314,6 +314,50 @@ def test_float_layers_of_a_dynamically_quantized_model_are_cut_on_whole_channel_
     assert cut == {"pool", "norm"}, cut
 
 
+def narrow_products_model() -> onnx.ModelProto:
+    """x[1,16,32,32] → Conv 3×3 to 3 channels → y, and x → MaxPool 8×8 → Flatten → Gemm (transB,
+    256 features to 1000 classes) → z: quantized with 16-bit activations, onnxruntime runs both products
+    in float on weights a DequantizeLinear makes at run time."""
+    rng = np.random.default_rng(3)
+    consts = {"w": rng.standard_normal((3, 16, 3, 3)) * 0.3, "fw": rng.standard_normal((1000, 256)) * 0.3,
+              "fb": rng.standard_normal(1000) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4),
+             helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[8, 8], strides=[8, 8]),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fw", "fb"], ["z"], name="fc", transB=1)]
+    graph = helper.make_graph(nodes, "narrow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+                              [helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in ("y", "z")],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_products_by_weights_dequantized_at_run_time_compute_what_takes_the_whole_products_path(tmp_path) -> None:
+    """onnxruntime multiplies by a weight it does not pack (a 16-bit model's DequantizeLinear makes
+    it at run time) along another path for one output channel (a vector product), and for a single
+    row's columns under transB in groups of 4: such a piece sums a last bit off, which the 16-bit
+    QuantizeLinear after it can make a step (mobilenet_v2 and inception quantized so were a step
+    off at 3 nodes along channels). Cut in 3 along channels, the convolution's pieces of one channel
+    each compute two and the classifier's columns whole groups of 4 (`multiplies_unpacked`), and on
+    several inputs the plan's results are the whole model's to the bit."""
+    src = save(narrow_products_model(), str(tmp_path), "float")
+    path = quantize(src, str(tmp_path / "quantized.onnx"), False, QuantType.QUInt16)
+    floats = {n.name for n in optimized_nodes(onnx.load(path)) if n.op_type in ("Conv", "Gemm")}
+    assert floats == {"conv", "fc"}, floats  # what makes the case: onnxruntime runs both in float
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    inputs = [np.random.default_rng(k).standard_normal((1, 16, 32, 32)).astype(np.float32) for k in range(4)]
+    for search, planner in ((False, "greedy"), (True, "greedy"), (True, "dp")):
+        plan_dir = str(tmp_path / f"plan-{search}-{planner}")
+        plan = compile_plan(path, plan_dir, nodes=3, direction="c", search=search, planner=planner)
+        rows = {r.name: r for r in plan.compiled.layer_table}
+        if not search:  # the even cut makes the cases: a channel per node, and columns off the groups of 4
+            assert [n.range for n in rows["conv"].per_node] == [(0, 1), (1, 2), (2, 3)], rows["conv"].per_node
+            assert any(n.range is not None and n.range[0] % 4 for n in rows["fc"].per_node), rows["fc"].per_node
+        for x in inputs:
+            outputs, _ = run_plan(plan_dir, {"x": x})
+            for name, want in zip(("y", "z"), session.run(None, {"x": x})):
+                assert np.array_equal(outputs[name], want), (search, planner, name, float(np.abs(outputs[name] - want).max()))
+
+
 def test_custom_sizes_inside_a_channel_block_are_refused_in_one_line(tmp_path) -> None:
     """A [[custom]] table that cuts such a layer inside a block of 16 channels asks for a plan that
     is not exact: compile says so in one line with the sizes on whole blocks, exits 2 and writes

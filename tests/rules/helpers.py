@@ -73,6 +73,17 @@ def single_op(
     return build_model([node], activations, constants, [o for o in outputs if o], opset, opset_domain)
 
 
+def rounded_single_op(op_type: str, inputs: Sequence[str], activations: Mapping[str, Sequence[int]],
+                      constants: Mapping[str, np.ndarray], **attrs: Any) -> onnx.ModelProto:
+    """`single_op`'s model (opset 21) with its result y negated and quantized to 16 bits after it
+    (Neg, QuantizeLinear): the op, named "op", is rounded later (`Graph.rounded_later`), as the
+    float ops of a 16-bit QDQ model are, and its own output stays float."""
+    nodes = [helper.make_node(op_type, list(inputs), ["y"], name="op", **attrs), helper.make_node("Neg", ["y"], ["n"], name="neg"),
+             helper.make_node("QuantizeLinear", ["n", "q_scale", "q_zero"], ["q"], name="quantize")]
+    rounding = {"q_scale": np.array(0.01, np.float32), "q_zero": np.array(32768, np.uint16)}
+    return build_model(nodes, activations, {**constants, **rounding}, ["q"], 21)
+
+
 # running ------------------------------------------------------------------------------
 
 

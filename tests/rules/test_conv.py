@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
+from tests.rules.helpers import check_partition, const, rng_of, rounded_single_op, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 
@@ -185,3 +185,22 @@ def test_conv_transpose_is_priced_by_its_multiply_adds() -> None:
     assert rule is not None
     flops = rule.ops_per_element(layer, graph) * math.prod(graph.tensors[layer.outputs[0]].shape)
     assert flops == pytest.approx(2 * 32 * 32 * 16 * 32 * 32)
+
+
+@rules_settings(30)
+@given(st.data())
+def test_a_convolution_by_unpacked_weights_rounded_later_is_cut_to_the_bit(data: st.DataObject) -> None:
+    """onnxruntime convolves with weights it does not pack (an activation here; weights a 16-bit
+    model dequantizes at run time) along other paths for a single output channel and a single
+    output pixel, and any channels of a single pixel, each a last bit off the whole op. Where the
+    result is rounded later, such a piece computes a channel or pixel beside it too, and a
+    convolution of one pixel is not cut along channels (`multiplies_unpacked`): every piece, down
+    to one channel or pixel, is the whole op's to the bit."""
+    cin, cout = data.draw(st.integers(1, 12), label="C_in"), data.draw(st.integers(2, 6), label="C_out")
+    h, w = data.draw(st.integers(1, 4), label="H"), data.draw(st.integers(1, 4), label="W")
+    k = data.draw(st.sampled_from([1, 3]), label="kernel")
+    model = rounded_single_op("Conv", ["x", "w"], {"x": [1, cin, h, w], "w": [cout, cin, k, k]}, {}, pads=[k // 2] * 4)
+    checked = check_partition(data, model, layer="op", finest=data.draw(st.booleans(), label="finest"), tolerance=0.0)
+    assert (1 in checked.axes) == (h * w > 1), checked.axes
+    if any(len(box.interval(1)) == 1 for box in checked.boxes) and 1 in checked.cut_axes:
+        assert any(local.emits is not None for local in checked.locals), "a piece of one channel computes two"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bbgrap.ir import Interval, ShapeMap
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import check_partition, const, rng_of, rules_settings, single_op
+from tests.rules.helpers import check_partition, const, rng_of, rounded_single_op, rules_settings, single_op
 
 SETTINGS = rules_settings(60)
 
@@ -110,6 +110,33 @@ def test_gemm(data: st.DataObject, trans_a: int, trans_b: int, c_kind: str | Non
         attrs["alpha"], attrs["beta"] = 0.5, 2.0
     model = single_op("Gemm", inputs, {"a": a_shape}, consts, data.draw(st.integers(13, 17)), **attrs)
     check_partition(data, model, expect_axes={0, 1})
+
+
+@rules_settings(40)
+@given(st.data(), st.sampled_from(["Gemm", "Gemm transB", "MatMul", "batched MatMul"]))
+def test_a_product_by_an_unpacked_operand_rounded_later_is_cut_to_the_bit(data: st.DataObject, kind: str) -> None:
+    """onnxruntime multiplies by a B it does not pack (an activation here; a weight a 16-bit model
+    dequantizes at run time) along other paths for a single row, a single column, a single row's
+    columns outside groups of 4 under transB, and any rows of a single column, each a last bit off
+    the whole product. Where the result is rounded later, a piece computes the rows and columns
+    that take the whole product's path, and a product of one column is not cut
+    (`multiplies_unpacked`): every piece, down to one row or column, is the whole op's to the bit.
+    A batched MatMul's A has batch axes, which onnxruntime folds into its rows where B has none."""
+    m, k, n = data.draw(st.integers(1, 5), label="M"), data.draw(st.integers(1, 48), label="K"), data.draw(st.integers(1, 14), label="N")
+    trans_b = int(kind == "Gemm transB")
+    a_shape, b_shape = [m, k], [n, k] if trans_b else [k, n]
+    if kind == "batched MatMul":
+        batch = data.draw(st.integers(1, 3), label="batch")
+        a_shape = [batch, m, k]
+        b_shape = [batch, k, n] if data.draw(st.booleans(), label="B batched") else b_shape
+    attrs = {"transB": trans_b} if kind.startswith("Gemm") else {}
+    model = rounded_single_op("MatMul" if kind.endswith("MatMul") else "Gemm", ["a", "b"], {"a": a_shape, "b": b_shape}, {}, **attrs)
+    if n == 1:  # one column: no piece of its rows sums as the whole product does
+        graph = import_proto(model).graph
+        assert graph.rounded_later(graph.layer("op")) and not default_registry().get(graph.layer("op")).axes(graph.layer("op"), graph)
+        return
+    checked = check_partition(data, model, layer="op", finest=data.draw(st.booleans(), label="finest"), tolerance=0.0)
+    assert checked.front.graph.rounded_later(checked.layer)
 
 
 def matmul_model(data: st.DataObject, b_kind: str, rank_a: int, rank_b: int) -> tuple[onnx.ModelProto, int]:
