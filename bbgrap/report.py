@@ -41,7 +41,7 @@ def whole_reason(graph: Graph, layer: Layer, registry: RuleRegistry) -> str:
     shape = graph.tensors[layer.outputs[0]].shape
     allowed = rule.axes(layer, graph)
     if not allowed:
-        return f"its rule cannot cut this {layer.op_type} along any axis"
+        return rule.uncut(layer, graph) or f"its rule cannot cut this {layer.op_type} along any axis"
     names = ", ".join(axis_name(a, len(shape)) for a in sorted(allowed))
     return f"its output ({'x'.join(map(str, shape))}) is too short to share along every axis its rule cuts ({names})"
 

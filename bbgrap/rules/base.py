@@ -166,6 +166,11 @@ class RegionRule(ABC):
         """Operations per output element, multiply-adds counted as two (the cost model's unit)."""
         return 1.0
 
+    def uncut(self, layer: Layer, graph: Graph) -> str | None:
+        """Why `axes` offers no axis for this layer where the family's ops can be cut (what
+        `inspect` says of it); None: no such reason (see the rule's `axes`)."""
+        return None
+
     def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
         """Cuts along `axis` fall on multiples of this many positions, for the pieces to be the
         whole op's to the bit: `rounded_channel_grain` for an op of `blocked_sums`, else 1
@@ -374,6 +379,10 @@ class QuantizedRule(RegionRule):
     def ops_per_element(self, layer: Layer, graph: Graph) -> float:
         """The float op's."""
         return self.base.ops_per_element(self.view(layer), graph)
+
+    def uncut(self, layer: Layer, graph: Graph) -> str | None:
+        """The float op's."""
+        return self.base.uncut(self.view(layer), graph)
 
 
 class QuantizedWindowRule(QuantizedRule):

@@ -72,7 +72,11 @@ class LRNRule(RegionRule):
     channels, output channels [c0, c1) read input channels [c0 − ⌊(size − 1)/2⌋, c1 + ⌈(size − 1)/2⌉)
     clipped; the local op on them clips its windows at that crop's edges, so its edge channels
     differ from the whole op's where the crop is not the tensor's edge: it emits all the crop's
-    channels and lowering keeps [c0, c1) (`Local.emits`)."""
+    channels and lowering keeps [c0, c1) (`Local.emits`). Where a rounding after it makes a last
+    bit a step (`Graph.rounded_later`), it is not cut (`uncut`)."""
+
+    ROUNDED = ("onnxruntime sums its squares over the channels from the first and raises them to the power in vectors whose "
+               "ends depend on the tensor's size, so a piece is a last bit off the whole op, which the rounding after it would make a step")
 
     group = "pools"
 
@@ -81,7 +85,10 @@ class LRNRule(RegionRule):
         return float(layer.attrs.get("size", 1))
 
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
-        return all_axes(layer, graph)
+        return frozenset() if graph.rounded_later(layer) else all_axes(layer, graph)
+
+    def uncut(self, layer: Layer, graph: Graph) -> str | None:
+        return self.ROUNDED if graph.rounded_later(layer) else None
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         size = int(layer.attrs.get("size", 1))

@@ -141,8 +141,12 @@ class ReshapeRule(RegionRule):
 def single_column(layer: Layer, graph: Graph) -> bool:
     """A product of one output column (N = 1) by an unpacked B (`multiplies_unpacked`): onnxruntime
     sums each row of it along a path that depends on how many rows it multiplies at once, so no
-    piece of its rows gives the whole product's bits, and it is not cut."""
+    piece of its rows gives the whole product's bits, and it is not cut (`SINGLE_COLUMN`)."""
     return shape(graph, layer.outputs[0])[-1] == 1 and multiplies_unpacked(layer, graph, 1)
+
+
+SINGLE_COLUMN = ("a product of one column by an operand onnxruntime does not pack sums each row along a path that depends on "
+                 "how many rows it multiplies, so a piece is a last bit off the whole op, which the rounding after it would make a step")
 
 
 class GemmRule(RegionRule):
@@ -156,6 +160,9 @@ class GemmRule(RegionRule):
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         """Rows and columns; none of a product of one column by an unpacked B (`multiplies_unpacked`)."""
         return frozenset() if single_column(layer, graph) else frozenset({0, 1})
+
+    def uncut(self, layer: Layer, graph: Graph) -> str | None:
+        return SINGLE_COLUMN if single_column(layer, graph) else None
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         """A' rows and B' columns of the output's. A piece of a product by a B onnxruntime does not
@@ -195,6 +202,11 @@ class MatMulRule(RegionRule):
         if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2 or single_column(layer, graph):
             return frozenset()
         return all_axes(layer, graph)
+
+    def uncut(self, layer: Layer, graph: Graph) -> str | None:
+        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
+            return "a vector product (a 1-D operand) is computed whole"
+        return SINGLE_COLUMN if single_column(layer, graph) else None
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         """Y's batch entries, rows and columns of A and B. A piece of a product by a B onnxruntime does

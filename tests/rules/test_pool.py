@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import numpy as np
+from bbgrap.frontends.onnx import import_proto
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bbgrap.ir import Interval
+from bbgrap.report import whole_reason
 from bbgrap.rules.registry import default_registry
-from tests.rules.helpers import assemble, check_partition, draw_boxes, manual_graph, rng_of, rules_settings, single_op
+from tests.rules.helpers import (
+    assemble,
+    check_partition,
+    draw_boxes,
+    manual_graph,
+    rng_of,
+    rounded_single_op,
+    rules_settings,
+    run_model,
+    single_op,
+)
 
 SETTINGS = rules_settings(60)
 
@@ -129,6 +141,29 @@ def test_lrn(data: st.DataObject, axes: str) -> None:
     x = checked.front.sample_inputs["x"]
     np.testing.assert_allclose(lrn_spec(x, size, attrs["alpha"], attrs["beta"], attrs["bias"]),
                                checked.front.reference_outputs["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_rounded_lrn_is_not_cut_and_inspect_says_why() -> None:
+    """onnxruntime sums LRN's squares over the channels from its input's first and raises them to
+    the power in vectors whose ends depend on the tensor's size: a piece of channels, and one of a
+    few pixels, is a last bit off the whole op (checked below), which a rounding after it (a 16-bit
+    model's QuantizeLinear) can make a step. There the layer is not cut, and the reason says so."""
+    x = np.random.default_rng(0).standard_normal((1, 12, 1, 4)).astype(np.float32)
+    attrs = {"size": 5, "alpha": 0.5, "beta": 0.75, "bias": 1.0}
+    model = rounded_single_op("LRN", ["x"], {"x": list(x.shape)}, {}, **attrs)
+    graph = import_proto(model).graph
+    layer = graph.layer("op")
+    rule = default_registry().get(layer)
+    assert graph.rounded_later(layer) and rule.axes(layer, graph) == frozenset()
+    assert "last bit" in whole_reason(graph, layer, default_registry())
+
+    def lrn(x: np.ndarray, **attrs: float) -> np.ndarray:
+        return run_model(single_op("LRN", ["x"], {"x": list(x.shape)}, {}, 17, **attrs), {"x": np.ascontiguousarray(x)})["y"]
+
+    assert not np.array_equal(lrn(x[:, 2:], **attrs)[:, 2:], lrn(x, **attrs)[:, 4:])
+    small = {"size": 3, "alpha": 1e-4, "beta": 0.75, "bias": 2.0}
+    x = np.random.default_rng(16).standard_normal((1, 3, 2, 5)).astype(np.float32)
+    assert not np.array_equal(lrn(x[..., :1], **small), lrn(x, **small)[..., :1])
 
 
 @SETTINGS

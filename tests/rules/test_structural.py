@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bbgrap.ir import Interval, ShapeMap
+from bbgrap.report import whole_reason
 from bbgrap.rules.registry import default_registry
 from tests.rules.helpers import check_partition, const, rng_of, rounded_single_op, rules_settings, single_op
 
@@ -134,6 +135,7 @@ def test_a_product_by_an_unpacked_operand_rounded_later_is_cut_to_the_bit(data: 
     if n == 1:  # one column: no piece of its rows sums as the whole product does
         graph = import_proto(model).graph
         assert graph.rounded_later(graph.layer("op")) and not default_registry().get(graph.layer("op")).axes(graph.layer("op"), graph)
+        assert "one column" in whole_reason(graph, graph.layer("op"), default_registry())
         return
     checked = check_partition(data, model, layer="op", finest=data.draw(st.booleans(), label="finest"), tolerance=0.0)
     assert checked.front.graph.rounded_later(checked.layer)
