@@ -199,24 +199,29 @@ class MatMulRule(RegionRule):
     def axes(self, layer: Layer, graph: Graph) -> frozenset[int]:
         """Every axis; none of a vector product, or of a product of one column by an unpacked B
         (`multiplies_unpacked`)."""
-        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2 or single_column(layer, graph):
+        if self._vector(layer, graph) or single_column(layer, graph):
             return frozenset()
         return all_axes(layer, graph)
 
     def uncut(self, layer: Layer, graph: Graph) -> str | None:
-        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
+        if self._vector(layer, graph):
             return "a vector product (a 1-D operand) is computed whole"
         return SINGLE_COLUMN if single_column(layer, graph) else None
+
+    @staticmethod
+    def _vector(layer: Layer, graph: Graph) -> bool:
+        """A vector product: an operand of one axis."""
+        return min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2
 
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         """Y's batch entries, rows and columns of A and B. A piece of a product by a B onnxruntime does
         not pack (`multiplies_unpacked`) computes a row beside a single one (of M: A's rows, and its
         batch axes where B has none, which onnxruntime folds into them) and a column beside a single
         one (`paired`); lowering crops them to its own (`Local.emits`)."""
-        if min(len(shape(graph, t)) for t in layer.inputs[:2]) < 2:
+        if self._vector(layer, graph):
             return Local(tuple(full(graph, t) for t in layer.inputs), out)
         emitted = out
-        if multiplies_unpacked(layer, graph, 1):  # M: A's rows, and its batch axes where B has none (onnxruntime folds them)
+        if multiplies_unpacked(layer, graph, 1):
             dims = shape(graph, layer.outputs[0])
             folded = math.prod(shape(graph, layer.inputs[1])[:-2]) == 1
             m_axes = list(range(out.rank - 1)) if folded else [out.rank - 2]

@@ -368,7 +368,9 @@ def test_products_by_weights_dequantized_at_run_time_compute_what_takes_the_whol
     path = quantize(src, str(tmp_path / "quantized.onnx"), False, QuantType.QUInt16)
     floats = {n.name for n in optimized_nodes(onnx.load(path)) if n.op_type in ("Conv", "Gemm")}
     assert floats == {"conv", "fc"}, floats  # what makes the case: onnxruntime runs both in float
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # as run_plan's nodes
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     inputs = [np.random.default_rng(k).standard_normal((1, 16, 32, 32)).astype(np.float32) for k in range(4)]
     for search, planner in ((False, "greedy"), (True, "greedy"), (True, "dp")):
         plan_dir = str(tmp_path / f"plan-{search}-{planner}")
