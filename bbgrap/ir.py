@@ -402,6 +402,11 @@ class Layer:
         """The node's own ONNX inputs (`inputs` without the captured tensors)."""
         return self.inputs[: len(self.inputs) - len(self.captured)]
 
+    def dequantizes(self, k: int) -> bool:
+        """Whether the layer's QDQ pattern dequantizes its explicit input k (`Fused.inputs`): the
+        layer reads the integer tensor there."""
+        return self.fused is not None and any(j == k for j, _ in self.fused.inputs)
+
     @property
     def rounds_output(self) -> bool:
         """Whether the layer's result is quantized inside its own pattern (a QuantizeLinear among its

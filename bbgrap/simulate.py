@@ -190,7 +190,7 @@ def integer_kernel(layer: Layer, graph: Graph) -> bool:
     (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
     residual block's input) a convolution runs in float, as do 16-bit ones
     (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
-    if layer.fused is None or len(layer.inputs) < 2 or not layer.rounds_output or 0 not in {k for k, _ in layer.fused.inputs}:
+    if len(layer.inputs) < 2 or not layer.rounds_output or not layer.dequantizes(0):
         return False
     data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
     if weight not in graph.dequantized or graph.itemsize(weight) != 1:
@@ -476,10 +476,8 @@ def eight_bit_op(layer: Layer, graph: Graph) -> bool:
     DequantizeLinear and QuantizeLinear nodes cost nothing of their own (`in_integer_kernels`)."""
     if layer.op_type not in EIGHT_BIT_OPS or not is_default_domain(layer.domain) or not layer.rounds_output:
         return False
-    assert layer.fused is not None
-    dequantized = {k for k, _ in layer.fused.inputs}
     values = [k for k, t in enumerate(layer.inputs) if t and t not in graph.constants]
-    if not values or not set(values) <= dequantized:
+    if not values or not all(layer.dequantizes(k) for k in values):
         return False
     types = {graph.tensors[t].dtype for t in (*(layer.inputs[k] for k in values), layer.outputs[0])}
     return types == {"uint8"} or (types == {"int8"} and layer.op_type not in UNSIGNED_ONLY)
@@ -566,8 +564,8 @@ def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, La
                 if v in last:
                     transpose(v, False, node.name if mine is not None else "")
     for v in seg.outputs:
-        if v in last and (v, False) not in done:
-            out.append(("", float(value_elements(graph, v))))
+        if v in last:
+            transpose(v, False, "")
     return out
 
 

@@ -209,8 +209,7 @@ def multiplies_unpacked(layer: Layer, graph: Graph, k: int) -> bool:
     groups of 4 under transB), and a product of a single column is not cut; pieces of a packed
     operand take the whole product's path as they are."""
     operand = layer.inputs[k]
-    dequantized = operand in graph.dequantized or layer.fused is not None and any(j == k for j, _ in layer.fused.inputs)
-    return (graph.is_activation(operand) or dequantized) and graph.rounded_later(layer)
+    return (graph.is_activation(operand) or operand in graph.dequantized or layer.dequantizes(k)) and graph.rounded_later(layer)
 
 
 def paired(region: ShapeMap, axes: Sequence[int], dims: Sequence[int]) -> ShapeMap:
