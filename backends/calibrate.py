@@ -19,20 +19,23 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): for each kind
   (a 3x3 convolution, a depthwise convolution of 3x3 and of 7x7 kernels, a grouped 3x3 one of
   FEW_PER_GROUP channels per group, a MatMul of MATMUL_ROWS rows, each of a chain by its own
-  weights, the 3x3 convolution and the MatMul in a quantized model's QDQ pattern, which onnxruntime
-  runs as an integer kernel (`quantized_chain`: QLinearConv, QLinearMatMul), an Add) probes at
-  four or five sizes each, from
+  weights; in a quantized model's QDQ pattern, which onnxruntime runs as an integer kernel
+  (`quantized_chain`: QLinearConv, QLinearMatMul), a dense convolution of 1x1 and 3x3 kernels on
+  its direct kernel, one of 30 input channels (3x3 and 7x7), which it runs as im2col and a GEMM, a
+  depthwise one of 3x3 and 5x5 kernels and the MatMul; an Add) probes at three to five sizes each, from
   small feature maps to large, each timed as one op and as a chain of CHAIN: one op's share of
   the chain beyond the first (`marginal_time`) is what an op costs inside a model, without the
   session's run and the layout reorders a lone convolution pays. The line through (operations,
-  time) gives 1 / throughput as its slope; for the depthwise convolution, whose two kernel sizes
-  write alike output values for operations 49 / 9 apart, a plane through (operations, values,
-  time) also gives what each output value costs (`depthwise_elements_per_s`). The op's fixed
+  time) gives 1 / throughput as its slope; for the kinds of ELEMENT_KINDS (the depthwise and
+  integer convolutions), whose two kernel sizes write alike output values for operations several
+  times apart, a plane through (operations, values, time) also gives what each output value costs
+  (`depthwise_elements_per_s` and the like). The op's fixed
   cost is what a tiny one of its kind (a 4x4 map of 8 channels; for "other" an Add of 64
   values) takes in a chain beyond its operations at that throughput. A few "other" op types
   (OTHER_TIMED: 3x3 pools, LayerNormalization, Softmax, Sigmoid, Erf, Mul) are timed
   so too, each its throughput apart (`NodeProfile.other_speeds`): per operation a pool runs
-  several times an Add's speed and a LayerNormalization a fraction of it;
+  several times an Add's speed and a LayerNormalization a fraction of it; and a MaxPool on 8-bit
+  values in NCHW (EIGHT_BIT_TIMED, `eight_bit_probe`), onnxruntime's generic kernel;
 * **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
   takes between one size and the next (the slope) jumps once an op's input and output no longer
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
@@ -95,7 +98,18 @@ from bbgrap.backends.transports import allgather, poll
 from bbgrap.frontends.onnx import Frontend, import_proto, load_model, name_nodes
 from onnx import helper
 
-from bbgrap.cluster import BYTES_MOVED, DEFAULT_PROFILE, OP_KINDS, ClusterProfile, LinkProfile, NodeProfile, fit_line, write_profile
+from bbgrap.cluster import (
+    BYTES_MOVED,
+    DEFAULT_PROFILE,
+    EIGHT_BIT_NCHW,
+    ELEMENT_KINDS,
+    OP_KINDS,
+    ClusterProfile,
+    LinkProfile,
+    NodeProfile,
+    fit_line,
+    write_profile,
+)
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import RuleRegistry, default_registry
@@ -199,13 +213,17 @@ def quantized_chain(op: str, shape: tuple[int, ...], weights: Sequence[np.ndarra
     return float_model(nodes, {"x": shape}, {"y": shape}, constants)
 
 
-def qconv_probe(channels: int, size: int) -> Probe:
-    """Dense 3x3 convolutions of `channels` channels on a size x size map in an integer kernel
-    (`quantized_chain`; conv_model's weights, the same for each) as a `Probe`."""
-    def build(chain: int) -> onnx.ModelProto:
-        return quantized_chain("Conv", (1, channels, size, size), [conv_weights(channels, channels)] * chain, pads=[1] * 4)
+def qconv_probe(channels: int, size: int, per_group: int | None = None, kernel: int = 3) -> Probe:
+    """kernel x kernel convolutions of `channels` channels on a size x size map, of `per_group` input
+    channels per group (None: dense; 1: depthwise), in an integer kernel (`quantized_chain`;
+    conv_model's weights, the same for each) as a `Probe`."""
+    per = channels if per_group is None else per_group
 
-    return Probe(build, conv_ops(channels, size, channels), float(channels * size * size))
+    def build(chain: int) -> onnx.ModelProto:
+        return quantized_chain("Conv", (1, channels, size, size), [conv_weights(channels, per, kernel)] * chain,
+                               pads=[kernel // 2] * 4, group=channels // per)
+
+    return Probe(build, conv_ops(channels, size, per, kernel), float(channels * size * size))
 
 
 def qmatmul_probe(rows: int, size: int) -> Probe:
@@ -235,6 +253,9 @@ def add_model(elements: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
 # window's several times an Add's, a LayerNormalization's a fraction (docs/benchmarks.md, session 27)
 # (not a Transpose: onnxruntime merges a chain of them into one)
 OTHER_TIMED = ("MaxPool", "AveragePool", "LayerNormalization", "Softmax", "Sigmoid", "Erf", "Mul")
+# ... and on a quantized model's 8-bit values in NCHW (`eight_bit_probe`), where onnxruntime's MaxPool
+# is a generic kernel (its AveragePool, a QLinearAveragePool, is not)
+EIGHT_BIT_TIMED = ("MaxPool",)
 TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
 
 
@@ -262,6 +283,21 @@ def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProt
     elif op_type == "Mul":
         constants = {"half": np.full((1,), 0.5, np.float32)}
     return _chain(op_type, shape, constants, chain, opset=17, **attrs), other_ops(op_type, size)
+
+
+def eight_bit_probe(op_type: str, size: int) -> Probe:
+    """`chain` ops `op_type` (one of EIGHT_BIT_TIMED) on 8-bit values in NCHW, between the
+    QuantizeLinear of a float input and the DequantizeLinear of the last result, as onnxruntime runs
+    a quantized model's op after a float one (`cluster.EIGHT_BIT_NCHW`), as a `Probe`; other_model's
+    shape and operations."""
+    def build(chain: int) -> onnx.ModelProto:
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"]),
+                 *(helper.make_node(op_type, [f"q{i}"], [f"q{i + 1}"], kernel_shape=[3, 3], pads=[1] * 4) for i in range(chain)),
+                 helper.make_node("DequantizeLinear", [f"q{chain}", "s", "z"], ["y"])]
+        shape = (1, 64, size, size)
+        return float_model(nodes, {"x": shape}, {"y": shape}, {"s": np.array(ACTIVATION_SCALE, np.float32), "z": np.array(128, np.uint8)})
+
+    return Probe(build, other_ops(op_type, size), float(64 * size * size))
 
 
 def other_probe(op_type: str, size: int) -> Probe:
@@ -315,7 +351,7 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
 
 # A tiny op of each kind: what it takes beyond its operations (`op_speed`) is the kind's fixed cost per op
 TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8, 4, 1), "grouped": conv_probe(16, 4, 8),
-                          "matmul": matmul_probe(1, 16), "qconv": qconv_probe(8, 4), "qmatmul": qmatmul_probe(1, 16),
+                          "matmul": matmul_probe(1, 16), "qconv": qconv_probe(8, 4), "qconv_gemm": qconv_probe(6, 4), "qdepthwise": qconv_probe(16, 4, 1), "qmatmul": qmatmul_probe(1, 16),
                           "other": add_probe(64)}
 CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
 MATMUL_ROWS = 196  # rows of the MatMul probes: a 14 x 14 map's pixels, about a ViT's tokens
@@ -574,18 +610,25 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         "grouped": [conv_probe(128, s, FEW_PER_GROUP) for s in sizes],
         # a 14 x 14 map's pixels or a ViT's tokens by weights of up to 2.4 MB, beyond a core's L2 cache
         "matmul": [matmul_probe(MATMUL_ROWS, s) for s in (128, 256, 512, 768)],
-        # the same in the integer kernels of a quantized model
-        "qconv": [qconv_probe(64, s) for s in (*sizes, 112)],
+        # the same in the integer kernels of a quantized model; 1x1 and 3x3 ones write alike output
+        # values for operations 9 apart (each value requantized), as the depthwise ones of 3x3 and
+        # 5x5 kernels (of 64 channels: whole groups of 16, which its direct kernel takes)
+        "qconv": [qconv_probe(64, s, kernel=k) for k in (1, 3) for s in (*sizes, 112)],
+        "qdepthwise": [qconv_probe(64, s, 1, k) for k in (3, 5) for s in sizes],
+        # (30 input channels, not a multiple of 4: im2col and a GEMM, as a stem's three; 3x3 and 7x7)
+        "qconv_gemm": [qconv_probe(30, s, kernel=k) for k in (3, 7) for s in (14, 28, 56)],
         "qmatmul": [qmatmul_probe(MATMUL_ROWS, s) for s in (128, 256, 512, 768)],
         # (in the core's cache: a chain of Adds over a 56 x 56 map spills it, which `stream_ops_per_s` prices)
         "other": [add_probe(s * s * 64) for s in (7, 14, 21, 28)],
     }
-    speeds = {kind: op_speed(p, TINY[kind], timed, elements=kind == "depthwise") for kind, p in probes.items()}
+    speeds = {kind: op_speed(p, TINY[kind], timed, elements=kind in ELEMENT_KINDS) for kind, p in probes.items()}
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()}
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
-    fields["depthwise_elements_per_s"] = speeds["depthwise"].elements_per_s
+    fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
     # (in the core's cache, as the Adds that give other_ops_per_s)
     other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in OTHER_TIMED}
+    other_speeds.update({op + EIGHT_BIT_NCHW: 1.0 / seconds_per([eight_bit_probe(op, s) for s in (14, 21, 28)], timed)[0]
+                         for op in EIGHT_BIT_TIMED})
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
@@ -660,9 +703,9 @@ def describe(profile: ClusterProfile) -> str:
     """A few lines for the terminal: each node's throughputs and fixed costs, the link."""
     lines = []
     for n, p in enumerate(profile.nodes):
-        values = f" + {1e9 / p.depthwise_elements_per_s:.2f} ns per output value" if p.depthwise_elements_per_s else ""
+        values = {kind: f" + {1e9 / rate:.2f} ns per output value" for kind in ELEMENT_KINDS if (rate := getattr(p, f"{kind}_elements_per_s"))}
         lines.append(f"node {n}{f' ({p.host})' if p.host else ''}: "
-                     + ", ".join(f"{kind} {p.ops_per_s(kind) / 1e9:.2f}{values if kind == 'depthwise' else ''}" for kind in OP_KINDS)
+                     + ", ".join(f"{kind} {p.ops_per_s(kind) / 1e9:.2f}{values.get(kind, '')}" for kind in OP_KINDS)
                      + f" Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; per op "
                      + ", ".join(f"{kind} {p.op_s(kind) * 1e6:.1f}" for kind in OP_KINDS)
                      + f" us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "

@@ -15,6 +15,11 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     grouped_ops_per_s = 5e9    # ... of a grouped convolution of a few input channels per group (simulate.FEW_PER_GROUP)
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
     qconv_ops_per_s = 7.5e10   # ... of a dense convolution in an 8-bit integer kernel (a quantized model's QLinearConv)
+    qconv_elements_per_s = 0.0 # ... and output values per second it writes beyond them; 0: not measured
+    qconv_gemm_ops_per_s = 3e10  # ... of one onnxruntime runs as im2col and an integer GEMM (simulate.op_kind)
+    qconv_gemm_elements_per_s = 0.0  # ... and output values per second it writes beyond them; 0: not measured
+    qdepthwise_ops_per_s = 5e9 # ... of a depthwise convolution in one
+    qdepthwise_elements_per_s = 0.0  # ... and output values per second it writes beyond them; 0: not measured
     qmatmul_ops_per_s = 7.5e10 # ... of a MatMul or Gemm in one (QLinearMatMul, QGemm)
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
     weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at
@@ -23,6 +28,8 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     grouped_op_s = 1e-05
     matmul_op_s = 1e-05
     qconv_op_s = 1e-05
+    qconv_gemm_op_s = 1e-05
+    qdepthwise_op_s = 1e-05
     qmatmul_op_s = 1e-05
     other_op_s = 5e-06
     stream_ops_per_s = 0.0     # "other" operations per second of an op that reads and writes more than
@@ -61,6 +68,7 @@ a Mul) and writes their throughputs apart; an "other" op not listed runs at `oth
     [node.other_ops]           # "other" operations per second of these op types (bbgrap/cost.py's count)
     MaxPool = 4.1e10
     LayerNormalization = 3.0e9
+    "MaxPool on 8-bit NCHW" = 1.2e9  # a MaxPool on a quantized model's 8-bit values in NCHW (EIGHT_BIT_NCHW)
 
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
@@ -89,18 +97,26 @@ else:  # pragma: no cover
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
-OP_KINDS = ("conv", "depthwise", "grouped", "matmul", "qconv", "qmatmul", "other")
+OP_KINDS = ("conv", "depthwise", "grouped", "matmul", "qconv", "qconv_gemm", "qdepthwise", "qmatmul", "other")
 # the kinds of op an integer kernel of a quantized model runs (`simulate.op_kind`), and the float kind
 # a profile written before they were measured prices them as (`_node`)
-INTEGER_KINDS = {"qconv": "conv", "qmatmul": "matmul"}
-# may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; depthwise_elements_per_s:
-# not measured); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), "depthwise_elements_per_s", "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
+INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise", "qmatmul": "matmul"}
+# the kinds whose output values cost time beyond their operations (`NodeProfile.element_time`): a
+# kernel that writes each value after a few operations (a depthwise one's taps), or requantizes each
+# (an integer convolution's)
+ELEMENT_KINDS = ("depthwise", "qconv", "qconv_gemm", "qdepthwise")
+# may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; the kinds'
+# elements_per_s: not measured); every other throughput must be positive
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 HOST = "host"  # a node's host name (NodeProfile.host)
 OTHER_OPS = "other_ops"  # a node's table of "other" op types timed apart (NodeProfile.other_speeds)
+# an op type's suffix in that table for the op on a quantized model's 8-bit values in NCHW, where
+# onnxruntime runs a generic kernel (a MaxPool after a float op: many times its float speed); a
+# table without it prices such an op as the op type
+EIGHT_BIT_NCHW = " on 8-bit NCHW"
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -152,8 +168,17 @@ class NodeProfile:
     matmul_ops_per_s: float = 2.5e10
     # a dense convolution or a MatMul in an 8-bit integer kernel (a quantized model's QLinearConv,
     # QLinearMatMul, QGemm): on a CPU with VNNI about three times the float kernel's operations per
-    # second (a depthwise or grouped one about as fast as in float: its kinds price it)
+    # second; each output value requantized beside its operations (1 / qconv_elements_per_s: a 1x1
+    # convolution of few input channels takes more than its operations; 0: not measured); a
+    # depthwise one on a kernel of its own, channels-last (a grouped one as in float: its kind prices
+    # it); a dense one that kernel does not take (`simulate.op_kind`: a stem's three input channels)
+    # as im2col and an integer GEMM, several times slower per operation, and more per output value
     qconv_ops_per_s: float = 7.5e10
+    qconv_elements_per_s: float = 0.0
+    qconv_gemm_ops_per_s: float = 3e10
+    qconv_gemm_elements_per_s: float = 0.0
+    qdepthwise_ops_per_s: float = 5e9
+    qdepthwise_elements_per_s: float = 0.0
     qmatmul_ops_per_s: float = 7.5e10
     other_ops_per_s: float = 2.5e9
     # bytes of weights per second a convolution or matmul reads (from beyond the core's cache: the
@@ -166,6 +191,8 @@ class NodeProfile:
     grouped_op_s: float = 1e-5
     matmul_op_s: float = 1e-5
     qconv_op_s: float = 1e-5
+    qconv_gemm_op_s: float = 1e-5
+    qdepthwise_op_s: float = 1e-5
     qmatmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
@@ -215,8 +242,11 @@ class NodeProfile:
 
     def op_rate(self, kind: str, op_type: str = "") -> float:
         """Operations per second of an op of `kind` and ONNX `op_type`: an "other" op type timed
-        apart at its own speed (`other_speeds`), else its kind's throughput."""
-        return self.other_speeds.get(op_type, self.other_ops_per_s) if kind == "other" else self.ops_per_s(kind)
+        apart at its own speed (`other_speeds`; one on 8-bit NCHW values, `EIGHT_BIT_NCHW`, at the
+        op type's where not timed so), else its kind's throughput."""
+        if kind != "other":
+            return self.ops_per_s(kind)
+        return self.other_speeds.get(op_type, self.other_speeds.get(op_type.removesuffix(EIGHT_BIT_NCHW), self.other_ops_per_s))
 
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
@@ -284,17 +314,16 @@ class NodeProfile:
         return self.other_op_s + self.moved_s(values)
 
     def element_time(self, kind: str, elements: float) -> float:
-        """Seconds an op of `kind` takes to write `elements` output values beyond its operations: a
-        depthwise convolution's `depthwise_elements_per_s` (0: not measured, nothing); for an "other"
+        """Seconds an op of `kind` takes to write `elements` output values beyond its operations: for
+        one of ELEMENT_KINDS its `{kind}_elements_per_s` (0: not measured, nothing); for an "other"
         op (an activation, a normalisation, an elementwise Mul) whose values no longer fit in the
         core's cache, what those beyond it take at `stream_ops_per_s` beyond the in-cache throughput its
         operations are priced at (`streamed_s`: its throughput is measured on maps in the cache,
         and a GELU over a 56 x 56 x 384 map moves 5 MB); no other kind's."""
         if kind == "other":
             return self.streamed_s(elements)
-        if kind != "depthwise" or not self.depthwise_elements_per_s:
-            return 0.0
-        return elements / self.depthwise_elements_per_s
+        rate = float(getattr(self, f"{kind}_elements_per_s")) if kind in ELEMENT_KINDS else 0.0
+        return elements / rate if rate else 0.0
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
@@ -411,7 +440,7 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST, OTHER_OPS)}
     # written before grouped convolutions or integer kernels were measured: priced as depthwise or as float then
     for kind, then in (("grouped", "depthwise"), *INTEGER_KINDS.items()):
-        for field_name in ("ops_per_s", "op_s"):
+        for field_name in ("ops_per_s", "op_s", *(("elements_per_s",) if kind in ELEMENT_KINDS else ())):
             if f"{kind}_{field_name}" not in rest and f"{then}_{field_name}" in rest:
                 rest[f"{kind}_{field_name}"] = rest[f"{then}_{field_name}"]
     host = table.get(HOST, "")

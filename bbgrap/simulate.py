@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
+from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain
@@ -151,6 +151,9 @@ class Prediction:
 CONVOLUTIONS = ("conv", "depthwise", "grouped")  # the kinds onnxruntime fuses a following activation or Add into
 FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a Gemm only a bias or an activation
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
+# what onnxruntime's direct kernel of an 8-bit dense convolution takes (MLAS's symmetric convolution on
+# AVX-512: input channels a multiple of 4, at least 16 output channels, a multiple of 4); otherwise im2col and a GEMM
+DIRECT_INPUT_ALIGN, DIRECT_MIN_OUTPUTS, DIRECT_OUTPUT_ALIGN = 4, 16, 4
 
 
 # the QOperator ops onnxruntime runs in an integer kernel of a dense convolution or matmul, each
@@ -164,8 +167,11 @@ def op_kind(layer: Layer, graph: Graph) -> str:
     """Which of OP_KINDS the layer's op is, for its throughput. A convolution of one input channel
     per group is "depthwise"; one of a few more (at most FEW_PER_GROUP, regnet_y's 8) is "grouped":
     onnxruntime runs it on neither the depthwise kernel nor the dense one, several times slower per
-    operation than both (docs/benchmarks.md, sessions 13 and 26). A dense convolution or a matmul
-    onnxruntime runs in an 8-bit integer kernel (`integer_kernel`) is "qconv" or "qmatmul"."""
+    operation than both (docs/benchmarks.md, sessions 13 and 26). A dense convolution, a depthwise
+    one or a matmul onnxruntime runs in an 8-bit integer kernel (`integer_kernel`, a QLinearConv) is
+    "qconv", "qdepthwise" or "qmatmul"; a dense or grouped one its direct kernel does not take
+    (DIRECT_INPUT_ALIGN and the rest: a stem's three input channels; any ConvInteger) runs as im2col
+    and an integer GEMM, "qconv_gemm", several times slower per operation (docs/benchmarks.md, session 40)."""
     domain = "" if is_default_domain(layer.domain) else layer.domain
     integer = INTEGER_OPS.get((layer.op_type, domain))
     float_op = integer if integer is not None else layer.op_type if not domain else ""
@@ -173,9 +179,16 @@ def op_kind(layer: Layer, graph: Graph) -> str:
         group = int(layer.attrs.get("group", 1))
         shape = graph.tensors[layer.inputs[WEIGHTS.get(layer.op_type, 1)]].shape
         per_group = shape[1] if layer.op_type != "ConvTranspose" else shape[0] // max(group, 1)
+        if group > 1 and per_group == 1:
+            # (a ConvInteger's groups run through im2col as the float ones do)
+            return "qdepthwise" if layer.op_type == "QLinearConv" or integer_kernel(layer, graph) else "depthwise"
         if group > 1 and per_group <= FEW_PER_GROUP:
-            return "depthwise" if per_group == 1 else "grouped"
-        return "qconv" if integer is not None or integer_kernel(layer, graph) else "conv"
+            return "grouped"
+        if integer is None and not integer_kernel(layer, graph):
+            return "conv"
+        direct = layer.op_type != "ConvInteger" and group == 1 and per_group % DIRECT_INPUT_ALIGN == 0 \
+            and shape[0] >= DIRECT_MIN_OUTPUTS and shape[0] % DIRECT_OUTPUT_ALIGN == 0
+        return "qconv" if direct else "qconv_gemm"
     if float_op in ("Gemm", "MatMul"):
         return "qmatmul" if integer is not None or integer_kernel(layer, graph) else "matmul"
     return "other"
@@ -273,12 +286,12 @@ def values_moved(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleReg
     if in_chain or registry.traits(layer.op_type, layer.domain).view:
         return 0.0
     kind = op_kind(layer, graph)
-    if kind not in ("other", "depthwise"):
+    if kind not in ("other", "depthwise", "qdepthwise"):
         return float(region.volume)
     producers = graph.producers()
     fused = [t for t in layer.inputs if t in producers and producers[t].name in chained] if kind == "other" else []
     read = bytes_read(layer, graph, region, registry, fused)[1] / np.dtype(graph.tensors[layer.outputs[0]].dtype).itemsize
-    if kind == "depthwise":
+    if kind != "other":
         return max(read, float(region.volume))
     return (read + region.volume) / 2 if read else float(region.volume)
 
@@ -447,8 +460,10 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
             copies.append(float(sum(value_elements(graph, o) for o in outputs)))
+    quantized = quantized_layouts(graph, seg, layers, inside, registry)
+    works = [replace(w, op_type=w.op_type + EIGHT_BIT_NCHW) if w.name in quantized.eight_bit_nchw else w for w in works]
     at = {w.name: k for k, w in enumerate(works)}
-    for name, size in (*layout_reorders(graph, seg, registry, chained), *channels_last_transposes(graph, seg, layers, inside, registry)):
+    for name, size in (*layout_reorders(graph, seg, registry, chained), *quantized.transposes):
         if name in at:
             works[at[name]] = replace(works[at[name]], reorders=(*works[at[name]].reorders, size))
         else:  # caused by an op of lowering's (a crop between two convolutions) or one fused into another's kernel
@@ -467,6 +482,9 @@ EIGHT_BIT_OPS = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "Ma
 UNSIGNED_ONLY = ("Add", "Mul")  # on x86 (an int8 one it runs in float)
 ANY_LAYOUT = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "MaxPool")
 MOVED_PAST = ("DequantizeLinear", "QuantizeLinear", "Slice", "Concat")  # ... and the elementwise ops
+# ... of ANY_LAYOUT, those it runs in NCHW on the integers with the op's own generic kernel (the rest
+# in its QLinear kernels, NCHW or not alike): a MaxPool after a float op (`QuantizedLayouts`)
+GENERIC_EIGHT_BIT = ("MaxPool",)
 
 
 def eight_bit_op(layer: Layer, graph: Graph) -> bool:
@@ -512,7 +530,26 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
 def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, Layer], inside: set[int],
                              registry: RuleRegistry) -> list[tuple[str, float]]:
     """The transposes onnxruntime's CPU provider adds inside one segment of a quantized model, each
-    as (the layer whose run holds it, or "" for one at the segment's edge, the values it moves).
+    as (the layer whose run holds it, or "" for one at the segment's edge, the values it moves)
+    (`quantized_layouts`)."""
+    return quantized_layouts(graph, seg, layers, inside, registry).transposes
+
+
+@dataclass(frozen=True)
+class QuantizedLayouts:
+    """Where onnxruntime runs one segment of a quantized model channels-last (`quantized_layouts`):
+    the transposes it adds, each as (the layer whose run holds it, or "" for one at the segment's
+    edge, the values it moves), and the `eight_bit_op`s of GENERIC_EIGHT_BIT it runs on 8-bit values
+    in NCHW: a MaxPool's generic kernel, many times slower than its float or channels-last one
+    (`cluster.EIGHT_BIT_NCHW`)."""
+
+    transposes: list[tuple[str, float]]
+    eight_bit_nchw: frozenset[str]
+
+
+def quantized_layouts(graph: Graph, seg: Segment, layers: Mapping[str, Layer], inside: set[int],
+                      registry: RuleRegistry) -> QuantizedLayouts:
+    """The layouts onnxruntime's CPU provider runs one segment of a quantized model in (`QuantizedLayouts`).
 
     onnxruntime runs an 8-bit convolution (`integer_kernel`, any group) channels-last (NHWC); an
     `eight_bit_op` of ANY_LAYOUT, and an elementwise op (`OpTraits.fuses_in_chain`), a
@@ -528,6 +565,7 @@ def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, La
     (`inside`) pass the layout on."""
     source: dict[str, str] = {}  # a value in an 8-bit kernel's pattern -> the 8-bit value it stands for
     last: set[str] = set()  # channels-last values
+    nchw: set[str] = set()  # 8-bit ops of ANY_LAYOUT run in NCHW
     done: set[tuple[str, bool]] = set()  # (value, to channels-last) already transposed
     edge, given = set(seg.inputs), set(seg.outputs)
     out: list[tuple[str, float]] = []
@@ -554,19 +592,22 @@ def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, La
                 if v not in last:
                     transpose(v, True, node.name)
             last.update(o for o in node.output if o)
-        elif values and all(v in last for v in values) and (
-                (mine is not None and mine.op_type in ANY_LAYOUT and eight_bit_op(mine, graph))
-                or ((node.op_type in MOVED_PAST or registry.traits(node.op_type, node.domain).fuses_in_chain)
-                    and not given.intersection(node.output))):
+            continue
+        any_layout = mine is not None and mine.op_type in ANY_LAYOUT and eight_bit_op(mine, graph)
+        if values and all(v in last for v in values) and (any_layout or (
+                (node.op_type in MOVED_PAST or registry.traits(node.op_type, node.domain).fuses_in_chain)
+                and not given.intersection(node.output))):
             last.update(o for o in node.output if o)
-        else:
-            for v in values:
-                if v in last:
-                    transpose(v, False, node.name if mine is not None else "")
+            continue
+        for v in values:
+            if v in last:
+                transpose(v, False, node.name if mine is not None else "")
+        if any_layout and mine is not None and mine.op_type in GENERIC_EIGHT_BIT:
+            nchw.add(mine.name)
     for v in seg.outputs:
         if v in last:
             transpose(v, False, "")
-    return out
+    return QuantizedLayouts(out, frozenset(nchw))
 
 
 @dataclass(frozen=True)

@@ -102,8 +102,9 @@ class Profiles:
 def float_kernels(node: NodeProfile) -> NodeProfile:
     """`node` with the integer kernels of a quantized model priced as the float kinds they stand for
     (`cluster.INTEGER_KINDS`), as a profile written before calibrate measured them prices them."""
-    return replace(node, **{f"{kind}_{figure}": getattr(node, f"{then}_{figure}")
-                            for kind, then in INTEGER_KINDS.items() for figure in ("ops_per_s", "op_s")})
+    return replace(node, **{f"{kind}_{figure}": getattr(node, f"{then}_{figure}", 0.0)
+                            for kind, then in INTEGER_KINDS.items() for figure in ("ops_per_s", "op_s", "elements_per_s")
+                            if hasattr(node, f"{kind}_{figure}")})
 
 
 def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,

@@ -7,16 +7,19 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
+import onnx
 import pytest
 from bbgrap.frontends.onnx import import_proto
 from helpers import save
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx_builder import build_model
 
 from bbgrap import zoo
 from bbgrap.cli import prediction_text, run_line
 from bbgrap.cluster import (
     DEFAULT_PROFILE,
+    EIGHT_BIT_NCHW,
+    ELEMENT_KINDS,
     ClusterProfile,
     LinkProfile,
     NodeProfile,
@@ -622,19 +625,42 @@ def test_a_convolution_is_depthwise_grouped_or_dense_by_its_input_channels_per_g
     assert op_kind(graph.layers[0], graph) == kind
 
 
-def test_a_depthwise_convolution_pays_for_its_output_values_beside_its_operations(tmp_path) -> None:
-    node = replace(NODE, depthwise_ops_per_s=1e10, depthwise_elements_per_s=1e8)
-    assert math.isclose(node.layer_time("dw", "depthwise", 1e6, 1e6, elements=1e4), 1e6 / 1e10 + 1e4 / 1e8 + 1e-4)
+@pytest.mark.parametrize(("cin", "cout", "group", "kind"), [(16, 32, 1, "qconv"), (3, 32, 1, "qconv_gemm"), (16, 8, 1, "qconv_gemm"),
+                                                            (16, 18, 1, "qconv_gemm"), (16, 16, 16, "qdepthwise"), (32, 32, 2, "qconv_gemm"),
+                                                            (16, 16, 8, "grouped")])
+def test_an_integer_convolution_is_priced_by_the_kernel_onnxruntime_runs_it_on(cin: int, cout: int, group: int, kind: str) -> None:
+    """onnxruntime's direct kernel of an 8-bit convolution takes input channels in fours and at least
+    16 output channels in fours, or one channel per group (depthwise): "qconv", "qdepthwise"; any
+    other dense or grouped one (more than FEW_PER_GROUP per group) runs as im2col and a GEMM, "qconv_gemm"."""
+    qparams = {"xs": np.array(0.1, np.float32), "xz": np.array(128, np.uint8), "ws": np.array(0.01, np.float32),
+               "wz": np.array(0, np.int8), "ys": np.array(0.2, np.float32), "yz": np.array(128, np.uint8),
+               "w": np.ones((cout, cin // group, 3, 3), np.int8)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], name="qconv", pads=[1] * 4, group=group)
+    graph_proto = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, cin, 8, 8])],
+                                    [helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, None)],
+                                    [numpy_helper.from_array(v, k) for k, v in qparams.items()])
+    graph = import_proto(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)).graph
+    assert op_kind(graph.layers[0], graph) == kind
+
+
+@pytest.mark.parametrize("kind", ELEMENT_KINDS)
+def test_a_convolution_of_an_element_kind_pays_for_its_output_values_beside_its_operations(tmp_path, kind: str) -> None:
+    """A depthwise convolution (float or integer) and an integer dense one (its direct kernel or
+    im2col and a GEMM) pay for each output value at their kind's `elements_per_s` beside their
+    operations; no other kind does, nor one whose values were not measured (0)."""
+    node = replace(NODE, **{f"{kind}_ops_per_s": 1e10, f"{kind}_elements_per_s": 1e8, f"{kind}_op_s": 1e-4})
+    assert math.isclose(node.layer_time("dw", kind, 1e6, 1e6, elements=1e4), 1e6 / 1e10 + 1e4 / 1e8 + 1e-4)
     assert math.isclose(node.layer_time("c", "conv", 1e6, 1e6, elements=1e4), 1e6 / 1e9 + 1e-4)  # no other kind
-    assert math.isclose(NODE.layer_time("dw", "depthwise", 1e6, 1e6, elements=1e4), 1e6 / 1e9 + 1e-4)  # 0: not measured
-    # a segment's depthwise layer pays it; a node twice as fast pays half; the profile keeps it
-    work = SegmentWork((LayerWork("dw", "depthwise", 1e6, 1e6, 1.0, 0.0, 1e4),))
+    unmeasured = replace(node, **{f"{kind}_elements_per_s": 0.0})
+    assert math.isclose(unmeasured.layer_time("dw", kind, 1e6, 1e6, elements=1e4), 1e6 / 1e10 + 1e-4)  # 0: not measured
+    # a segment's layer pays it; a node twice as fast pays half; the profile keeps it
+    work = SegmentWork((LayerWork("dw", kind, 1e6, 1e6, 1.0, 0.0, 1e4),))
     profile = ClusterProfile((node,), PROFILE.link)
     assert math.isclose(simulate([[SimStep("run", work=work)]], profile).latency, 1e-3 + 1e6 / 1e10 + 1e4 / 1e8 + 1e-4)
-    assert with_speeds(profile, (2.0,)).nodes[0].element_time("depthwise", 1e4) == 1e4 / 2e8
+    assert with_speeds(profile, (2.0,)).nodes[0].element_time(kind, 1e4) == 1e4 / 2e8
     path = str(tmp_path / "cluster.toml")
     write_profile(path, profile)
-    assert read_profile(path).nodes[0].depthwise_elements_per_s == 1e8
+    assert getattr(read_profile(path).nodes[0], f"{kind}_elements_per_s") == 1e8
 
 
 def test_an_activation_fused_into_a_convolution_is_priced_on_its_account_and_a_batch_norm_not(tmp_path) -> None:
@@ -677,6 +703,29 @@ def test_a_profile_written_before_integer_kernels_were_measured_prices_them_as_f
     assert (node.qconv_ops_per_s, node.qconv_op_s, node.qmatmul_ops_per_s) == (2e11, 1e-6, 3e11)
     (tmp_path / "new.toml").write_text("[[node]]\nconv_ops_per_s = 2e11\nqconv_ops_per_s = 8e11\n")
     assert read_profile(str(tmp_path / "new.toml")).nodes[0].qconv_ops_per_s == 8e11
+
+
+def test_a_profile_written_before_integer_depthwise_and_gemm_convolutions_were_measured_prices_them_as_float_ones(tmp_path) -> None:
+    """An integer depthwise convolution as the float depthwise one (its values too), one onnxruntime runs as
+    im2col and a GEMM as a float dense one; calibrated, at their own figures."""
+    (tmp_path / "old.toml").write_text("[[node]]\nconv_ops_per_s = 2e11\ndepthwise_ops_per_s = 3e10\ndepthwise_elements_per_s = 5e9\n"
+                                       "qconv_ops_per_s = 8e11\n")
+    node = read_profile(str(tmp_path / "old.toml")).nodes[0]
+    assert (node.qdepthwise_ops_per_s, node.qdepthwise_elements_per_s, node.qconv_gemm_ops_per_s) == (3e10, 5e9, 2e11)
+    assert node.qconv_elements_per_s == node.qconv_gemm_elements_per_s == 0.0
+    (tmp_path / "new.toml").write_text("[[node]]\ndepthwise_ops_per_s = 3e10\nqdepthwise_ops_per_s = 6e10\nqdepthwise_elements_per_s = 0\n")
+    assert (read_profile(str(tmp_path / "new.toml")).nodes[0].qdepthwise_ops_per_s, read_profile(str(tmp_path / "new.toml")).nodes[0].qdepthwise_elements_per_s) == (6e10, 0.0)
+
+
+def test_an_8_bit_op_in_nchw_runs_at_its_own_speed_where_timed_else_at_its_op_types(tmp_path) -> None:
+    node = replace(NODE, other_ops_per_s=1e9, other_speeds={"MaxPool": 4e10})
+    assert node.op_rate("other", "MaxPool" + EIGHT_BIT_NCHW) == 4e10  # not timed so: the op type's
+    assert node.op_rate("other", "Relu" + EIGHT_BIT_NCHW) == 1e9  # nor that: the kind's
+    timed = replace(node, other_speeds={"MaxPool": 4e10, "MaxPool" + EIGHT_BIT_NCHW: 8e8})
+    assert timed.op_rate("other", "MaxPool" + EIGHT_BIT_NCHW) == 8e8 and timed.op_rate("other", "MaxPool") == 4e10
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, ClusterProfile((timed,), PROFILE.link))
+    assert read_profile(path).nodes[0].other_speeds == timed.other_speeds
 
 
 def test_recompute_halos_prices_a_receive_with_every_fixed_cost_calibrate_measures() -> None:

@@ -32,7 +32,7 @@ from bbgrap.pass_manager import PassManager
 from bbgrap.plan import Plan
 from bbgrap.rules.base import NCHWC_BLOCK
 from bbgrap.rules.registry import default_registry
-from bbgrap.simulate import channels_last_transposes, in_integer_kernels, op_kind
+from bbgrap.simulate import channels_last_transposes, in_integer_kernels, op_kind, quantized_layouts
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
 
 
@@ -411,25 +411,33 @@ def test_custom_sizes_inside_a_channel_block_are_refused_in_one_line(tmp_path) -
     ("mobilenet_v2", QuantType.QInt8), ("densenet", QuantType.QInt8),
 ])
 def test_a_layer_is_priced_as_the_kernel_onnxruntime_runs_it_in(tmp_path, name: str, activations: QuantType) -> None:
-    """The simulator prices a dense convolution or matmul onnxruntime fuses into an integer kernel
-    as "qconv" or "qmatmul", and one it runs in float as "conv" or "matmul": every dense convolution
-    of a quantized zoo model is "conv" exactly where the optimised whole model has a float Conv of its
-    name (16-bit activations: all of them; int8: those whose input or output has more than one
-    reader, a residual block's first, densenet's second of each layer, which the concatenations read)."""
+    """The simulator prices a convolution or matmul onnxruntime fuses into an integer kernel as
+    "qconv" (a stem of three input channels "qconv_gemm"), "qdepthwise" or "qmatmul", and one it
+    runs in float as "conv", "depthwise" or "matmul": every convolution of a quantized zoo model is
+    of a float kind exactly where the optimised whole model has a float Conv of its name (16-bit
+    activations: all of them; int8: those whose input or output has more than one reader, a residual
+    block's first, densenet's second of each layer, which the concatenations read)."""
     path = quantized(str(tmp_path), name, True, activations)
     in_float = float_kernels(onnx.load(path))
     graph = import_model(path).graph
-    dense = [layer for layer in graph.layers if layer.op_type == "Conv" and op_kind(layer, graph) in ("conv", "qconv")]
-    assert dense and all((op_kind(layer, graph) == "conv") == (layer.name in in_float) for layer in dense), \
-        [(layer.name, op_kind(layer, graph), layer.name in in_float) for layer in dense]
+    convs = [layer for layer in graph.layers if layer.op_type == "Conv"]
+    assert convs and all((op_kind(layer, graph) in ("conv", "depthwise")) == (layer.name in in_float) for layer in convs), \
+        [(layer.name, op_kind(layer, graph), layer.name in in_float) for layer in convs]
+    dense = [layer for layer in convs if op_kind(layer, graph) in ("conv", "qconv", "qconv_gemm")]
+    # an integer convolution of the image's three channels (the stem) runs as im2col and a GEMM, the rest on the direct kernel
+    stem = next(layer for layer in convs if graph.tensors[layer.inputs[1]].shape[1] == 3)
+    assert op_kind(stem, graph) == ("conv" if stem.name in in_float else "qconv_gemm")
+    assert "qconv" in {op_kind(layer, graph) for layer in dense} or activations == QuantType.QUInt16
     assert {op_kind(layer, graph) for layer in graph.layers if layer.op_type == "Gemm"} == \
         {"matmul" if activations == QuantType.QUInt16 else "qmatmul"}
     if activations == QuantType.QInt8:
-        assert {op_kind(layer, graph) for layer in dense} == {"conv", "qconv"}  # both, or the test shows nothing
+        assert {"conv", "qconv"} <= {op_kind(layer, graph) for layer in dense}  # both, or the test shows nothing
+    if name == "mobilenet_v2":
+        assert "qdepthwise" in {op_kind(layer, graph) for layer in convs}
     if name == "resnet18" and activations == QuantType.QUInt8:  # the QOperator format's ops
         graph = import_model(quantized(str(tmp_path), name, True, activations, QuantFormat.QOperator)).graph
         kinds = {(layer.op_type, op_kind(layer, graph)) for layer in graph.layers if layer.op_type in ("QLinearConv", "QGemm")}
-        assert kinds == {("QLinearConv", "qconv"), ("QGemm", "qmatmul")}, kinds
+        assert kinds == {("QLinearConv", "qconv"), ("QLinearConv", "qconv_gemm"), ("QGemm", "qmatmul")}, kinds
 
 
 @pytest.mark.parametrize("activations", [QuantType.QUInt8, QuantType.QUInt16])
@@ -493,8 +501,10 @@ def test_the_transposes_and_qdq_nodes_of_a_segment_are_those_onnxruntime_runs(tm
     as many transposes between NCHW and onnxruntime's channels-last integer kernels
     (`channels_last_transposes`) and as many DequantizeLinear and QuantizeLinear nodes of their own
     (those not in an integer kernel or an 8-bit op: `in_integer_kernels`) as onnxruntime runs in the
-    optimised segment; but for the first segment of a preprocessed resnet18's height cut, where
-    onnxruntime crops the residual of the first block in NCHW and transposes once more."""
+    optimised segment, and the same 8-bit pools in NCHW (`quantized_layouts`: a MaxPool after a
+    float BatchNormalization, which onnxruntime runs in a generic kernel); but for the first segment
+    of a preprocessed resnet18's height cut, where onnxruntime crops the residual of the first block
+    in NCHW and transposes once more."""
     graph = import_model(quantized(str(tmp_path), name, True, activations, preprocess=preprocess)).graph
     layers = {layer.name: layer for layer in graph.layers}
     seen = []
@@ -502,12 +512,19 @@ def test_the_transposes_and_qdq_nodes_of_a_segment_are_those_onnxruntime_runs(tm
         plan, segments = planned_segments(graph, nodes, direction)
         for seg in segments:
             inside = in_integer_kernels(plan, seg, layers)
-            ours = (len(channels_last_transposes(plan, seg, layers, inside, default_registry())),
-                    sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes))
-            ops = [n.op_type for n in optimized_nodes(segment_model(plan, seg, seg.types, seg.name))]
-            theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"))
+            layouts = quantized_layouts(plan, seg, layers, inside, default_registry())
+            assert layouts.transposes == channels_last_transposes(plan, seg, layers, inside, default_registry())
+            ours = (len(layouts.transposes), sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes),
+                    sorted(layers[n].op_type for n in layouts.eight_bit_nchw))
+            optimized = optimized_nodes(segment_model(plan, seg, seg.types, seg.name))
+            ops = [n.op_type for n in optimized]
+            # the pools onnxruntime runs on 8-bit values in NCHW: of the default domain (channels-last ones are com.microsoft's)
+            pools = sorted(n.op_type for n in optimized if n.op_type in ("MaxPool", "AveragePool") and not n.domain)
+            theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"), pools)
             if preprocess and name == "resnet18" and nodes == 2 and direction is Direction.H and seg.name.endswith("_seg0"):
-                theirs = (theirs[0] - 1, theirs[1])  # onnxruntime crops a residual in NCHW there: one transpose more
+                theirs = (theirs[0] - 1, *theirs[1:])  # onnxruntime crops a residual in NCHW there: one transpose more
             assert ours == theirs, (nodes, direction, seg.name, ours, sorted(ops))
             seen.append(ours)
-    assert any(transposes for transposes, _ in seen)  # the models have channels-last kernels
+    assert any(transposes for transposes, _, _ in seen)  # the models have channels-last kernels
+    if name == "resnet18" and not preprocess and activations == QuantType.QUInt8:  # its MaxPool after a float BatchNormalization
+        assert any(pools == ["MaxPool"] for _, _, pools in seen)
