@@ -273,7 +273,7 @@ def chained_layers(graph: Graph, registry: RuleRegistry | None = None) -> frozen
 def values_moved(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry, chained: frozenset[str] = frozenset(),
                  in_chain: bool = False) -> float:
     """The values a piece of the layer computing `region` is priced as moving (`LayerWork.elements`):
-    its output values; for a depthwise convolution the more of the values it reads (by its rule's
+    its output values; for a depthwise convolution (float or integer) the more of the values it reads (by its rule's
     regions) and writes: it streams each input value through a few taps, so one of stride 2 takes
     about four times its output's values' time (calibrate's probes, of stride 1, read and write
     alike, and a depthwise layer of stride 2 measured as many input values at that speed); for an
