@@ -32,7 +32,7 @@ the elementwise ops of an activation written as several (x·sigmoid(x), erf's GE
 operations, and only the last of them an op's fixed cost and a pass over the values
 (`chained_layers`); each reorder between onnxruntime's blocked layout and NCHW inside a segment
 (around an op it does not run blocked, `layout_reorders`), and each transpose of a quantized model's values
-to or from its channels-last integer convolutions (`channels_last_transposes`), costs a copy of its values; every value a segment
+to or from its channels-last integer convolutions (`quantized_layouts`), costs a copy of its values; every value a segment
 takes or gives costs one "other" operation per element (handed from one onnxruntime session to
 the next: copied, reordered in the blocked layout). The plan's predicted latency is the latest
 rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks after a barrier).
@@ -476,7 +476,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
 # is whole: Add, Mul, Concat and Softmax in its QLinearAdd, QLinearMul, QLinearConcat and
 # QLinearSoftmax, the average pools in QLinearAveragePool and QLinearGlobalAveragePool, MaxPool,
 # Flatten, Reshape, Split and Transpose on the integers themselves (the pattern dropped); ANY_LAYOUT
-# in the layout of the values they take (`channels_last_transposes`)
+# in the layout of the values they take (`quantized_layouts`)
 EIGHT_BIT_OPS = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "MaxPool", "Flatten", "Softmax", "Reshape", "Split",
                  "Transpose")
 UNSIGNED_ONLY = ("Add", "Mul")  # on x86 (an int8 one it runs in float)
@@ -525,14 +525,6 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
             inside.add(id(after[0]))
             after = readers.get(after[0].output[0], [])
     return inside
-
-
-def channels_last_transposes(graph: Graph, seg: Segment, layers: Mapping[str, Layer], inside: set[int],
-                             registry: RuleRegistry) -> list[tuple[str, float]]:
-    """The transposes onnxruntime's CPU provider adds inside one segment of a quantized model, each
-    as (the layer whose run holds it, or "" for one at the segment's edge, the values it moves)
-    (`quantized_layouts`)."""
-    return quantized_layouts(graph, seg, layers, inside, registry).transposes
 
 
 @dataclass(frozen=True)
