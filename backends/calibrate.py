@@ -195,12 +195,17 @@ def matmul_probe(rows: int, size: int) -> Probe:
 ACTIVATION_SCALE = 0.05  # the scale of a quantized probe's uint8 activations (zero point 128: values of about +-6)
 
 
+def activation_params() -> dict[str, np.ndarray]:
+    """A quantized probe's activations' scale ("s") and uint8 zero point ("z"), as constants of its model."""
+    return {"s": np.array(ACTIVATION_SCALE, np.float32), "z": np.array(128, np.uint8)}
+
+
 def quantized_chain(op: str, shape: tuple[int, ...], weights: Sequence[np.ndarray], **attrs: Any) -> onnx.ModelProto:
     """`len(weights)` ops `op` in sequence, each by its weights, as a quantized (QDQ) model writes
     them: the op between a DequantizeLinear of its uint8 input and of its int8 weights (per tensor)
     and a QuantizeLinear of its output, which onnxruntime fuses into one integer kernel (QLinearConv,
     QLinearMatMul); the float input of `shape` quantized once, the last output dequantized once."""
-    constants: dict[str, np.ndarray] = {"s": np.array(ACTIVATION_SCALE, np.float32), "z": np.array(128, np.uint8), "wz": np.array(0, np.int8)}
+    constants: dict[str, np.ndarray] = {**activation_params(), "wz": np.array(0, np.int8)}
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"])]
     for i, w in enumerate(weights):
         scale = float(np.max(np.abs(w))) / 127 or 1.0
@@ -218,10 +223,10 @@ def qconv_probe(channels: int, size: int, per_group: int | None = None, kernel: 
     channels per group (None: dense; 1: depthwise), in an integer kernel (`quantized_chain`;
     conv_model's weights, the same for each) as a `Probe`."""
     per = channels if per_group is None else per_group
+    weights = conv_weights(channels, per, kernel)  # (once: the probe builds a chain of one and of CHAIN)
 
     def build(chain: int) -> onnx.ModelProto:
-        return quantized_chain("Conv", (1, channels, size, size), [conv_weights(channels, per, kernel)] * chain,
-                               pads=[kernel // 2] * 4, group=channels // per)
+        return quantized_chain("Conv", (1, channels, size, size), [weights] * chain, pads=[kernel // 2] * 4, group=channels // per)
 
     return Probe(build, conv_ops(channels, size, per, kernel), float(channels * size * size))
 
@@ -295,7 +300,7 @@ def eight_bit_probe(op_type: str, size: int) -> Probe:
                  *(helper.make_node(op_type, [f"q{i}"], [f"q{i + 1}"], kernel_shape=[3, 3], pads=[1] * 4) for i in range(chain)),
                  helper.make_node("DequantizeLinear", [f"q{chain}", "s", "z"], ["y"])]
         shape = (1, 64, size, size)
-        return float_model(nodes, {"x": shape}, {"y": shape}, {"s": np.array(ACTIVATION_SCALE, np.float32), "z": np.array(128, np.uint8)})
+        return float_model(nodes, {"x": shape}, {"y": shape}, activation_params())
 
     return Probe(build, other_ops(op_type, size), float(64 * size * size))
 
