@@ -714,7 +714,8 @@ def test_a_profile_written_before_integer_depthwise_and_gemm_convolutions_were_m
     assert (node.qdepthwise_ops_per_s, node.qdepthwise_elements_per_s, node.qconv_gemm_ops_per_s) == (3e10, 5e9, 2e11)
     assert node.qconv_elements_per_s == node.qconv_gemm_elements_per_s == 0.0
     (tmp_path / "new.toml").write_text("[[node]]\ndepthwise_ops_per_s = 3e10\nqdepthwise_ops_per_s = 6e10\nqdepthwise_elements_per_s = 0\n")
-    assert (read_profile(str(tmp_path / "new.toml")).nodes[0].qdepthwise_ops_per_s, read_profile(str(tmp_path / "new.toml")).nodes[0].qdepthwise_elements_per_s) == (6e10, 0.0)
+    calibrated = read_profile(str(tmp_path / "new.toml")).nodes[0]
+    assert (calibrated.qdepthwise_ops_per_s, calibrated.qdepthwise_elements_per_s) == (6e10, 0.0)
 
 
 def test_an_8_bit_op_in_nchw_runs_at_its_own_speed_where_timed_else_at_its_op_types(tmp_path) -> None:
