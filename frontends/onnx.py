@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 import os
 import re
+import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
-from bbgrap.frontends import quantized
+from bbgrap.frontends import norms, quantized
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
@@ -343,11 +344,13 @@ def _check_sample_memory(
                       f"but only {_size(available)} is available; {fix}")
 
 
-def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, np.ndarray], optimized: bool = False) -> dict[str, np.ndarray]:
+def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, np.ndarray], optimized: bool = False,
+                    optimized_path: str | None = None) -> dict[str, np.ndarray]:
     """Run the model in onnxruntime and return the values of `wanted` tensors: as written
     (every value is there to be read), or `optimized` as onnxruntime runs it by default (its
     graph optimisations fuse a quantized model's QDQ patterns into integer kernels, whose
-    results differ from the float ops' by up to a quantization step)."""
+    results differ from the float ops' by up to a quantization step), and with `optimized_path`
+    the graph it runs then written there."""
     import onnxruntime as ort
 
     saved = list(model.graph.output)
@@ -361,6 +364,9 @@ def _run_everything(model: onnx.ModelProto, wanted: list[str], feeds: dict[str, 
     opts.log_severity_level = 4  # fatal only: a failure is reported once, as bbgrap's own line
     if not optimized:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_path is not None:  # its weights beside it, so that a model of over 2 GB can be written too
+        opts.optimized_model_filepath = optimized_path
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.weights")
     run_opts = ort.RunOptions()
     run_opts.log_severity_level = 4  # a failing kernel logs at error level through the run's logger
     try:
@@ -541,5 +547,10 @@ def import_proto(
             raise BBGrapError(f"model output '{out}' is not computed by any node (it is an input or a constant), so there is "
                               f"nothing to partition for it; re-export the model with outputs that the network computes")
     # the reference is what onnxruntime gives for the model as it runs it, optimised (a quantized model's differs)
-    reference = _run_everything(model, outputs, feeds, optimized=True)
-    return Frontend(graph, feeds, reference)
+    if not (rounded := norms.rounded_norms(graph)):
+        return Frontend(graph, feeds, _run_everything(model, outputs, feeds, optimized=True))
+    with tempfile.TemporaryDirectory(prefix="bbgrap-frontend-") as tmp:  # how it runs them: its optimised graph
+        path = os.path.join(tmp, "optimized.onnx")
+        reference = _run_everything(model, outputs, feeds, optimized=True, optimized_path=path)
+        optimised = onnx.load(path, load_external_data=False).graph.node
+    return Frontend(norms.as_computed(graph, norms.ways(rounded, optimised)), feeds, reference)

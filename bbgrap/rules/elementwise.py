@@ -63,10 +63,10 @@ class ExpandRule(RegionRule):
 class BatchNormRule(RegionRule):
     """BatchNormalization (inference): per-channel parameters follow the channel axis. onnxruntime
     runs one whose input is blocked as a 1x1 convolution of the blocked layout, its last bit not
-    that of its own kernel, so where its result is rounded later its channels are cut in whole
-    blocks (`RegionRule.grain`). That makes a piece exact where its segment computes its blocked
-    input too (a pool before it); a piece reading its input from another segment runs unblocked,
-    a last bit off (not covered)."""
+    that of its own kernel. The frontend gives one whose result is rounded later parameters both
+    ways compute alike (frontends/norms.py, `same_in_every_layout`), exact cut anyhow; one it leaves
+    (a QDQ pattern of its own, parameters computed at run time) has its channels cut in whole blocks
+    where rounded (`RegionRule.grain`), exact where its segment computes its blocked input too."""
 
     group = "others"
     passes_through = True
@@ -77,10 +77,22 @@ class BatchNormRule(RegionRule):
             return frozenset()
         return self.grained(layer, graph, all_axes(layer, graph))
 
+    def grain(self, layer: Layer, graph: Graph, axis: int) -> int:
+        return 1 if same_in_every_layout(layer, graph) else super().grain(layer, graph, axis)
+
     def local(self, layer: Layer, graph: Graph, out: ShapeMap) -> Local:
         ch = out.interval(1)
         params = tuple(ShapeMap.box([ch.start], [ch.stop]) for _ in layer.inputs[1:])
         return Local((out,) + params, out)
+
+
+def same_in_every_layout(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime computes this BatchNormalization to the same bits with its own kernel and
+    as a blocked convolution: ε = 0, μ = 0 and σ² = 1, so that both compute the scale γ and the shift
+    β exactly (frontends/norms.py writes a rounded one so)."""
+    mean, variance = (graph.constants.get(t) for t in layer.inputs[3:5]) if len(layer.inputs) == 5 else (None, None)
+    return (float(layer.attrs.get("epsilon", 1e-5)) == 0.0 and mean is not None and variance is not None
+            and not mean.any() and bool((variance == 1).all()))
 
 
 def quantize_axis(attrs: Mapping[str, Any], scale: Sequence[int], rank: int) -> int | None:
