@@ -371,6 +371,24 @@ def test_a_dynamically_quantized_norm_reading_its_input_from_another_segment_is_
             assert np.array_equal(outputs["y"], want), (uneven, float(np.abs(outputs["y"] - want).max()))
 
 
+def test_a_dynamically_quantized_norm_cut_unlike_its_input_checks_exactly_under_mpirun(tmp_path) -> None:
+    """As above through the commands: a config's [[custom]] tables cut the pool by rows and the
+    norm by channels, and `mpirun -n 2 bbgrap-run --check` finds no difference from onnxruntime on
+    the model."""
+    src = save(pooled_model(), str(tmp_path), "float")
+    path = str(tmp_path / "dynamic.onnx")
+    quantize_dynamic(src, path, weight_type=QuantType.QInt8)
+    config = tmp_path / "cuts.toml"
+    config.write_text("[[custom]]\nlayer = 'pool'\ndirection = 'h'\n[[custom]]\nlayer = 'norm'\ndirection = 'c'\n")
+    plan = str(tmp_path / "plan")
+    compiled = bbgrap("compile", path, "--nodes", "2", "--config", str(config), "-o", plan)
+    assert compiled.returncode == 0, compiled.stderr
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
+    proc = subprocess.run([mpirun, "-n", "2", os.path.join(os.path.dirname(sys.executable), "bbgrap-run"), plan, "--check",
+                           "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "max abs error 0, rel 0 against the model (ok)" in proc.stdout + proc.stderr, proc.stderr
+
+
 def narrow_products_model() -> onnx.ModelProto:
     """x[1,16,32,32] → Conv 3×3 to 3 channels → y, and x → MaxPool 8×8 → Flatten → Gemm (transB,
     256 features to 1000 classes) → z: quantized with 16-bit activations, onnxruntime runs both products
