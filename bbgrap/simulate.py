@@ -51,6 +51,7 @@ from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain
+from bbgrap.rules.conv import direct_integer, direct_outputs, integer_kernel
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import WEIGHTS
 
@@ -151,9 +152,6 @@ class Prediction:
 CONVOLUTIONS = ("conv", "depthwise", "grouped")  # the kinds onnxruntime fuses a following activation or Add into
 FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a Gemm only a bias or an activation
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
-# what onnxruntime's direct kernel of an 8-bit dense convolution takes (MLAS's symmetric convolution on
-# AVX-512: input channels a multiple of 4, at least 16 output channels, a multiple of 4); otherwise im2col and a GEMM
-DIRECT_INPUT_ALIGN, DIRECT_MIN_OUTPUTS, DIRECT_OUTPUT_ALIGN = 4, 16, 4
 
 
 # the QOperator ops onnxruntime runs in an integer kernel of a dense convolution or matmul, each
@@ -170,7 +168,7 @@ def op_kind(layer: Layer, graph: Graph) -> str:
     operation than both (docs/benchmarks.md, sessions 13 and 26). A dense convolution, a depthwise
     one or a matmul onnxruntime runs in an 8-bit integer kernel (`integer_kernel`, a QLinearConv) is
     "qconv", "qdepthwise" or "qmatmul"; a dense or grouped one its direct kernel does not take
-    (DIRECT_INPUT_ALIGN and the rest: a stem's three input channels; any ConvInteger) runs as im2col
+    (`rules.conv.direct_integer`: a stem's three input channels; any ConvInteger) runs as im2col
     and an integer GEMM, "qconv_gemm", several times slower per operation (docs/benchmarks.md, session 40)."""
     domain = "" if is_default_domain(layer.domain) else layer.domain
     integer = INTEGER_OPS.get((layer.op_type, domain))
@@ -186,32 +184,10 @@ def op_kind(layer: Layer, graph: Graph) -> str:
             return "grouped"
         if integer is None and not integer_kernel(layer, graph):
             return "conv"
-        direct = layer.op_type != "ConvInteger" and group == 1 and per_group % DIRECT_INPUT_ALIGN == 0 \
-            and shape[0] >= DIRECT_MIN_OUTPUTS and shape[0] % DIRECT_OUTPUT_ALIGN == 0
-        return "qconv" if direct else "qconv_gemm"
+        return "qconv" if direct_integer(layer, graph) else "qconv_gemm"
     if float_op in ("Gemm", "MatMul"):
         return "qmatmul" if integer is not None or integer_kernel(layer, graph) else "matmul"
     return "other"
-
-
-def integer_kernel(layer: Layer, graph: Graph) -> bool:
-    """Whether onnxruntime's CPU provider fuses the layer's QDQ pattern (`Layer.fused`) into an
-    8-bit integer kernel (DequantizeLinear-Conv-QuantizeLinear into QLinearConv, a Gemm into QGemm):
-    its weights dequantized from 8-bit integers, its input dequantized from and its result quantized
-    to 8-bit integers, for a convolution uint8 ones, the activations onnxruntime's QLinearConv takes
-    on x86. An int8 value is uint8 by then where onnxruntime rewrites its pair
-    (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
-    residual block's input) a convolution runs in float, as do 16-bit ones
-    (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
-    if len(layer.inputs) < 2 or not layer.rounds_output or not layer.dequantizes(0):
-        return False
-    data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
-    if weight not in graph.dequantized or graph.itemsize(weight) != 1:
-        return False
-    activations = {graph.tensors[data].dtype, graph.tensors[result].dtype}
-    if layer.op_type == "Conv":
-        return activations == {"uint8"}
-    return layer.op_type in ("Gemm", "MatMul") and activations <= {"uint8", "int8"}  # (a ConvTranspose: priced in float)
 
 
 def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int = 4) -> str:
@@ -410,9 +386,19 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     (`work_seconds`). `chained`: `chained_layers`; `in_chain`: this layer is one of them and its
     output stays in its segment (`values_moved`)."""
     region = part.emitted(node)
+    kind = piece_kind(kind, region)
     return LayerWork(layer.name, kind, run_ops(layer, graph, region, registry), whole, weight_share(layer, graph, part.needs[node]),
                      weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
                      op_type=layer.op_type)
+
+
+def piece_kind(kind: str, region: ShapeMap) -> str:
+    """The kind a piece (`region` of the output) of a layer of `kind` runs as: a piece of a "qconv"
+    (MLAS's direct integer kernel) of output channels that kernel does not take (`direct_outputs`)
+    as "qconv_gemm", as MLAS chooses by the piece's own shape; else the layer's."""
+    if kind != "qconv" or region.rank != 4 or region.empty:
+        return kind
+    return kind if direct_outputs(len(region.interval(1))) else "qconv_gemm"
 
 
 def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, float], registry: RuleRegistry | None = None,

@@ -25,7 +25,52 @@ from bbgrap.rules.base import (
     quantized,
     shape,
 )
-from bbgrap.rules.window import Window, kernel_of, window_attrs
+from bbgrap.rules.window import WEIGHTS, Window, kernel_of, window_attrs
+
+# what onnxruntime's direct kernel of an 8-bit dense convolution takes (MLAS's symmetric convolution on
+# AVX-512: input channels a multiple of 4, at least 16 output channels, a multiple of 4); otherwise im2col and a GEMM
+DIRECT_INPUT_ALIGN, DIRECT_MIN_OUTPUTS, DIRECT_OUTPUT_ALIGN = 4, 16, 4
+# a piece of such a convolution whose output channels the direct kernel does not take runs on im2col and a
+# GEMM, this many times the direct kernel's time per operation (`cost.in_blocks`; docs/benchmarks.md, session 41)
+GEMM_PATH_COST = 1.4
+
+
+def integer_kernel(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime's CPU provider fuses the layer's QDQ pattern (`Layer.fused`) into an
+    8-bit integer kernel (DequantizeLinear-Conv-QuantizeLinear into QLinearConv, a Gemm into QGemm):
+    its weights dequantized from 8-bit integers, its input dequantized from and its result quantized
+    to 8-bit integers, for a convolution uint8 ones, the activations onnxruntime's QLinearConv takes
+    on x86. An int8 value is uint8 by then where onnxruntime rewrites its pair
+    (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
+    residual block's input) a convolution runs in float, as do 16-bit ones
+    (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
+    if len(layer.inputs) < 2 or not layer.rounds_output or not layer.dequantizes(0):
+        return False
+    data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
+    if weight not in graph.dequantized or graph.itemsize(weight) != 1:
+        return False
+    activations = {graph.tensors[data].dtype, graph.tensors[result].dtype}
+    if layer.op_type == "Conv":
+        return activations == {"uint8"}
+    return layer.op_type in ("Gemm", "MatMul") and activations <= {"uint8", "int8"}  # (a ConvTranspose: priced in float)
+
+
+def direct_outputs(channels: int) -> bool:
+    """Whether MLAS's direct integer kernel takes a convolution of this many output channels."""
+    return channels >= DIRECT_MIN_OUTPUTS and channels % DIRECT_OUTPUT_ALIGN == 0
+
+
+def direct_integer(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime runs the layer on MLAS's direct integer convolution kernel: a QLinearConv,
+    or a Conv whose QDQ pattern it fuses into one (`integer_kernel`), dense (one group), of input
+    channels in DIRECT_INPUT_ALIGN and output channels the kernel takes (`direct_outputs`). MLAS
+    decides by the shape of each call, so a piece of such a layer takes it by its own channels."""
+    if layer.op_type not in ("QLinearConv", "Conv") or int(layer.attrs.get("group", 1)) != 1:
+        return False
+    if layer.op_type == "Conv" and not integer_kernel(layer, graph):
+        return False
+    weights = shape(graph, layer.inputs[WEIGHTS.get(layer.op_type, 1)])
+    return weights[1] % DIRECT_INPUT_ALIGN == 0 and direct_outputs(weights[0])
 
 
 def _group_channels(out_channels: Interval, groups: int, per_out: int, per_in: int) -> tuple[Interval, Interval, int]:

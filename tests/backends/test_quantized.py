@@ -19,7 +19,7 @@ import onnx.external_data_helper
 import onnxruntime as ort
 import pytest
 from bbgrap.backends.lower import Segment, lower, segment_model
-from bbgrap.frontends.onnx import import_model
+from bbgrap.frontends.onnx import import_model, import_proto
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -27,13 +27,15 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from bbgrap import zoo
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config, CustomPartition, Direction
-from bbgrap.ir import Graph
+from bbgrap.cost import in_blocks, layer_ops
+from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.plan import Plan
 from bbgrap.rules.base import NCHWC_BLOCK
+from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
 from bbgrap.rules.elementwise import same_in_every_layout
 from bbgrap.rules.registry import default_registry
-from bbgrap.simulate import in_integer_kernels, op_kind, quantized_layouts
+from bbgrap.simulate import in_integer_kernels, op_kind, piece_kind, quantized_layouts
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
 
 
@@ -168,6 +170,57 @@ def qdq_conv() -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 10])],
                               [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def dense_int8_conv(cin: int, cout: int, size: int) -> onnx.ModelProto:
+    """x[1,cin,size,size] → a QDQ convolution 3×3 to `cout` channels (uint8 activations, int8
+    weights per channel) → y: onnxruntime runs it on MLAS's direct integer kernel where it takes
+    the channels (`rules.conv.direct_integer`)."""
+    rng = np.random.default_rng(4)
+    consts = {"xs": np.float32(0.02), "xz": np.uint8(128), "wq": rng.integers(-100, 100, (cout, cin, 3, 3)).astype(np.int8),
+              "ws": np.full(cout, 0.002, np.float32), "wz": np.zeros(cout, np.int8), "rs": np.float32(0.05), "rz": np.uint8(128)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["a"], name="conv", pads=[1] * 4),
+             helper.make_node("QuantizeLinear", ["a", "rs", "rz"], ["aq"]), helper.make_node("DequantizeLinear", ["aq", "rs", "rz"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, size, size])],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_a_piece_of_an_integer_convolution_off_the_direct_kernel_is_priced_on_the_gemm_path() -> None:
+    """MLAS runs a piece of a direct-kernel integer convolution by the piece's own output channels:
+    at least 16 in fours on its direct kernel, else on im2col and a GEMM. The cost model prices the
+    piece so (`cost.in_blocks`: GEMM_PATH_COST per operation, no blocked layout's rounding up) and
+    the simulator as "qconv_gemm" (`simulate.piece_kind`)."""
+    graph = import_proto(dense_int8_conv(16, 64, 12)).graph
+    layer, registry = graph.layer("conv"), default_registry()
+    assert op_kind(layer, graph) == "qconv" and direct_integer(layer, graph)
+    full = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
+    for channels, kernel in ((24, "qconv"), (20, "qconv"), (16, "qconv"), (22, "qconv_gemm"), (12, "qconv_gemm")):
+        piece = full.with_axis(1, Interval(0, channels))
+        factor = 1.0 if kernel == "qconv" else GEMM_PATH_COST
+        assert in_blocks(layer, graph, piece, layer_ops(layer, graph, piece), registry) == layer_ops(layer, graph, piece) * factor, channels
+        assert piece_kind("qconv", piece) == kernel, channels
+    assert piece_kind("conv", full.with_axis(1, Interval(0, 22))) == "conv"
+
+
+def test_integer_convolutions_are_cut_on_channels_their_direct_kernel_takes(tmp_path) -> None:
+    """64 output channels on 3 nodes: the even cut (22, 21, 21) would run every piece on the GEMM
+    path, about 1.4 times slower per operation; the per-layer search cuts on channels the direct
+    kernel takes, and the plan equals onnxruntime on the model to the bit."""
+    path = save(dense_int8_conv(16, 64, 24), str(tmp_path))
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for planner in ("greedy",):
+        plan_dir = str(tmp_path / planner)
+        plan = compile_plan(path, plan_dir, nodes=3, direction="c", planner=planner, search=True)
+        [row] = [r for r in plan.compiled.layer_table if r.name == "conv"]
+        sizes = [b - a for a, b in (n.range for n in row.per_node if n.range is not None)]
+        assert row.cut == "c" and len(sizes) == 3 and all(direct_outputs(c) for c in sizes), (planner, row.cut, sizes)
+        x = np.random.default_rng(1).standard_normal((1, 16, 24, 24)).astype(np.float32)
+        outputs, _ = run_plan(plan_dir, {"x": x})
+        assert np.array_equal(outputs["y"], session.run(None, {"x": x})[0]), planner
 
 
 def test_a_quantized_model_checks_exactly_under_mpirun(tmp_path) -> None:
