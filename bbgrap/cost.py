@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
+from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs, integer_kernel
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
@@ -59,17 +59,18 @@ def nchw_box(layer: Layer, graph: Graph, region: ShapeMap) -> bool:
 def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry: RuleRegistry) -> float:
     """`ops`, the layer's operations for `region` (`layer_ops`), as its kernel runs them where it works
     its output channels in blocks (`OpTraits.channel_block`): a piece of some of an NCHW output's
-    channels by those channels rounded up to whole blocks, over the whole layer's own rounding; a
-    piece of a convolution onnxruntime runs on MLAS's direct integer kernel (`rules.conv.direct_integer`),
-    not blocked, GEMM_PATH_COST times its operations where that kernel does not take its channels;
+    channels by those channels rounded up to whole blocks, over the whole layer's own rounding. A
+    convolution onnxruntime runs in an integer kernel is not blocked: a piece of one on MLAS's direct
+    kernel (`rules.conv.direct_integer`) costs GEMM_PATH_COST times its operations where that kernel
+    does not take its channels, and any other piece its operations;
     `run_ops` without what the piece reads (what the per-layer search prices)."""
     if not nchw_box(layer, graph, region):
         return ops
     whole, part = graph.tensors[layer.outputs[0]].shape[1], len(region.interval(1))
     if part == whole:
         return ops
-    if direct_integer(layer, graph):  # MLAS's direct integer kernel, in no blocked layout: in it, or not for this piece
-        return ops if direct_outputs(part) else ops * GEMM_PATH_COST
+    if layer.op_type == "QLinearConv" or (layer.op_type == "Conv" and integer_kernel(layer, graph)):  # in no blocked layout
+        return ops * GEMM_PATH_COST if direct_integer(layer, graph) and not direct_outputs(part) else ops
     block = registry.traits(layer.op_type, layer.domain).channel_block
     return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if block > 1 else ops
 

@@ -193,7 +193,8 @@ def test_a_piece_of_an_integer_convolution_off_the_direct_kernel_is_priced_on_th
     """MLAS runs a piece of a direct-kernel integer convolution by the piece's own output channels:
     at least 16 in fours on its direct kernel, else on im2col and a GEMM. The cost model prices the
     piece so (`cost.in_blocks`: GEMM_PATH_COST per operation, no blocked layout's rounding up) and
-    the simulator as "qconv_gemm" (`simulate.piece_kind`)."""
+    the simulator as "qconv_gemm" (`simulate.piece_kind`). A piece of one on the GEMM path anyway (a
+    stem's three input channels) is priced by its operations, as no blocked layout's pieces are."""
     graph = import_proto(dense_int8_conv(16, 64, 12)).graph
     layer, registry = graph.layer("conv"), default_registry()
     assert op_kind(layer, graph) == "qconv" and direct_integer(layer, graph)
@@ -204,6 +205,11 @@ def test_a_piece_of_an_integer_convolution_off_the_direct_kernel_is_priced_on_th
         assert in_blocks(layer, graph, piece, layer_ops(layer, graph, piece), registry) == layer_ops(layer, graph, piece) * factor, channels
         assert piece_kind("qconv", piece) == kernel, channels
     assert piece_kind("conv", full.with_axis(1, Interval(0, 22))) == "conv"
+    stem = import_proto(dense_int8_conv(3, 32, 12)).graph  # three input channels: im2col and a GEMM, whole or cut
+    layer = stem.layer("conv")
+    piece = ShapeMap.full(stem.tensors[layer.outputs[0]].shape).with_axis(1, Interval(0, 11))
+    assert op_kind(layer, stem) == "qconv_gemm" and not direct_integer(layer, stem)
+    assert in_blocks(layer, stem, piece, layer_ops(layer, stem, piece), registry) == layer_ops(layer, stem, piece), "no blocks of 16"
 
 
 def test_integer_convolutions_are_cut_on_channels_their_direct_kernel_takes(tmp_path) -> None:
