@@ -42,9 +42,9 @@ import onnx
 from bbgrap.backends.threads import probe_options
 from onnx import TensorProto, helper, numpy_helper
 
-from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.base import NCHWC_DOMAIN, is_default_domain
 
-DOMAIN = "com.microsoft.nchwc"
+DOMAIN = NCHWC_DOMAIN
 LAYOUT_BLIND = ("Relu", "Add", "Concat", "Slice", "Split")  # ops that can run on blocked data (rules in _Folder)
 
 

@@ -31,9 +31,8 @@ import numpy as np
 import onnx
 
 from bbgrap.ir import Graph, Layer, Tensor
-from bbgrap.rules.base import is_default_domain
+from bbgrap.rules.base import NCHWC_DOMAIN, is_default_domain
 
-NCHWC_DOMAIN = "com.microsoft.nchwc"  # onnxruntime's blocked-layout ops
 NCHWC_NORM_SUFFIX = "_bn_nchwc"  # the name onnxruntime's NCHWc transformer gives the convolution a norm becomes
 PARAMETERS = 4  # scale γ, bias β, mean μ, variance σ²
 

@@ -26,6 +26,7 @@ from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 MS_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops: the QOperator format's QLinearAdd, QLinearConcat, ...
+NCHWC_DOMAIN = "com.microsoft.nchwc"  # onnxruntime's blocked-layout (NCHWc) ops, in its optimised graphs
 
 
 def is_default_domain(domain: str) -> bool:

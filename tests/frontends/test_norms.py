@@ -12,6 +12,7 @@ from bbgrap.frontends import norms
 from bbgrap.frontends.onnx import import_proto
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.rules.base import NCHWC_DOMAIN
 from bbgrap.rules.elementwise import same_in_every_layout
 from bbgrap.rules.registry import default_registry
 
@@ -136,7 +137,7 @@ def test_ways_reads_onnxruntime_s_optimised_graph() -> None:
     convolution named after its output (blocked), and leaves out one found neither way (folded)."""
     layers = [la for la in import_proto(pooled_norm(32, 3, rounded=False)).graph.layers if la.op_type == "BatchNormalization"]
     kernel = [helper.make_node("BatchNormalization", ["p", "g", "b", "m", "v"], ["n"])]
-    blocked = [helper.make_node("Conv", ["p", "s", "t"], ["r"], name="n_bn_nchwc_token_3", domain=norms.NCHWC_DOMAIN)]
+    blocked = [helper.make_node("Conv", ["p", "s", "t"], ["r"], name="n_bn_nchwc_token_3", domain=NCHWC_DOMAIN)]
     folded = [helper.make_node("Conv", ["x", "w"], ["n"], name="conv")]
     assert norms.ways(layers, kernel) == {"norm": norms.Way.KERNEL}
     assert norms.ways(layers, blocked) == {"norm": norms.Way.BLOCKED}
