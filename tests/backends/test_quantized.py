@@ -20,6 +20,7 @@ import onnxruntime as ort
 import pytest
 from bbgrap.backends.lower import Segment, lower, segment_model
 from bbgrap.frontends.onnx import import_model, import_proto
+from bbgrap.passes.naive_partition import partition_layer
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -27,7 +28,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from bbgrap import zoo
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config, CustomPartition, Direction
-from bbgrap.cost import in_blocks, layer_ops
+from bbgrap.cost import in_blocks, layer_ops, run_ops
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.plan import Plan
@@ -35,7 +36,7 @@ from bbgrap.rules.base import NCHWC_BLOCK
 from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
 from bbgrap.rules.elementwise import same_in_every_layout
 from bbgrap.rules.registry import default_registry
-from bbgrap.simulate import in_integer_kernels, op_kind, piece_kind, quantized_layouts
+from bbgrap.simulate import in_integer_kernels, layer_work, op_kind, piece_kind, quantized_layouts
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
 
 
@@ -205,6 +206,13 @@ def test_a_piece_of_an_integer_convolution_off_the_direct_kernel_is_priced_on_th
         assert in_blocks(layer, graph, piece, layer_ops(layer, graph, piece), registry) == layer_ops(layer, graph, piece) * factor, channels
         assert piece_kind("qconv", piece) == kernel, channels
     assert piece_kind("conv", full.with_axis(1, Interval(0, 22))) == "conv"
+    three = graph.replace(nodes=3)
+    part = partition_layer(three, layer, 1, [22, 21, 21], registry)
+    for n in range(3):
+        region = part.emitted(n)
+        work = layer_work(layer, three, part, n, "qconv", layer_ops(layer, three, full), registry)
+        assert work.kind == "qconv_gemm", region
+        assert work.ops == pytest.approx(run_ops(layer, three, region, registry) / GEMM_PATH_COST), "the GEMM path priced once"
     stem = import_proto(dense_int8_conv(3, 32, 12)).graph  # three input channels: im2col and a GEMM, whole or cut
     layer = stem.layer("conv")
     piece = ShapeMap.full(stem.tensors[layer.outputs[0]].shape).with_axis(1, Interval(0, 11))
