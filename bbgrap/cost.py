@@ -36,16 +36,18 @@ def padded(channels: int, block: int) -> int:
     return -(-channels // block) * block if block > 1 else channels
 
 
-def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
+def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None, by_kind: bool = False) -> float:
     """Operations to compute `region` of the layer's output, as the CPU runs them: `layer_ops`;
     for an op whose kernel works its output channels in blocks (`OpTraits.channel_block`, the
     blocked layout's convolution) a piece of some of its channels priced by those channels
     rounded up to whole blocks, over the whole layer's own rounding (`in_blocks`; the throughputs
     a node is measured at already hold that); and for an op whose pieces pay for what they read
     (`OpTraits.read_ops`), that many operations per byte of `extra_reads`. What the planners and
-    the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`."""
+    the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`. `by_kind`: the
+    caller prices the piece's kernel by its kind's speed (the simulator, `simulate.piece_kind`), so
+    the GEMM path's GEMM_PATH_COST is left out (`in_blocks`)."""
     registry = registry or default_registry()
-    ops = in_blocks(layer, graph, region, layer_ops(layer, graph, region, registry), registry)
+    ops = in_blocks(layer, graph, region, layer_ops(layer, graph, region, registry), registry, by_kind)
     read_ops = registry.traits(layer.op_type, layer.domain).read_ops
     return ops + read_ops * extra_reads(layer, graph, region, registry) if read_ops and nchw_box(layer, graph, region) else ops
 
@@ -56,13 +58,13 @@ def nchw_box(layer: Layer, graph: Graph, region: ShapeMap) -> bool:
     return len(graph.tensors[layer.outputs[0]].shape) == 4 and not region.empty and region.is_box
 
 
-def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry: RuleRegistry) -> float:
+def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry: RuleRegistry, by_kind: bool = False) -> float:
     """`ops`, the layer's operations for `region` (`layer_ops`), as its kernel runs them where it works
     its output channels in blocks (`OpTraits.channel_block`): a piece of some of an NCHW output's
     channels by those channels rounded up to whole blocks, over the whole layer's own rounding. A
     convolution onnxruntime runs in an integer kernel is not blocked: a piece of one on MLAS's direct
     kernel (`rules.conv.direct_integer`) costs GEMM_PATH_COST times its operations where that kernel
-    does not take its channels, and any other piece its operations;
+    does not take its channels (but `by_kind`: `run_ops`), and any other piece its operations;
     `run_ops` without what the piece reads (what the per-layer search prices)."""
     if not nchw_box(layer, graph, region):
         return ops
@@ -70,7 +72,7 @@ def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry
     if part == whole:
         return ops
     if layer.op_type == "QLinearConv" or (layer.op_type == "Conv" and integer_kernel(layer, graph)):  # in no blocked layout
-        return ops * GEMM_PATH_COST if direct_integer(layer, graph) and not direct_outputs(part) else ops
+        return ops * GEMM_PATH_COST if not by_kind and direct_integer(layer, graph) and not direct_outputs(part) else ops
     block = registry.traits(layer.op_type, layer.domain).channel_block
     return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if block > 1 else ops
 

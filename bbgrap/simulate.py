@@ -51,7 +51,7 @@ from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain
-from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs, integer_kernel
+from bbgrap.rules.conv import direct_integer, direct_outputs, integer_kernel
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import WEIGHTS
 
@@ -386,11 +386,8 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     (`work_seconds`). `chained`: `chained_layers`; `in_chain`: this layer is one of them and its
     output stays in its segment (`values_moved`)."""
     region = part.emitted(node)
-    ops, piece = run_ops(layer, graph, region, registry), piece_kind(kind, region)
-    if piece != kind:  # the GEMM path's speed prices it here, not run_ops' GEMM_PATH_COST (for planning without a profile)
-        ops /= GEMM_PATH_COST
-    return LayerWork(layer.name, piece, ops, whole, weight_share(layer, graph, part.needs[node]),
-                     weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
+    return LayerWork(layer.name, piece_kind(kind, region), run_ops(layer, graph, region, registry, by_kind=True), whole,
+                     weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
                      op_type=layer.op_type)
 
 
