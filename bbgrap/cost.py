@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs, integer_kernel
+from bbgrap.rules.base import integer_kernel
+from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 

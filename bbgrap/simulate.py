@@ -50,8 +50,8 @@ import numpy as np
 from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
-from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, is_default_domain
-from bbgrap.rules.conv import direct_integer, direct_outputs, integer_kernel
+from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, integer_kernel, is_default_domain
+from bbgrap.rules.conv import direct_integer, direct_outputs
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import WEIGHTS
 

@@ -197,6 +197,26 @@ def rounded_channel_grain(layer: Layer, graph: Graph, axis: int) -> int:
     return NCHWC_BLOCK if axis == 1 and len(dims) == 4 and graph.rounded_later(layer) else 1
 
 
+def integer_kernel(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime's CPU provider fuses the layer's QDQ pattern (`Layer.fused`) into an
+    8-bit integer kernel (DequantizeLinear-Conv-QuantizeLinear into QLinearConv, a Gemm into QGemm):
+    its weights dequantized from 8-bit integers, its input dequantized from and its result quantized
+    to 8-bit integers, for a convolution uint8 ones, the activations onnxruntime's QLinearConv takes
+    on x86. An int8 value is uint8 by then where onnxruntime rewrites its pair
+    (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
+    residual block's input) a convolution runs in float, as do 16-bit ones
+    (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
+    if len(layer.inputs) < 2 or not layer.rounds_output or not layer.dequantizes(0):
+        return False
+    data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
+    if weight not in graph.dequantized or graph.itemsize(weight) != 1:
+        return False
+    activations = {graph.tensors[data].dtype, graph.tensors[result].dtype}
+    if layer.op_type == "Conv":
+        return activations == {"uint8"}
+    return layer.op_type in ("Gemm", "MatMul") and activations <= {"uint8", "int8"}  # (a ConvTranspose: priced in float)
+
+
 def multiplies_unpacked(layer: Layer, graph: Graph, k: int) -> bool:
     """Whether the layer is a float product (Conv, MatMul, Gemm) whose rounded result
     (`Graph.rounded_later`) onnxruntime computes with its input `k` as it comes, not packed once at

@@ -20,6 +20,7 @@ from bbgrap.rules.base import (
     RegionRule,
     RuleRegistry,
     all_axes,
+    integer_kernel,
     multiplies_unpacked,
     paired,
     quantized,
@@ -33,26 +34,6 @@ DIRECT_INPUT_ALIGN, DIRECT_MIN_OUTPUTS, DIRECT_OUTPUT_ALIGN = 4, 16, 4
 # a piece of such a convolution whose output channels the direct kernel does not take runs on im2col and a
 # GEMM, this many times the direct kernel's time per operation (`cost.in_blocks`; docs/benchmarks.md, session 41)
 GEMM_PATH_COST = 1.4
-
-
-def integer_kernel(layer: Layer, graph: Graph) -> bool:
-    """Whether onnxruntime's CPU provider fuses the layer's QDQ pattern (`Layer.fused`) into an
-    8-bit integer kernel (DequantizeLinear-Conv-QuantizeLinear into QLinearConv, a Gemm into QGemm):
-    its weights dequantized from 8-bit integers, its input dequantized from and its result quantized
-    to 8-bit integers, for a convolution uint8 ones, the activations onnxruntime's QLinearConv takes
-    on x86. An int8 value is uint8 by then where onnxruntime rewrites its pair
-    (`frontends.quantized.unsigned_pairs`); where it does not (a value with several readers: a
-    residual block's input) a convolution runs in float, as do 16-bit ones
-    (tests/backends/test_quantized.py checks it against onnxruntime's optimised model)."""
-    if len(layer.inputs) < 2 or not layer.rounds_output or not layer.dequantizes(0):
-        return False
-    data, weight, result = layer.inputs[0], layer.inputs[1], layer.outputs[0]
-    if weight not in graph.dequantized or graph.itemsize(weight) != 1:
-        return False
-    activations = {graph.tensors[data].dtype, graph.tensors[result].dtype}
-    if layer.op_type == "Conv":
-        return activations == {"uint8"}
-    return layer.op_type in ("Gemm", "MatMul") and activations <= {"uint8", "int8"}  # (a ConvTranspose: priced in float)
 
 
 def direct_outputs(channels: int) -> bool:
