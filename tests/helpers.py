@@ -4,6 +4,7 @@ or as a user runs the commands."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -79,6 +80,14 @@ def assert_exact(plan_dir: str, iobinding: str = "off", layout: str = "auto") ->
 
 
 BIN = os.path.dirname(sys.executable)
+MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")  # the mpich wheel's, in this environment
+
+
+def mpirun(n: int, *args: str, timeout: int = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mpirun -n n bbgrap-run ARGS` of this environment, as a user runs a plan on n ranks."""
+    assert MPIRUN, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
+    return subprocess.run([MPIRUN, "-n", str(n), os.path.join(BIN, "bbgrap-run"), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def bbgrap(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:

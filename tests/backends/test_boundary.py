@@ -140,7 +140,7 @@ def test_one_process_measures_segment_and_value_costs_and_no_send() -> None:
 
 
 def test_under_mpirun_every_rank_measures_what_sending_and_receiving_cost(tmp_path) -> None:
-    from tests.backends.test_mpi import MPIRUN
+    from tests.helpers import MPIRUN
 
     assert MPIRUN, "mpirun not found"
     script = tmp_path / "ring.py"

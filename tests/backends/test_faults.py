@@ -7,7 +7,6 @@ process of the job left behind. Also bbgrap-run alone (all nodes in one process)
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +17,11 @@ from dataclasses import dataclass
 from typing import IO
 
 import pytest
-from helpers import compile_plan, save
+from helpers import MPIRUN, compile_plan, save
 
 from bbgrap import zoo
 
 BIN = os.path.dirname(sys.executable)
-MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
 RUN = os.path.join(BIN, "bbgrap-run")
 BOUND_S = 2.0  # the bar, from the signal to the last process of the job gone
 FOREVER = ("--repeat", "100000000", "--warmup", "0")

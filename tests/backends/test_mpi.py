@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-from helpers import compile_plan, save
+from helpers import MPIRUN, compile_plan, mpirun, save
 
 from bbgrap import zoo
 from bbgrap.cluster import NodeProfile, read_profile
 from bbgrap.plan import read_manifest
 
 BIN = os.path.dirname(sys.executable)
-MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
 RUN = os.path.join(BIN, "bbgrap-run")
-
-
-def mpirun(n: int, *args: str, timeout: int = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    assert MPIRUN, "mpirun not found: install with pip install -e '.[test]' (pulls the mpich wheel)"
-    return subprocess.run([MPIRUN, "-n", str(n), RUN, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
 
 
 @pytest.mark.parametrize(("name", "nodes", "direction", "iobinding"), [

@@ -5,11 +5,6 @@ constant)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bbgrap.ir import BBGrapError
 from bbgrap.plan import read_manifest
-from tests.helpers import assert_exact, bbgrap_run, compile_plan, run_plan, save
+from tests.helpers import assert_exact, bbgrap_run, compile_plan, mpirun, run_plan, save
 
 RNG = np.random.default_rng(7)
 
@@ -178,9 +173,7 @@ def test_mpirun_refuses_an_input_that_changes_held_shapes_in_one_line(tmp_path) 
     plan = str(tmp_path / "plan")
     compile_plan(path, plan, nodes=2, speeds=(1.0, 3.0), search=True)
     np.savez(tmp_path / "other.npz", **OTHER_PADS)
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
-    proc = subprocess.run([mpirun, "-n", "2", os.path.join(os.path.dirname(sys.executable), "bbgrap-run"), plan, "--input",
-                           str(tmp_path / "other.npz"), "--repeat", "1", "--warmup", "0"], capture_output=True, text=True, timeout=120)
+    proc = mpirun(2, plan, "--input", str(tmp_path / "other.npz"), "--repeat", "1", "--warmup", "0", timeout=120)
     assert proc.returncode == 2, proc.stderr
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("bbgrap-run: error: ")]
     assert len(ours) == 1 and "depend on the input's values" in ours[0] and "Traceback" not in proc.stderr, proc.stderr

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -37,7 +34,7 @@ from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
 from bbgrap.rules.elementwise import same_in_every_layout
 from bbgrap.rules.registry import default_registry
 from bbgrap.simulate import in_integer_kernels, layer_work, op_kind, piece_kind, quantized_layouts
-from tests.helpers import bbgrap, bbgrap_run, compile_plan, run_plan, save
+from tests.helpers import bbgrap, bbgrap_run, compile_plan, mpirun, run_plan, save
 
 
 class _Samples(CalibrationDataReader):
@@ -229,15 +226,14 @@ def test_integer_convolutions_are_cut_on_channels_their_direct_kernel_takes(tmp_
     kernel takes, and the plan equals onnxruntime on the model to the bit."""
     path = save(dense_int8_conv(16, 64, 24), str(tmp_path))
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    for planner in ("greedy",):
-        plan_dir = str(tmp_path / planner)
-        plan = compile_plan(path, plan_dir, nodes=3, direction="c", planner=planner, search=True)
-        [row] = [r for r in plan.compiled.layer_table if r.name == "conv"]
-        sizes = [b - a for a, b in (n.range for n in row.per_node if n.range is not None)]
-        assert row.cut == "c" and len(sizes) == 3 and all(direct_outputs(c) for c in sizes), (planner, row.cut, sizes)
-        x = np.random.default_rng(1).standard_normal((1, 16, 24, 24)).astype(np.float32)
-        outputs, _ = run_plan(plan_dir, {"x": x})
-        assert np.array_equal(outputs["y"], session.run(None, {"x": x})[0]), planner
+    plan_dir = str(tmp_path / "plan")
+    plan = compile_plan(path, plan_dir, nodes=3, direction="c", planner="greedy", search=True)
+    [row] = [r for r in plan.compiled.layer_table if r.name == "conv"]
+    sizes = [b - a for a, b in (n.range for n in row.per_node if n.range is not None)]
+    assert row.cut == "c" and len(sizes) == 3 and all(direct_outputs(c) for c in sizes), (row.cut, sizes)
+    x = np.random.default_rng(1).standard_normal((1, 16, 24, 24)).astype(np.float32)
+    outputs, _ = run_plan(plan_dir, {"x": x})
+    assert np.array_equal(outputs["y"], session.run(None, {"x": x})[0])
 
 
 def test_a_quantized_model_checks_exactly_under_mpirun(tmp_path) -> None:
@@ -246,9 +242,7 @@ def test_a_quantized_model_checks_exactly_under_mpirun(tmp_path) -> None:
     plan = str(tmp_path / "plan")
     compiled = bbgrap("compile", path, "--nodes", "2", "--direction", "h", "-o", plan)
     assert compiled.returncode == 0, compiled.stderr
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
-    proc = subprocess.run([mpirun, "-n", "2", os.path.join(os.path.dirname(sys.executable), "bbgrap-run"), plan, "--check",
-                           "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    proc = mpirun(2, plan, "--check", "--repeat", "1", timeout=120)
     assert proc.returncode == 0 and "max abs error 0, rel 0 against the model (ok)" in proc.stdout + proc.stderr, proc.stderr
     in_process = bbgrap_run(plan, "--repeat", "1")
     assert in_process.returncode == 0 and "max abs error 0," in in_process.stdout + in_process.stderr, in_process.stderr
@@ -376,6 +370,13 @@ def pooled_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def dynamic_pooled(tmp_path) -> str:
+    """`pooled_model` quantized by onnxruntime's quantize_dynamic (int8 weights), as a file in `tmp_path`."""
+    path = str(tmp_path / "dynamic.onnx")
+    quantize_dynamic(save(pooled_model(), str(tmp_path), "float"), path, weight_type=QuantType.QInt8)
+    return path
+
+
 def test_float_layers_of_a_dynamically_quantized_model_are_cut_on_whole_channel_blocks(tmp_path) -> None:
     """A dynamically quantized model rounds at each DynamicQuantizeLinear, after the float ops
     before it (`Graph.rounded_later`): onnxruntime runs its AveragePool blocked over 32 channels, so
@@ -384,9 +385,7 @@ def test_float_layers_of_a_dynamically_quantized_model_are_cut_on_whole_channel_
     parameters onnxruntime computes alike in either layout (frontends/norms.py), exact cut anyhow.
     Cut along channels for 3 nodes, the pool's pieces are whole blocks, and on several inputs the
     plan's result is the whole model's to the bit."""
-    src = save(pooled_model(), str(tmp_path), "float")
-    path = str(tmp_path / "dynamic.onnx")
-    quantize_dynamic(src, path, weight_type=QuantType.QInt8)
+    path = dynamic_pooled(tmp_path)
     assert any(n.op_type == "DynamicQuantizeLinear" for n in onnx.load(path).graph.node)
     graph = import_model(path).graph
     assert graph.rounded_later(graph.layer("pool")) and graph.rounded_later(graph.layer("norm"))
@@ -419,9 +418,7 @@ def test_a_dynamically_quantized_norm_reading_its_input_from_another_segment_is_
     alike in either layout (frontends/norms.py), it equals the whole model bit for bit on several inputs (as a
     BatchNormalization it was a step off on 7 inputs of 8), and an uneven channel cut (7 and 25)
     of it does too."""
-    src = save(pooled_model(), str(tmp_path), "float")
-    path = str(tmp_path / "dynamic.onnx")
-    quantize_dynamic(src, path, weight_type=QuantType.QInt8)
+    path = dynamic_pooled(tmp_path)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     inputs = [np.random.default_rng(k).standard_normal((1, 16, 16, 16)).astype(np.float32) * 3 for k in range(4)]
     sizes = {"h": None, "w": None, "c": (7, 25)}
@@ -445,17 +442,13 @@ def test_a_dynamically_quantized_norm_cut_unlike_its_input_checks_exactly_under_
     """As above through the commands: a config's [[custom]] tables cut the pool by rows and the
     norm by channels, and `mpirun -n 2 bbgrap-run --check` finds no difference from onnxruntime on
     the model."""
-    src = save(pooled_model(), str(tmp_path), "float")
-    path = str(tmp_path / "dynamic.onnx")
-    quantize_dynamic(src, path, weight_type=QuantType.QInt8)
+    path = dynamic_pooled(tmp_path)
     config = tmp_path / "cuts.toml"
     config.write_text("[[custom]]\nlayer = 'pool'\ndirection = 'h'\n[[custom]]\nlayer = 'norm'\ndirection = 'c'\n")
     plan = str(tmp_path / "plan")
     compiled = bbgrap("compile", path, "--nodes", "2", "--config", str(config), "-o", plan)
     assert compiled.returncode == 0, compiled.stderr
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
-    proc = subprocess.run([mpirun, "-n", "2", os.path.join(os.path.dirname(sys.executable), "bbgrap-run"), plan, "--check",
-                           "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    proc = mpirun(2, plan, "--check", "--repeat", "1", timeout=120)
     assert proc.returncode == 0 and "max abs error 0, rel 0 against the model (ok)" in proc.stdout + proc.stderr, proc.stderr
 
 

@@ -20,14 +20,13 @@ import onnx
 import pytest
 from bbgrap.backends.engine import gpu_present, load_segment
 from bbgrap.backends.runtime import compare, mismatch, plan_id_problem
-from helpers import assert_exact, compile_plan, save
+from helpers import MPIRUN, assert_exact, compile_plan, save
 from onnx import numpy_helper
 
 from bbgrap import zoo
 from bbgrap.plan import file_sha256
 
 BIN = os.path.dirname(sys.executable)
-MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
 RUN = os.path.join(BIN, "bbgrap-run")
 QUICK = ("--repeat", "1", "--warmup", "0")
 

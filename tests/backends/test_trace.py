@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 
 import pytest
 from bbgrap.backends.trace import check_trace
-from helpers import compile_plan, save
+from helpers import MPIRUN, compile_plan, save
 
 from bbgrap import zoo
 from bbgrap.plan import read_manifest
 from bbgrap.plan_schema import RunStep
 
 BIN = os.path.dirname(sys.executable)
-MPIRUN = shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
 
 
 @pytest.fixture(scope="module")
