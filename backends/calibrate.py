@@ -127,8 +127,9 @@ PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 @dataclass(frozen=True)
 class Probe:
-    """A probe of one kind of op: `build(chain)` makes a model of `chain` such ops in sequence; `ops`
-    and `elements` are one op's operations (bbgrap/cost.py's count) and output values."""
+    """A probe of one kind of op: `build(chain)` makes a model of `chain` such ops (in sequence, each
+    on the one before's output, but for `eight_bit_probe`); `ops` and `elements` are one op's
+    operations (bbgrap/cost.py's count) and output values."""
 
     build: Callable[[int], onnx.ModelProto]
     ops: float
@@ -291,16 +292,19 @@ def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProt
 
 
 def eight_bit_probe(op_type: str, size: int) -> Probe:
-    """`chain` ops `op_type` (one of EIGHT_BIT_TIMED) on 8-bit values in NCHW, between the
-    QuantizeLinear of a float input and the DequantizeLinear of the last result, as onnxruntime runs
-    a quantized model's op after a float one (`cluster.EIGHT_BIT_NCHW`), as a `Probe`; other_model's
-    shape and operations."""
+    """Ops `op_type` (one of EIGHT_BIT_TIMED) on 8-bit values in NCHW, as onnxruntime runs a
+    quantized model's op after a float one (`cluster.EIGHT_BIT_NCHW`), shaped as such a model's are: a
+    CNN stem's 3x3 window of stride 2 (padded), each to a size x size map of 64 channels from the
+    one QuantizeLinear of a float input, as a `Probe` whose `chain` ops stand side by side, each
+    its own 8-bit output. Not in sequence: onnxruntime's generic kernel branches on each value, and
+    a pool of pooled values (whose windows share their largest) takes its branches far more
+    predictably than a model's pool of a convolution's output: a chain prices it at about two
+    thirds of its time (docs/benchmarks.md, session 42). other_model's operations."""
     def build(chain: int) -> onnx.ModelProto:
-        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"]),
-                 *(helper.make_node(op_type, [f"q{i}"], [f"q{i + 1}"], kernel_shape=[3, 3], pads=[1] * 4) for i in range(chain)),
-                 helper.make_node("DequantizeLinear", [f"q{chain}", "s", "z"], ["y"])]
-        shape = (1, 64, size, size)
-        return float_model(nodes, {"x": shape}, {"y": shape}, activation_params())
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                 *(helper.make_node(op_type, ["q"], [f"y{i}"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]) for i in range(chain))]
+        return float_model(nodes, {"x": (1, 64, 2 * size, 2 * size)}, {f"y{i}": (1, 64, size, size) for i in range(chain)},
+                           activation_params(), output_type=onnx.TensorProto.UINT8)
 
     return Probe(build, other_ops(op_type, size), float(64 * size * size))
 
@@ -632,7 +636,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
     # (in the core's cache, as the Adds that give other_ops_per_s)
     other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in OTHER_TIMED}
-    other_speeds.update({op + EIGHT_BIT_NCHW: 1.0 / seconds_per([eight_bit_probe(op, s) for s in (14, 21, 28)], timed)[0]
+    other_speeds.update({op + EIGHT_BIT_NCHW: 1.0 / seconds_per([eight_bit_probe(op, s) for s in (14, 28, 56)], timed)[0]
                          for op in EIGHT_BIT_TIMED})
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)

@@ -13,13 +13,15 @@ Shape = Sequence[int] | None  # None: whatever shape the model makes (outputs on
 
 
 def float_model(nodes: Sequence[onnx.NodeProto], inputs: Mapping[str, Shape], outputs: Mapping[str, Shape],
-                constants: Mapping[str, np.ndarray], name: str = "calibrate", opset: int = 13) -> onnx.ModelProto:
-    """A model of `nodes` (default domain, `opset`) with float32 `inputs` and `outputs` of the
-    given shapes and `constants` as initializers."""
-    def info(k: str, shape: Shape) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(k, TensorProto.FLOAT, None if shape is None else list(shape))
+                constants: Mapping[str, np.ndarray], name: str = "calibrate", opset: int = 13,
+                output_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """A model of `nodes` (default domain, `opset`) with float32 `inputs` and `outputs` (of
+    `output_type`) of the given shapes and `constants` as initializers."""
+    def info(k: str, shape: Shape, elem_type: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(k, elem_type, None if shape is None else list(shape))
 
-    graph = helper.make_graph(list(nodes), name, [info(k, v) for k, v in inputs.items()], [info(k, v) for k, v in outputs.items()],
+    graph = helper.make_graph(list(nodes), name, [info(k, v) for k, v in inputs.items()],
+                              [info(k, v, output_type) for k, v in outputs.items()],
                               initializer=[numpy_helper.from_array(v, k) for k, v in constants.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="bbgrap-calibrate")
     model.ir_version = 7

@@ -20,6 +20,7 @@ import pytest
 from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
     CHAIN,
+    EIGHT_BIT_TIMED,
     OTHER_TIMED,
     Probe,
     ProfilerCost,
@@ -27,6 +28,7 @@ from bbgrap.backends.calibrate import (
     calibrate_one,
     conv_model,
     conv_probe,
+    eight_bit_probe,
     fastest_run,
     fusion_anchor,
     kernel_layer,
@@ -86,6 +88,33 @@ def test_each_other_op_probe_chains_its_op_on_a_value_of_one_shape(op_type: str)
     x = np.random.default_rng(1).standard_normal([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
     (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert y.shape == x.shape and np.isfinite(y).all() and probe.elements == x.size
+
+
+@pytest.mark.parametrize("op_type", EIGHT_BIT_TIMED)
+def test_an_eight_bit_probe_runs_its_ops_side_by_side_on_one_quantized_map_as_a_cnn_stem_pools(tmp_path, op_type: str) -> None:
+    """Each of the probe's ops reads the one QuantizeLinear's 8-bit map (not the op before's
+    output, whose pooled values would take the kernel's branches more predictably than a model's
+    do), with a stem's window of stride 2, runs on the 8-bit values in NCHW (onnxruntime leaves it
+    the op it is), and is counted as the cost model counts that op on such a map."""
+    probe = eight_bit_probe(op_type, 6)
+    model = probe.build(CHAIN)
+    pools = [n for n in model.graph.node if n.op_type == op_type]
+    assert len(pools) == CHAIN and {n.input[0] for n in pools} == {"q"}
+    assert all(helper.get_attribute_value(a) == [2, 2] for n in pools for a in n.attribute if a.name == "strides")
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ran = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+    assert [n.op_type for n in ran].count(op_type) == CHAIN
+    x = np.random.default_rng(1).standard_normal((1, 64, 12, 12)).astype(np.float32)
+    ys = sess.run(None, {"x": x})
+    assert len(ys) == CHAIN and all(y.dtype == np.uint8 and y.shape == (1, 64, 6, 6) for y in ys)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    graph = import_model(path).graph
+    layer = next(layer for layer in graph.layers if layer.op_type == op_type)
+    assert probe.ops == layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) == 9 * 64 * 36
+    assert probe.elements == 64 * 36
 
 
 def test_a_matmul_probe_chains_matmuls_each_by_its_own_weights() -> None:
