@@ -420,7 +420,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     works: list[LayerWork] = []
     copies: list[float] = []
     convolved: dict[str, int] = {}  # values a convolution or matmul of this segment (with what is fused into it) makes: its index in works
-    inside = in_integer_kernels(graph, seg, layers)
+    inside = in_integer_kernels(graph, seg, layers, registry)
     for onnx_node in seg.nodes:
         outputs = [o for o in onnx_node.output if o]
         if id(onnx_node) in inside:
@@ -457,36 +457,22 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     return SegmentWork(tuple(works), tuple(copies), handed)
 
 
-# ops onnxruntime's CPU provider runs on a quantized model's 8-bit values where their QDQ pattern
-# is whole: Add, Mul, Concat and Softmax in its QLinearAdd, QLinearMul, QLinearConcat and
-# QLinearSoftmax, the average pools in QLinearAveragePool and QLinearGlobalAveragePool, MaxPool,
-# Flatten, Reshape, Split and Transpose on the integers themselves (the pattern dropped); ANY_LAYOUT
-# in the layout of the values they take (`quantized_layouts`)
-EIGHT_BIT_OPS = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "MaxPool", "Flatten", "Softmax", "Reshape", "Split",
-                 "Transpose")
-UNSIGNED_ONLY = ("Add", "Mul")  # on x86 (an int8 one it runs in float)
-ANY_LAYOUT = ("Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool", "MaxPool")
-MOVED_PAST = ("DequantizeLinear", "QuantizeLinear", "Slice", "Concat")  # ... and the elementwise ops
-# ... of ANY_LAYOUT, those it runs in NCHW on the integers with the op's own generic kernel (the rest
-# in its QLinear kernels, NCHW or not alike): a MaxPool after a float op (`QuantizedLayouts`)
-GENERIC_EIGHT_BIT = ("MaxPool",)
-
-
-def eight_bit_op(layer: Layer, graph: Graph) -> bool:
-    """Whether onnxruntime runs the layer, one of EIGHT_BIT_OPS, on the 8-bit values of its QDQ
-    pattern (`Layer.fused`): every value it takes dequantized from, and its result quantized to,
-    integers of one 8-bit type (uint8 for UNSIGNED_ONLY). It prices as its float op; its
-    DequantizeLinear and QuantizeLinear nodes cost nothing of their own (`in_integer_kernels`)."""
-    if layer.op_type not in EIGHT_BIT_OPS or not is_default_domain(layer.domain) or not layer.rounds_output:
+def eight_bit_op(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) -> bool:
+    """Whether onnxruntime runs the layer, an op of `OpTraits.eight_bit`, on the 8-bit values of its
+    QDQ pattern (`Layer.fused`): every value it takes dequantized from, and its result quantized
+    to, integers of one 8-bit type (uint8 where `EightBit.unsigned_only`). It prices as its float
+    op; its DequantizeLinear and QuantizeLinear nodes cost nothing of their own (`in_integer_kernels`)."""
+    eight_bit = (registry or default_registry()).traits(layer.op_type, layer.domain).eight_bit
+    if eight_bit is None or not is_default_domain(layer.domain) or not layer.rounds_output:
         return False
     values = [k for k, t in enumerate(layer.inputs) if t and t not in graph.constants]
     if not values or not all(layer.dequantizes(k) for k in values):
         return False
     types = {graph.tensors[t].dtype for t in (*(layer.inputs[k] for k in values), layer.outputs[0])}
-    return types == {"uint8"} or (types == {"int8"} and layer.op_type not in UNSIGNED_ONLY)
+    return types == {"uint8"} or (types == {"int8"} and not eight_bit.unsigned_only)
 
 
-def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) -> set[int]:
+def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer], registry: RuleRegistry | None = None) -> set[int]:
     """The nodes of `seg` (by id) that lowering attaches to a layer onnxruntime runs on 8-bit
     integers, in an integer kernel (`integer_kernel`: a convolution of any group, a matmul) or as
     an `eight_bit_op`: the DequantizeLinear of each of its inputs and weights, and the Relu/Clip
@@ -498,7 +484,7 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
     for n in seg.nodes:
         layer = layers.get(n.name)
         if layer is None or layer.fused is None or layer.op_type != n.op_type or not (
-                integer_kernel(layer, graph) or eight_bit_op(layer, graph)):
+                integer_kernel(layer, graph) or eight_bit_op(layer, graph, registry)):
             continue
         for i in n.input:
             if (before := producers.get(i)) is not None and before.op_type == "DequantizeLinear":
@@ -516,9 +502,9 @@ def in_integer_kernels(graph: Graph, seg: Segment, layers: Mapping[str, Layer]) 
 class QuantizedLayouts:
     """Where onnxruntime runs one segment of a quantized model channels-last (`quantized_layouts`):
     the transposes it adds, each as (the layer whose run holds it, or "" for one at the segment's
-    edge, the values it moves), and the `eight_bit_op`s of GENERIC_EIGHT_BIT it runs on 8-bit values
-    in NCHW: a MaxPool's generic kernel, many times slower than its float or channels-last one
-    (`cluster.EIGHT_BIT_NCHW`)."""
+    edge, the values it moves), and the `eight_bit_op`s it runs in NCHW on its generic kernel for
+    8-bit values (`EightBit.generic_kernel`: a MaxPool's, many times slower than its float or
+    channels-last one; `cluster.EIGHT_BIT_NCHW`)."""
 
     transposes: list[tuple[str, float]]
     eight_bit_nchw: frozenset[str]
@@ -529,8 +515,9 @@ def quantized_layouts(graph: Graph, seg: Segment, layers: Mapping[str, Layer], i
     """The layouts onnxruntime's CPU provider runs one segment of a quantized model in (`QuantizedLayouts`).
 
     onnxruntime runs an 8-bit convolution (`integer_kernel`, any group) channels-last (NHWC); an
-    `eight_bit_op` of ANY_LAYOUT, and an elementwise op (`OpTraits.fuses_in_chain`), a
-    DequantizeLinear or QuantizeLinear, or a crop or concat lowering adds (MOVED_PAST) that gives
+    `eight_bit_op` of any layout (`EightBit.any_layout`), and an elementwise op
+    (`OpTraits.fuses_in_chain`), a DequantizeLinear or QuantizeLinear, or a crop or concat lowering
+    adds (`OpTraits.transposes_pass`) that gives
     no result of the segment, in the layout of the values it takes where all of them are
     channels-last (it moves its transposes past them), else in NCHW; every other op (a
     BatchNormalization, a float convolution, a Flatten), and the values segments hand each other,
@@ -542,7 +529,7 @@ def quantized_layouts(graph: Graph, seg: Segment, layers: Mapping[str, Layer], i
     (`inside`) pass the layout on."""
     source: dict[str, str] = {}  # a value in an 8-bit kernel's pattern -> the 8-bit value it stands for
     last: set[str] = set()  # channels-last values
-    nchw: set[str] = set()  # 8-bit ops of ANY_LAYOUT run in NCHW
+    nchw: set[str] = set()  # 8-bit ops on their generic kernel run in NCHW
     done: set[tuple[str, bool]] = set()  # (value, to channels-last) already transposed
     edge, given = set(seg.inputs), set(seg.outputs)
     out: list[tuple[str, float]] = []
@@ -570,16 +557,17 @@ def quantized_layouts(graph: Graph, seg: Segment, layers: Mapping[str, Layer], i
                     transpose(v, True, node.name)
             last.update(o for o in node.output if o)
             continue
-        any_layout = mine is not None and mine.op_type in ANY_LAYOUT and eight_bit_op(mine, graph)
+        traits = registry.traits(node.op_type, node.domain)
+        eight_bit = traits.eight_bit if mine is not None and eight_bit_op(mine, graph, registry) else None
+        any_layout = eight_bit is not None and eight_bit.any_layout
         if values and all(v in last for v in values) and (any_layout or (
-                (node.op_type in MOVED_PAST or registry.traits(node.op_type, node.domain).fuses_in_chain)
-                and not given.intersection(node.output))):
+                (traits.transposes_pass or traits.fuses_in_chain) and not given.intersection(node.output))):
             last.update(o for o in node.output if o)
             continue
         for v in values:
             if v in last:
                 transpose(v, False, node.name if mine is not None else "")
-        if any_layout and mine is not None and mine.op_type in GENERIC_EIGHT_BIT:
+        if mine is not None and eight_bit is not None and eight_bit.any_layout and eight_bit.generic_kernel:
             nchw.add(mine.name)
     for v in seg.outputs:
         if v in last:

@@ -102,6 +102,22 @@ class Layout(enum.Enum):
 
 
 @dataclass(frozen=True)
+class EightBit:
+    """How onnxruntime's CPU provider runs an op of a quantized model on the 8-bit values of its QDQ
+    pattern where the pattern is whole (`simulate.eight_bit_op`), the pattern dropped or the op in a
+    QLinear kernel (QLinearAdd, QLinearMul, QLinearConcat, QLinearSoftmax, QLinearAveragePool,
+    QLinearGlobalAveragePool); it prices as its float op. `unsigned_only`: only on uint8 values (on
+    x86 onnxruntime runs an int8 one in float). `any_layout`: in the layout of the values it takes
+    (channels-last after an integer convolution: `simulate.quantized_layouts`), else in NCHW.
+    `generic_kernel`: in NCHW, on the op's own generic kernel (a MaxPool after a float op), many
+    times slower than its float or channels-last one (`cluster.EIGHT_BIT_NCHW`)."""
+
+    unsigned_only: bool = False
+    any_layout: bool = False
+    generic_kernel: bool = False
+
+
+@dataclass(frozen=True)
 class OpTraits:
     """What the backend does with an op, registered with its rule.
 
@@ -126,7 +142,11 @@ class OpTraits:
     one value (x·sigmoid(x) as its QuickGelu, erf's GELU as its Gelu: `simulate.chained_layers`),
     so such a chain costs one op's fixed cost and one pass over its values. `view`: its output is
     its input's buffer under another shape, which onnxruntime hands on (Reshape, Flatten, Squeeze,
-    Unsqueeze): it writes no values (its rule counts no operations either)."""
+    Unsqueeze): it writes no values (its rule counts no operations either). `eight_bit`: where a
+    quantized model's QDQ pattern around it is whole, onnxruntime runs it on the 8-bit values
+    (`EightBit`); None: in float. `transposes_pass`: onnxruntime moves a quantized model's
+    channels-last transposes past it (DequantizeLinear, QuantizeLinear, a crop's Slice, Concat),
+    so it runs in the layout of the values it takes (`simulate.quantized_layouts`)."""
 
     alias: bool = False
     moves_data: bool = False
@@ -137,6 +157,8 @@ class OpTraits:
     read_ops: float = 0.0
     fuses_in_chain: bool = False
     view: bool = False
+    eight_bit: EightBit | None = None
+    transposes_pass: bool = False
 
 
 class RegionRule(ABC):

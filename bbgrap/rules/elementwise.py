@@ -8,12 +8,25 @@ position, so regions pass through; constant operands are sliced along with them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from bbgrap.ir import Graph, Layer, ShapeMap
-from bbgrap.rules.base import MS_DOMAIN, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, broadcast_need, quantized, shape
+from bbgrap.rules.base import (
+    MS_DOMAIN,
+    EightBit,
+    Layout,
+    Local,
+    OpTraits,
+    RegionRule,
+    RuleRegistry,
+    all_axes,
+    broadcast_need,
+    quantized,
+    shape,
+)
 
 ACTIVATIONS = (
     "PRelu",
@@ -27,6 +40,8 @@ KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through th
 KEEPS_UNFUSED = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
 ARITHMETIC = ("Sub", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
 BLOCKED_ARITHMETIC = ("Add", "Sum")  # onnxruntime's NCHWc layout runs them blocked, and fuses them into a Conv
+# a quantized model's Add and Mul run on uint8 values, in either layout (QLinearAdd, QLinearMul)
+EIGHT_BIT_ARITHMETIC = EightBit(unsigned_only=True, any_layout=True)
 
 
 class BroadcastRule(RegionRule):
@@ -134,15 +149,17 @@ def register(registry: RuleRegistry) -> None:
     registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, fuses_in_chain=True))
     registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True, fuses_in_chain=True))
     registry.register(ARITHMETIC, arithmetic, OpTraits(fuses_in_chain=True))
-    registry.register(BLOCKED_ARITHMETIC, arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, fuses_in_chain=True))
+    blocked = OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, fuses_in_chain=True)
+    for op in BLOCKED_ARITHMETIC:
+        registry.register([op], arithmetic, replace(blocked, eight_bit=EIGHT_BIT_ARITHMETIC) if op == "Add" else blocked)
     registry.register(KEEPS_UNFUSED, activation, OpTraits(layout=Layout.KEEPS, fuses_in_chain=True))
     # onnxruntime runs a Mul of two blocked values of one shape blocked, but fuses none into a Conv
-    registry.register(["Mul"], arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_in_chain=True))
+    registry.register(["Mul"], arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_in_chain=True, eight_bit=EIGHT_BIT_ARITHMETIC))
     registry.register(["BatchNormalization"], BatchNormRule(), OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, folds_into_weights=True))
     registry.register(["Expand"], ExpandRule())
     quantize = QuantizeRule()
-    registry.register(["QuantizeLinear", "DequantizeLinear"], quantize)
-    registry.register(["QuantizeLinear", "DequantizeLinear"], quantize, domain=MS_DOMAIN)  # onnxruntime's, with 16-bit types
+    registry.register(["QuantizeLinear", "DequantizeLinear"], quantize, OpTraits(transposes_pass=True))
+    registry.register(["QuantizeLinear", "DequantizeLinear"], quantize, OpTraits(transposes_pass=True), domain=MS_DOMAIN)  # onnxruntime's, with 16-bit types
     # com.microsoft's QLinearAdd/QLinearMul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
     # and QLinearSigmoid/QLinearLeakyRelu(X, X_scale, X_zero_point, Y_scale, Y_zero_point), scales per tensor
     for op in ("Add", "Mul"):

@@ -643,7 +643,7 @@ class ResizeRule(RegionRule):
 
 
 def register(registry: RuleRegistry) -> None:
-    registry.register(["Slice"], SliceRule(), OpTraits(layout=Layout.BLIND))
+    registry.register(["Slice"], SliceRule(), OpTraits(layout=Layout.BLIND, transposes_pass=True))
     registry.register(["Gather"], GatherRule())
     registry.register(["Pad"], PadRule())
     registry.register(["Resize"], ResizeRule())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import MS_DOMAIN, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, quantized, shape
+from bbgrap.rules.base import MS_DOMAIN, EightBit, Layout, Local, OpTraits, RegionRule, RuleRegistry, all_axes, full, quantized, shape
 from bbgrap.rules.window import Window, kernel_of, window_attrs
 
 
@@ -100,9 +100,12 @@ class LRNRule(RegionRule):
 
 def register(registry: RuleRegistry) -> None:
     window, global_pool = WindowPoolRule(), GlobalPoolRule()
-    registry.register(["MaxPool", "AveragePool"], window, OpTraits(layout=Layout.BLOCKED))
+    # on a quantized model's 8-bit values: a MaxPool on the integers, an AveragePool as QLinearAveragePool
+    registry.register(["MaxPool"], window, OpTraits(layout=Layout.BLOCKED, eight_bit=EightBit(any_layout=True, generic_kernel=True)))
+    registry.register(["AveragePool"], window, OpTraits(layout=Layout.BLOCKED, eight_bit=EightBit(any_layout=True)))
     registry.register(["LpPool"], WindowPoolRule())
-    registry.register(["GlobalAveragePool", "GlobalMaxPool"], global_pool, OpTraits(layout=Layout.BLOCKED))
+    registry.register(["GlobalAveragePool"], global_pool, OpTraits(layout=Layout.BLOCKED, eight_bit=EightBit(any_layout=True)))
+    registry.register(["GlobalMaxPool"], global_pool, OpTraits(layout=Layout.BLOCKED))
     registry.register(["GlobalLpPool"], GlobalPoolRule())
     registry.register(["LRN"], LRNRule())
     # com.microsoft's QLinearAveragePool and QLinearGlobalAveragePool(X, x_scale, x_zero_point, y_scale, y_zero_point)

@@ -5,13 +5,14 @@ com.microsoft's QGemm and QLinearConcat, cut as MatMul, Gemm and Concat (`base.Q
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
 from bbgrap.rules.base import (
     MS_DOMAIN,
+    EightBit,
     Layout,
     Local,
     OpTraits,
@@ -350,9 +351,9 @@ class WholeRule(RegionRule):
 
 def register(registry: RuleRegistry) -> None:
     concat = ConcatRule()
-    registry.register(["Concat"], concat, OpTraits(moves_data=True, layout=Layout.BLIND))
+    registry.register(["Concat"], concat, OpTraits(moves_data=True, layout=Layout.BLIND, eight_bit=EightBit(any_layout=True), transposes_pass=True))
     registry.register(["QLinearConcat"], QLinearConcatRule(concat), domain=MS_DOMAIN)  # it requantizes: it computes
-    registry.register(["Transpose"], TransposeRule())
+    registry.register(["Transpose"], TransposeRule(), OpTraits(eight_bit=EightBit()))  # on the integers, as are Flatten, Reshape
     gemm = GemmRule()
     registry.register(["Gemm"], gemm)
     registry.register(["QGemm"], QGemmRule(gemm), domain=MS_DOMAIN)
@@ -362,5 +363,9 @@ def register(registry: RuleRegistry) -> None:
     # scale and zero point per row (a's axis -2), b's per column (b's axis -1), or per tensor
     registry.register(["QLinearMatMul"], quantized(matmul, "MatMul", (0, 3), {1: (0, -2), 2: (0, -2), 4: (1, -1), 5: (1, -1)}))
     registry.register(["Einsum"], EinsumRule())
-    registry.register(["Softmax", "LogSoftmax"], SoftmaxRule())
-    registry.register(["Reshape", "Flatten", "Squeeze", "Unsqueeze"], ReshapeRule(), OpTraits(moves_data=True, view=True))
+    softmax = SoftmaxRule()
+    registry.register(["Softmax"], softmax, OpTraits(eight_bit=EightBit()))  # QLinearSoftmax
+    registry.register(["LogSoftmax"], softmax)
+    reshape, view = ReshapeRule(), OpTraits(moves_data=True, view=True)
+    registry.register(["Reshape", "Flatten"], reshape, replace(view, eight_bit=EightBit()))
+    registry.register(["Squeeze", "Unsqueeze"], reshape, view)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -29,11 +30,11 @@ from bbgrap.cost import in_blocks, layer_ops, run_ops
 from bbgrap.ir import Graph, Interval, ShapeMap
 from bbgrap.pass_manager import PassManager
 from bbgrap.plan import Plan
-from bbgrap.rules.base import NCHWC_BLOCK
+from bbgrap.rules.base import NCHWC_BLOCK, OpTraits
 from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
 from bbgrap.rules.elementwise import same_in_every_layout
-from bbgrap.rules.registry import default_registry
-from bbgrap.simulate import in_integer_kernels, layer_work, op_kind, piece_kind, quantized_layouts
+from bbgrap.rules.registry import FAMILIES, RuleRegistry, default_registry
+from bbgrap.simulate import eight_bit_op, in_integer_kernels, layer_work, op_kind, piece_kind, quantized_layouts
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, mpirun, run_plan, save
 
 
@@ -640,3 +641,34 @@ def test_the_transposes_and_qdq_nodes_of_a_segment_are_those_onnxruntime_runs(tm
     assert any(transposes for transposes, _, _ in seen)  # the models have channels-last kernels
     if name == "resnet18" and not preprocess and activations == QuantType.QUInt8:  # its MaxPool after a float BatchNormalization
         assert any(pools == ["MaxPool"] for _, _, pools in seen)
+
+
+class _FloatPools(RuleRegistry):
+    """The default families, but a MaxPool has no `OpTraits.eight_bit`: as if onnxruntime ran it in float."""
+
+    def traits(self, op_type: str, domain: str = "") -> OpTraits:
+        traits = super().traits(op_type, domain)
+        return replace(traits, eight_bit=None) if op_type == "MaxPool" else traits
+
+
+def test_which_ops_run_on_8_bit_values_is_read_from_the_registrys_op_traits(tmp_path) -> None:
+    """The simulator takes what onnxruntime runs on a quantized model's 8-bit values from the
+    registry's `OpTraits.eight_bit`, not a table of its own: with the default registry, resnet18's
+    MaxPool (after a float BatchNormalization) runs on the integers in NCHW, its DequantizeLinear
+    and QuantizeLinear dropped; with a registry that gives it no such trait, it is a float op
+    between the two, which are priced as ops of their own."""
+    graph = import_model(quantized(str(tmp_path), "resnet18", True, QuantType.QUInt8)).graph
+    layers = {layer.name: layer for layer in graph.layers}
+    plan, (seg,) = planned_segments(graph, 1, Direction.H)
+    pool = next(layer for layer in graph.layers if layer.op_type == "MaxPool")
+    floats = _FloatPools()
+    for family in FAMILIES:
+        family.register(floats)
+    found = {}
+    for registry in (default_registry(), floats):
+        inside = in_integer_kernels(plan, seg, layers, registry)
+        found[registry is floats] = (eight_bit_op(pool, graph, registry), quantized_layouts(plan, seg, layers, inside, registry).eight_bit_nchw,
+                                     len(inside))
+    assert found[False][:2] == (True, frozenset({pool.name}))
+    assert found[True][:2] == (False, frozenset())
+    assert found[True][2] < found[False][2]  # the pool's DequantizeLinear and QuantizeLinear are ops again
