@@ -39,7 +39,6 @@ KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through th
 # SiLU, x·sigmoid(x), uses the convolution's output twice, so its Sigmoid is not fused into it
 KEEPS_UNFUSED = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
 ARITHMETIC = ("Sub", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
-BLOCKED_ARITHMETIC = ("Add", "Sum")  # onnxruntime's NCHWc layout runs them blocked, and fuses them into a Conv
 # a quantized model's Add and Mul run on uint8 values, in either layout (QLinearAdd, QLinearMul)
 EIGHT_BIT_ARITHMETIC = EightBit(unsigned_only=True, any_layout=True)
 
@@ -149,9 +148,10 @@ def register(registry: RuleRegistry) -> None:
     registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, fuses_in_chain=True))
     registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True, fuses_in_chain=True))
     registry.register(ARITHMETIC, arithmetic, OpTraits(fuses_in_chain=True))
+    # onnxruntime's NCHWc layout runs Add and Sum blocked, and fuses them into a Conv
     blocked = OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, fuses_in_chain=True)
-    for op in BLOCKED_ARITHMETIC:
-        registry.register([op], arithmetic, replace(blocked, eight_bit=EIGHT_BIT_ARITHMETIC) if op == "Add" else blocked)
+    registry.register(["Add"], arithmetic, replace(blocked, eight_bit=EIGHT_BIT_ARITHMETIC))
+    registry.register(["Sum"], arithmetic, blocked)
     registry.register(KEEPS_UNFUSED, activation, OpTraits(layout=Layout.KEEPS, fuses_in_chain=True))
     # onnxruntime runs a Mul of two blocked values of one shape blocked, but fuses none into a Conv
     registry.register(["Mul"], arithmetic, OpTraits(layout=Layout.BLOCKED, fuses_in_chain=True, eight_bit=EIGHT_BIT_ARITHMETIC))
