@@ -32,7 +32,7 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   (`depthwise_elements_per_s` and the like). The op's fixed
   cost is what a tiny one of its kind (a 4x4 map of 8 channels; for "other" an Add of 64
   values) takes in a chain beyond its operations at that throughput. A few "other" op types
-  (OTHER_TIMED: 3x3 pools, LayerNormalization, Softmax, Sigmoid, Erf, Mul) are timed
+  (OTHER_TIMED: 3x3 pools, LayerNormalization, Softmax, Sigmoid, Erf, Mul, LRN) are timed
   so too, each its throughput apart (`NodeProfile.other_speeds`): per operation a pool runs
   several times an Add's speed and a LayerNormalization a fraction of it; and a MaxPool on 8-bit
   values in NCHW (EIGHT_BIT_TIMED, `eight_bit_probe`), onnxruntime's generic kernel;
@@ -52,7 +52,7 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   (`profiler_cost`: a chain of tiny kernels profiled and not), and the times are scaled to add up
   to the model's run without the profiler (`measure_layers`). The simulator then prices a layer this
   node measured by its measurement instead of its kind's throughput (`NodeProfile.layer_time`):
-  an op the microbenchmarks do not describe (LRN, a Softmax, a 1x1 convolution on a 7x7 map)
+  an op the microbenchmarks do not describe (a Softmax on an odd shape, a 1x1 convolution on a 7x7 map)
   costs what it costs here. For each convolution and constant-weight MatMul or Gemm it also
   measures how that time scales along rows and along output channels (backends/scaling.py:
   the layer alone, whole and on half its rows and half its output channels), so a half map
@@ -256,25 +256,30 @@ def add_model(elements: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
 
 
 # "other" op types timed apart (`other_probe`): each runs at its own speed per operation, a pooling
-# window's several times an Add's, a LayerNormalization's a fraction (docs/benchmarks.md, session 27)
+# window's several times an Add's, a LayerNormalization's a fraction (docs/benchmarks.md, session 27),
+# an LRN's (a power per value: GoogLeNet's and AlexNet's) a few hundredths (session 42)
 # (not a Transpose: onnxruntime merges a chain of them into one)
-OTHER_TIMED = ("MaxPool", "AveragePool", "LayerNormalization", "Softmax", "Sigmoid", "Erf", "Mul")
+OTHER_TIMED = ("MaxPool", "AveragePool", "LayerNormalization", "Softmax", "Sigmoid", "Erf", "Mul", "LRN")
 # ... and on a quantized model's 8-bit values in NCHW (`eight_bit_probe`), where onnxruntime's MaxPool
 # is a generic kernel (its AveragePool, a QLinearAveragePool, is not)
 EIGHT_BIT_TIMED = ("MaxPool",)
 TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
 
 
+LRN_SIZE = 5  # channels in an LRN probe's window (GoogLeNet's)
+
+
 def other_ops(op_type: str, size: int) -> float:
     """Operations of one of `other_model`'s ops (bbgrap/cost.py's count: a window's nine per value
-    for a pool, one per value for the rest)."""
-    return float(64 * size * size * (9 if op_type in ("MaxPool", "AveragePool") else 1))
+    for a pool, an LRN's LRN_SIZE, one per value for the rest)."""
+    per_value = {"MaxPool": 9, "AveragePool": 9, "LRN": LRN_SIZE}.get(op_type, 1)
+    return float(64 * size * size * per_value)
 
 
 def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
     """`chain` ops `op_type` (one of OTHER_TIMED), each on the one before's output of the same shape:
-    64 channels of size x size for a map op (a 3x3 pool, padded; an activation; a Mul by a
-    constant), or as many values as (tokens, TOKEN_WIDTH) for a
+    64 channels of size x size for a map op (a 3x3 pool, padded; an LRN across LRN_SIZE channels,
+    GoogLeNet's; an activation; a Mul by a constant), or as many values as (tokens, TOKEN_WIDTH) for a
     LayerNormalization or Softmax over its last axis; and one op's operations (`other_ops`)."""
     tokens = op_type in ("LayerNormalization", "Softmax")
     shape = (64 * size * size // TOKEN_WIDTH, TOKEN_WIDTH) if tokens else (1, 64, size, size)
@@ -284,6 +289,8 @@ def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProt
         attrs = {"kernel_shape": [3, 3], "pads": [1] * 4}
     elif op_type in ("Softmax", "LayerNormalization"):
         attrs = {"axis": -1}
+    elif op_type == "LRN":
+        attrs = {"size": LRN_SIZE, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}
     if op_type == "LayerNormalization":
         constants = {"scale": np.ones(TOKEN_WIDTH, np.float32), "bias": np.zeros(TOKEN_WIDTH, np.float32)}
     elif op_type == "Mul":
