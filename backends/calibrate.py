@@ -45,6 +45,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
   operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
   convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);
+* **what reading filters costs**: a chain of READ_CHAIN convolutions on a small map, each with its
+  own filters, more of them than a host's cache holds, gives `conv_read_Bps` (`read_speed`): the
+  bytes a piece of a convolution reads beyond its throughput (`cost.extra_reads`) at that speed;
 * **the given model's layers** (with `--model FILE`): the model run whole, as onnxruntime runs
   it (its fusions, its blocked layout), under onnxruntime's profiler; each kernel's time goes to
   the layer it is named after, or for an op fused into a convolution (a BatchNormalization, an
@@ -166,6 +169,33 @@ def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Pro
     """`conv_model`'s convolutions as a `Probe` (no model built until timed)."""
     return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_ops(channels, size, per_group, kernel),
                  float(channels * size * size))
+
+
+# a read probe (`read_model`): 3x3 convolutions of READ_CHANNELS channels on a READ_SIZE map (2.4 MB
+# of filters each, few operations), READ_CHAIN of them: 57 MB, beyond a core's cache and a host's
+# last level's share as a model's filters are (from about 16 MB on, each pays its filters' reads;
+# docs/benchmarks.md, session 42)
+READ_CHANNELS, READ_SIZE, READ_CHAIN = 256, 3, 24
+
+
+def read_model(chain: int) -> onnx.ModelProto:
+    """`chain` of the read probe's convolutions, each with its own filters."""
+    rng = np.random.default_rng(0)
+    scale = 1 / math.sqrt(9 * READ_CHANNELS)
+    filters = {f"w{i}": (rng.standard_normal((READ_CHANNELS, READ_CHANNELS, 3, 3)) * scale).astype(np.float32) for i in range(chain)}
+    nodes = [helper.make_node("Conv", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], pads=[1] * 4) for i in range(chain)]
+    shape = (1, READ_CHANNELS, READ_SIZE, READ_SIZE)
+    return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, filters)
+
+
+def read_speed(timed: Callable[[onnx.ModelProto], float], conv: KindSpeed) -> float:
+    """`conv_read_Bps`: the bytes of a read probe convolution's filters over what one takes, in a
+    chain of READ_CHAIN less one alone, beyond its operations at the "conv" throughput and its
+    fixed cost; 0 (not measured) where that is under SMALL_TERM of its time (noise, or a cache
+    that holds them all)."""
+    each = (timed(read_model(READ_CHAIN)) - timed(read_model(1))) / (READ_CHAIN - 1)
+    beyond = each - conv_ops(READ_CHANNELS, READ_SIZE, READ_CHANNELS) / conv.ops_per_s - conv.op_s
+    return 4.0 * READ_CHANNELS * READ_CHANNELS * 9 / beyond if beyond > SMALL_TERM * each else 0.0
 
 
 def matmul_ops(rows: int, size: int) -> float:
@@ -371,7 +401,7 @@ TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8
                           "other": add_probe(64)}
 CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
 MATMUL_ROWS = 196  # rows of the MatMul probes: a 14 x 14 map's pixels, about a ViT's tokens
-SMALL_TERM = 0.01  # a fitted term for output values below this share of the largest probe's time is none (`seconds_per`)
+SMALL_TERM = 0.01  # a fitted term below this share of the time it comes from is none (`seconds_per`: output values; `read_speed`)
 
 
 def marginal_time(probe: Probe, timed: Callable[[onnx.ModelProto], float]) -> float:
@@ -648,6 +678,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
+    fields["conv_read_Bps"] = read_speed(timed, speeds["conv"])
     layers, scaling = {}, {}
     if model is not None:
         layers = measure_layers(model.proto, model.front.graph, model.front.sample_inputs, threads, segment, clock=clock)

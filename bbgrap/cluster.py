@@ -23,6 +23,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     qmatmul_ops_per_s = 7.5e10 # ... of a MatMul or Gemm in one (QLinearMatMul, QGemm)
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
     weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at
+    conv_read_Bps = 0.0        # ... a convolution's piece reads its filters at beyond its operations; 0: not measured
     conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
     depthwise_op_s = 1e-05
     grouped_op_s = 1e-05
@@ -107,7 +108,7 @@ INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise
 ELEMENT_KINDS = ("depthwise", "qconv", "qconv_gemm", "qdepthwise")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; the kinds'
 # elements_per_s: not measured); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -186,6 +187,11 @@ class NodeProfile:
     # default node's 6 operations per byte, about what a CPU core's matmul throughput and its
     # share of memory bandwidth give (docs/design.md, "Roofline")
     weight_Bps: float = 4e9
+    # bytes per second a piece of a convolution reads beyond what its kind's throughput holds (its
+    # filters from beyond the core's cache, `cost.extra_reads`), measured on a chain of convolutions
+    # whose filters do not fit in the cache; 0: not measured, the default, and a byte costs
+    # `OpTraits.read_ops` operations at the kind's throughput (`layer_time`)
+    conv_read_Bps: float = 0.0
     conv_op_s: float = 1e-5
     depthwise_op_s: float = 1e-5
     grouped_op_s: float = 1e-5
@@ -327,7 +333,7 @@ class NodeProfile:
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
-                   op_type: str = "", reorders: Sequence[float] = ()) -> float:
+                   op_type: str = "", reorders: Sequence[float] = (), reads: float = 0.0, read_ops: float = 0.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
@@ -346,7 +352,9 @@ class NodeProfile:
         apart runs at that speed (`op_rate`). Each of the layout reorders onnxruntime adds for it
         (`simulate.layout_reorders`: the values each moves) costs what a copy of that many values
         does (`copy_s`); a measured layer's time holds them already (its run's reorders, shared
-        among the layers)."""
+        among the layers). Of `ops`, `read_ops` are the bytes the piece `reads` beyond its throughput
+        (`cost.extra_reads`) priced as operations (`OpTraits.read_ops` a byte, a constant fitted on
+        one CPU); where the node measured `conv_read_Bps` they take that long instead."""
         measured = self.layer_s.get(name)
         if measured is None:
             reordered = math.fsum(self.copy_s(v) for v in reorders)
@@ -354,7 +362,8 @@ class NodeProfile:
                 return ops / self.ops_per_s(kind) + reordered
             rate = self.op_rate(kind, op_type)
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
-            computed = ops / rate + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
+            read = reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate
+            computed = (ops - read_ops) / rate + read + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind) + reordered
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)

@@ -49,8 +49,16 @@ def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry
     the GEMM path's GEMM_PATH_COST is left out (`in_blocks`)."""
     registry = registry or default_registry()
     ops = in_blocks(layer, graph, region, layer_ops(layer, graph, region, registry), registry, by_kind)
-    read_ops = registry.traits(layer.op_type, layer.domain).read_ops
-    return ops + read_ops * extra_reads(layer, graph, region, registry) if read_ops and nchw_box(layer, graph, region) else ops
+    return ops + registry.traits(layer.op_type, layer.domain).read_ops * priced_reads(layer, graph, region, registry)
+
+
+def priced_reads(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:
+    """The bytes a piece computing `region` pays for reading (`extra_reads`) where its op does
+    (`OpTraits.read_ops`) and its output is an NCHW box; else 0."""
+    registry = registry or default_registry()
+    if not registry.traits(layer.op_type, layer.domain).read_ops or not nchw_box(layer, graph, region):
+        return 0.0
+    return extra_reads(layer, graph, region, registry)
 
 
 def nchw_box(layer: Layer, graph: Graph, region: ShapeMap) -> bool:

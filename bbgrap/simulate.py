@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
-from bbgrap.cost import bytes_read, run_ops, weight_bytes, weight_share
+from bbgrap.cost import bytes_read, priced_reads, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, integer_kernel, is_default_domain
 from bbgrap.rules.conv import direct_integer, direct_outputs
@@ -79,6 +79,8 @@ class LayerWork:
     chained: bool = False  # computed in the kernel of the op after it (`chained_layers`): no fixed cost, its values not written out
     op_type: str = ""  # its ONNX op: an "other" op a node timed apart runs at that speed (`NodeProfile.op_rate`)
     reorders: tuple[float, ...] = ()  # values of each layout reorder onnxruntime adds for it (`layout_reorders`)
+    reads: float = 0.0  # bytes it reads beyond its kind's throughput (`cost.priced_reads`) ...
+    read_ops: float = 0.0  # ... and the operations of `ops` they are priced as (`NodeProfile.layer_time`)
 
 
 @dataclass(frozen=True)
@@ -386,9 +388,10 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     (`work_seconds`). `chained`: `chained_layers`; `in_chain`: this layer is one of them and its
     output stays in its segment (`values_moved`)."""
     region = part.emitted(node)
+    reads = priced_reads(layer, graph, region, registry)
     return LayerWork(layer.name, piece_kind(kind, region), run_ops(layer, graph, region, registry, by_kind=True), whole,
                      weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
-                     op_type=layer.op_type)
+                     op_type=layer.op_type, reads=reads, read_ops=reads * registry.traits(layer.op_type, layer.domain).read_ops)
 
 
 def piece_kind(kind: str, region: ShapeMap) -> str:
@@ -633,7 +636,7 @@ def profile_speeds(work: Sequence[SegmentWork], profile: ClusterProfile, nodes: 
 def work_seconds(p: NodeProfile, w: LayerWork) -> float:
     """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`)."""
     return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type,
-                        w.reorders)
+                        w.reorders, w.reads, w.read_ops)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:

@@ -115,3 +115,30 @@ def test_the_per_layer_search_leaves_the_reads_out_and_the_simulator_prices_them
     cost = LayerCutCost(graph, conv, 2, (1.0, 1.0), Config().objective, dict(graph.partitions), default_registry())
     assert cost.node_cost(0, 0, 3).work == pytest.approx(layer_ops(conv, graph, full.with_axis(2, Interval(0, 3))))
     assert whole_ops(conv, graph) == pytest.approx(layer_ops(conv, graph, full) + filters(graph, 256))
+
+
+def test_a_piece_reads_at_the_nodes_measured_speed_where_calibrate_measured_it() -> None:
+    """A convolution's piece pays for the filters it reads (`priced_reads`): in operations at its
+    kind's throughput (`OpTraits.read_ops` a byte) by default, and where the node measured
+    `conv_read_Bps` at that speed instead; its operations proper are priced alike either way."""
+    from dataclasses import replace
+
+    from bbgrap.passes.naive_partition import NaivePartition
+
+    from bbgrap.cluster import NodeProfile
+    from bbgrap.simulate import layer_work, op_kind, whole_ops
+
+    graph = NaivePartition(2).call(import_proto(conv_chain([3], channels=256, height=14, width=14)).graph).graph  # rows
+    conv = graph.layers[0]
+    work = layer_work(conv, graph, graph.partitions[conv.name], 0, op_kind(conv, graph), whole_ops(conv, graph), default_registry())
+    assert work.reads == filters(graph, 256) / CONV_READ_OPS  # every piece of rows reads all the filters
+    assert work.read_ops == pytest.approx(CONV_READ_OPS * work.reads)
+    assert work.ops == pytest.approx(layer_ops(conv, graph, graph.partitions[conv.name].emitted(0)) + work.read_ops)
+    node = NodeProfile(conv_ops_per_s=1e11, conv_op_s=0.0, weight_Bps=1e15)
+
+    def seconds(p: NodeProfile) -> float:
+        return p.layer_time(work.name, work.kind, work.ops, work.whole_ops, reads=work.reads, read_ops=work.read_ops)
+
+    assert seconds(node) == pytest.approx(work.ops / 1e11)
+    measured = replace(node, conv_read_Bps=2e10)
+    assert seconds(measured) == pytest.approx((work.ops - work.read_ops) / 1e11 + work.reads / 2e10)

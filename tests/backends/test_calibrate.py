@@ -22,11 +22,16 @@ from bbgrap.backends.calibrate import (
     CHAIN,
     EIGHT_BIT_TIMED,
     OTHER_TIMED,
+    READ_CHAIN,
+    READ_CHANNELS,
+    READ_SIZE,
+    KindSpeed,
     Probe,
     ProfilerCost,
     add_model,
     calibrate_one,
     conv_model,
+    conv_ops,
     conv_probe,
     eight_bit_probe,
     fastest_run,
@@ -45,6 +50,8 @@ from bbgrap.backends.calibrate import (
     profiler_cost,
     qconv_probe,
     qmatmul_probe,
+    read_model,
+    read_speed,
     stream_speed,
     time_piece,
     wait_share,
@@ -170,6 +177,21 @@ def test_one_ops_time_is_its_share_of_a_chain_without_what_the_model_costs_once(
     probe = conv_probe(8, 4, 8)
     assert marginal_time(probe, _chain_clock(5e-5, lambda m: 2e-6)) == pytest.approx(2e-6)
     assert marginal_time(probe, lambda m: 1e-5 / len(m.graph.node)) == 0.0  # noise: a longer chain faster, nothing
+
+
+def test_filter_reads_are_timed_on_a_chain_whose_filters_do_not_fit_in_the_cache() -> None:
+    """`conv_read_Bps` is a read probe convolution's filter bytes over its time beyond its operations
+    at the "conv" throughput and its fixed cost (each of the READ_CHAIN convolutions its own filters,
+    more of them than a host's cache holds); 0 (not measured) where there is nothing beyond."""
+    model = read_model(READ_CHAIN)
+    filters = [t for t in model.graph.initializer]
+    assert len(filters) == READ_CHAIN and len({t.raw_data for t in filters[:2]}) == 2  # each its own
+    assert READ_CHAIN * 4 * READ_CHANNELS ** 2 * 9 > 32 * 2 ** 20  # beyond a host's 32 MB of cache
+    conv = KindSpeed(1e11, 2e-6)
+    ops = conv_ops(READ_CHANNELS, READ_SIZE, READ_CHANNELS)
+    nbytes = 4.0 * READ_CHANNELS ** 2 * 9
+    assert read_speed(_chain_clock(5e-5, lambda m: ops / 1e11 + 2e-6 + nbytes / 2e10), conv) == pytest.approx(2e10)
+    assert read_speed(_chain_clock(5e-5, lambda m: ops / 1e11 + 2e-6), conv) == 0.0
 
 
 def _work(model: onnx.ModelProto) -> tuple[float, float]:
