@@ -762,6 +762,8 @@ def describe(profile: ClusterProfile) -> str:
         if p.other_speeds:
             lines.append("  other ops timed apart: " + ", ".join(f"{op} {v / 1e9:.2f}" for op, v in p.other_speeds.items())
                          + f" Gop/s (the rest {p.other_ops_per_s / 1e9:.2f})")
+        if p.conv_read_Bps:
+            lines.append(f"  a convolution's filters read from beyond the cache at {p.conv_read_Bps / 1e9:.1f} GB/s")
         if p.cache_bytes and p.stream_ops_per_s:
             lines.append(f"  copies of over {p.cache_bytes / 2**20:.1f} MB (read and written) at {p.stream_ops_per_s / 1e9:.2f} Gop/s")
         if p.layer_s:
