@@ -107,7 +107,7 @@ INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise
 # (an integer convolution's)
 ELEMENT_KINDS = ("depthwise", "qconv", "qconv_gemm", "qdepthwise")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; the kinds'
-# elements_per_s: not measured); every other throughput must be positive
+# elements_per_s and conv_read_Bps: not measured); every other throughput must be positive
 MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
