@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from bbgrap.cluster import OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.ir import Graph, Interval, Layer, ShapeMap
-from bbgrap.rules.base import integer_kernel
-from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
+from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs, integer_conv
 from bbgrap.rules.registry import RuleRegistry, default_registry
 
 
@@ -80,7 +79,7 @@ def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry
     whole, part = graph.tensors[layer.outputs[0]].shape[1], len(region.interval(1))
     if part == whole:
         return ops
-    if layer.op_type == "QLinearConv" or (layer.op_type == "Conv" and integer_kernel(layer, graph)):  # in no blocked layout
+    if integer_conv(layer, graph):  # in no blocked layout
         return ops * GEMM_PATH_COST if not by_kind and direct_integer(layer, graph) and not direct_outputs(part) else ops
     block = registry.traits(layer.op_type, layer.domain).channel_block
     return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if block > 1 else ops

@@ -51,7 +51,7 @@ from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, priced_reads, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, integer_kernel, is_default_domain
-from bbgrap.rules.conv import direct_integer, direct_outputs
+from bbgrap.rules.conv import direct_integer, direct_outputs, integer_conv
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import WEIGHTS
 
@@ -181,7 +181,7 @@ def op_kind(layer: Layer, graph: Graph) -> str:
         per_group = shape[1] if layer.op_type != "ConvTranspose" else shape[0] // max(group, 1)
         if group > 1 and per_group == 1:
             # (a ConvInteger's groups run through im2col as the float ones do)
-            return "qdepthwise" if layer.op_type == "QLinearConv" or integer_kernel(layer, graph) else "depthwise"
+            return "qdepthwise" if integer_conv(layer, graph) else "depthwise"
         if group > 1 and per_group <= FEW_PER_GROUP:
             return "grouped"
         if integer is None and not integer_kernel(layer, graph):

@@ -41,14 +41,18 @@ def direct_outputs(channels: int) -> bool:
     return channels >= DIRECT_MIN_OUTPUTS and channels % DIRECT_OUTPUT_ALIGN == 0
 
 
+def integer_conv(layer: Layer, graph: Graph) -> bool:
+    """Whether onnxruntime runs the layer as an 8-bit integer convolution: a QLinearConv, or a Conv
+    whose QDQ pattern it fuses into one (`integer_kernel`)."""
+    return layer.op_type == "QLinearConv" or (layer.op_type == "Conv" and integer_kernel(layer, graph))
+
+
 def direct_integer(layer: Layer, graph: Graph) -> bool:
-    """Whether onnxruntime runs the layer on MLAS's direct integer convolution kernel: a QLinearConv,
-    or a Conv whose QDQ pattern it fuses into one (`integer_kernel`), dense (one group), of input
-    channels in DIRECT_INPUT_ALIGN and output channels the kernel takes (`direct_outputs`). MLAS
-    decides by the shape of each call, so a piece of such a layer takes it by its own channels."""
-    if layer.op_type not in ("QLinearConv", "Conv") or int(layer.attrs.get("group", 1)) != 1:
-        return False
-    if layer.op_type == "Conv" and not integer_kernel(layer, graph):
+    """Whether onnxruntime runs the layer on MLAS's direct integer convolution kernel: an
+    `integer_conv`, dense (one group), of input channels in DIRECT_INPUT_ALIGN and output channels
+    the kernel takes (`direct_outputs`). MLAS decides by the shape of each call, so a piece of such
+    a layer takes it by its own channels."""
+    if not integer_conv(layer, graph) or int(layer.attrs.get("group", 1)) != 1:
         return False
     weights = shape(graph, layer.inputs[WEIGHTS.get(layer.op_type, 1)])
     return weights[1] % DIRECT_INPUT_ALIGN == 0 and direct_outputs(weights[0])
