@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
-from bbgrap.cost import bytes_read, priced_reads, run_ops, weight_bytes, weight_share
+from bbgrap.cost import bytes_read, ops_and_reads, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, integer_kernel, is_default_domain
 from bbgrap.rules.conv import direct_integer, direct_outputs, integer_conv
@@ -388,8 +388,8 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     (`work_seconds`). `chained`: `chained_layers`; `in_chain`: this layer is one of them and its
     output stays in its segment (`values_moved`)."""
     region = part.emitted(node)
-    reads = priced_reads(layer, graph, region, registry)
-    return LayerWork(layer.name, piece_kind(kind, region), run_ops(layer, graph, region, registry, by_kind=True), whole,
+    ops, reads = ops_and_reads(layer, graph, region, registry, by_kind=True)
+    return LayerWork(layer.name, piece_kind(kind, region), ops, whole,
                      weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
                      op_type=layer.op_type, reads=reads, read_ops=reads * registry.traits(layer.op_type, layer.domain).read_ops)
 
