@@ -570,8 +570,8 @@ def quantized_layouts(graph: Graph, seg: Segment, layers: Mapping[str, Layer], i
         for v in values:
             if v in last:
                 transpose(v, False, node.name if mine is not None else "")
-        if mine is not None and eight_bit is not None and eight_bit.any_layout and eight_bit.generic_kernel:
-            nchw.add(mine.name)
+        if any_layout and eight_bit is not None and eight_bit.generic_kernel:  # (only a layer's own op has one)
+            nchw.add(node.name)
     for v in seg.outputs:
         if v in last:
             transpose(v, False, "")
