@@ -159,9 +159,9 @@ def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain:
     return model, conv_ops(channels, size, per_group, kernel)
 
 
-def conv_weights(channels: int, per_group: int, kernel: int = 3) -> np.ndarray:
-    """The weights of a probe's convolutions (the same for each of a chain)."""
-    rng = np.random.default_rng(0)
+def conv_weights(channels: int, per_group: int, kernel: int = 3, seed: int = 0) -> np.ndarray:
+    """The weights of a probe's convolutions (the same for each of a chain; another `seed`, others)."""
+    rng = np.random.default_rng(seed)
     return (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
 
 
@@ -180,9 +180,7 @@ READ_CHANNELS, READ_SIZE, READ_CHAIN = 256, 3, 24
 
 def read_model(chain: int) -> onnx.ModelProto:
     """`chain` of the read probe's convolutions, each with its own filters."""
-    rng = np.random.default_rng(0)
-    scale = 1 / math.sqrt(9 * READ_CHANNELS)
-    filters = {f"w{i}": (rng.standard_normal((READ_CHANNELS, READ_CHANNELS, 3, 3)) * scale).astype(np.float32) for i in range(chain)}
+    filters = {f"w{i}": conv_weights(READ_CHANNELS, READ_CHANNELS, seed=i) for i in range(chain)}
     nodes = [helper.make_node("Conv", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], pads=[1] * 4) for i in range(chain)]
     shape = (1, READ_CHANNELS, READ_SIZE, READ_SIZE)
     return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, filters)
