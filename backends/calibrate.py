@@ -34,8 +34,11 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   values) takes in a chain beyond its operations at that throughput. A few "other" op types
   (OTHER_TIMED: 3x3 pools, LayerNormalization, Softmax, Sigmoid, Erf, Mul, LRN) are timed
   so too, each its throughput apart (`NodeProfile.other_speeds`): per operation a pool runs
-  several times an Add's speed and a LayerNormalization a fraction of it; and a MaxPool on 8-bit
-  values in NCHW (EIGHT_BIT_TIMED, `eight_bit_probe`), onnxruntime's generic kernel;
+  several times an Add's speed and a LayerNormalization a fraction of it; a MaxPool on 8-bit
+  values in NCHW (EIGHT_BIT_TIMED, `eight_bit_probe`), onnxruntime's generic kernel; a
+  BatchNormalization on NCHW values (IN_NCHW_TIMED), its own kernel, not the blocked one; and a
+  quantized model's DequantizeLinear and QuantizeLinear (QDQ_TIMED, `qdq_probe`). Each at the
+  node's threads: some of these kernels use one thread however many the rank has;
 * **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
   takes between one size and the next (the slope) jumps once an op's input and output no longer
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
@@ -106,6 +109,7 @@ from bbgrap.cluster import (
     DEFAULT_PROFILE,
     EIGHT_BIT_NCHW,
     ELEMENT_KINDS,
+    IN_NCHW,
     OP_KINDS,
     ClusterProfile,
     LinkProfile,
@@ -291,6 +295,12 @@ OTHER_TIMED = ("MaxPool", "AveragePool", "LayerNormalization", "Softmax", "Sigmo
 # ... and on a quantized model's 8-bit values in NCHW (`eight_bit_probe`), where onnxruntime's MaxPool
 # is a generic kernel (its AveragePool, a QLinearAveragePool, is not)
 EIGHT_BIT_TIMED = ("MaxPool",)
+# ... on NCHW values, where onnxruntime runs them with their own kernel, not blocked (`cluster.IN_NCHW`):
+# a BatchNormalization's uses one thread however many the rank has (docs/benchmarks.md, session 43)
+IN_NCHW_TIMED = ("BatchNormalization",)
+# the ops lowering writes around a quantized model's layer run in float (`qdq_probe`): onnxruntime's
+# DequantizeLinear of a tensor's one scale uses one thread, its QuantizeLinear all (session 43)
+QDQ_TIMED = ("DequantizeLinear", "QuantizeLinear")
 TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
 
 
@@ -305,9 +315,10 @@ def other_ops(op_type: str, size: int) -> float:
 
 
 def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProto, float]:
-    """`chain` ops `op_type` (one of OTHER_TIMED), each on the one before's output of the same shape:
-    64 channels of size x size for a map op (a 3x3 pool, padded; an LRN across LRN_SIZE channels,
-    GoogLeNet's; an activation; a Mul by a constant), or as many values as (tokens, TOKEN_WIDTH) for a
+    """`chain` ops `op_type` (one of OTHER_TIMED or IN_NCHW_TIMED), each on the one before's output
+    of the same shape: 64 channels of size x size for a map op (a 3x3 pool, padded; an LRN across
+    LRN_SIZE channels, GoogLeNet's; an activation; a Mul by a constant; a BatchNormalization, on the
+    model's NCHW input and so with its own kernel), or as many values as (tokens, TOKEN_WIDTH) for a
     LayerNormalization or Softmax over its last axis; and one op's operations (`other_ops`)."""
     tokens = op_type in ("LayerNormalization", "Softmax")
     shape = (64 * size * size // TOKEN_WIDTH, TOKEN_WIDTH) if tokens else (1, 64, size, size)
@@ -321,6 +332,9 @@ def other_model(op_type: str, size: int, chain: int = 1) -> tuple[onnx.ModelProt
         attrs = {"size": LRN_SIZE, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}
     if op_type == "LayerNormalization":
         constants = {"scale": np.ones(TOKEN_WIDTH, np.float32), "bias": np.zeros(TOKEN_WIDTH, np.float32)}
+    elif op_type == "BatchNormalization":
+        rng = np.random.default_rng(0)
+        constants = {k: rng.uniform(0.5, 1.5, 64).astype(np.float32) for k in ("scale", "bias", "mean", "var")}
     elif op_type == "Mul":
         constants = {"half": np.full((1,), 0.5, np.float32)}
     return _chain(op_type, shape, constants, chain, opset=17, **attrs), other_ops(op_type, size)
@@ -342,6 +356,23 @@ def eight_bit_probe(op_type: str, size: int) -> Probe:
                            activation_params(), output_type=onnx.TensorProto.UINT8)
 
     return Probe(build, other_ops(op_type, size), float(64 * size * size))
+
+
+def qdq_probe(op_type: str, size: int) -> Probe:
+    """Ops `op_type` (one of QDQ_TIMED) with a tensor's one scale and zero point (`activation_params`)
+    side by side, each reading one 64 x size x size map and writing its own output: a
+    DequantizeLinear the 8-bit map of one QuantizeLinear, a QuantizeLinear the float input (in
+    sequence they would be a QDQ pair onnxruntime drops). One operation per value written."""
+    def build(chain: int) -> onnx.ModelProto:
+        shape = (1, 64, size, size)
+        first = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])] if op_type == "DequantizeLinear" else []
+        source = "q" if first else "x"
+        nodes = [*first, *(helper.make_node(op_type, [source, "s", "z"], [f"y{i}"]) for i in range(chain))]
+        output_type = onnx.TensorProto.FLOAT if first else onnx.TensorProto.UINT8
+        return float_model(nodes, {"x": shape}, {f"y{i}": shape for i in range(chain)}, activation_params(), output_type=output_type)
+
+    values = float(64 * size * size)
+    return Probe(build, values, values)
 
 
 def other_probe(op_type: str, size: int) -> Probe:
@@ -429,8 +460,11 @@ def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], floa
     + output values x the second + a constant (for a depthwise convolution, whose probes of two
     kernel sizes write alike values for unlike operations), else the line through (operations,
     time), whose slope is the first. Where noise makes the operations' slope no larger than 0: the
-    largest probe's time over its operations, and no term for values; where the values take under
-    SMALL_TERM of the largest probe's time (rounding, noise), none either."""
+    largest of the probes' times over their operations, and no term for values; where every
+    chain ran as fast as its one op (ops too small for the timer on a noisy host), the largest
+    probe's whole chain over its operations (its session's run included: slower than the op,
+    not infinitely fast); where the values take under SMALL_TERM of the largest probe's time
+    (rounding, noise), no term for them either."""
     times = [marginal_time(p, timed) for p in probes]
     ops = [p.ops for p in probes]
     per_op = per_value = 0.0
@@ -443,7 +477,9 @@ def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], floa
         _, per_op = fit_line(ops, times)
         per_value = 0.0
     if per_op <= 0:
-        per_op = max(times[-1], 1e-12) / ops[-1]
+        per_op = max(t / n for t, n in zip(times, ops))
+    if per_op <= 0:
+        per_op = timed(probes[-1].build(CHAIN)) / (CHAIN * ops[-1])
     return float(per_op), float(per_value)
 
 
@@ -673,6 +709,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in OTHER_TIMED}
     other_speeds.update({op + EIGHT_BIT_NCHW: 1.0 / seconds_per([eight_bit_probe(op, s) for s in (14, 28, 56)], timed)[0]
                          for op in EIGHT_BIT_TIMED})
+    other_speeds.update({op + IN_NCHW: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in IN_NCHW_TIMED})
+    other_speeds.update({op: 1.0 / seconds_per([qdq_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in QDQ_TIMED})
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)

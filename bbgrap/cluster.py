@@ -62,7 +62,9 @@ this one: compile says so and falls back to the kinds' throughputs):
     "layer1.0.conv1" = [0.85, 0.7]
 
 `bbgrap calibrate` also times a few "other" ops of their own (pooling, normalisation, activations,
-a Mul) and writes their throughputs apart; an "other" op not listed runs at `other_ops_per_s`:
+a Mul, a quantized model's DequantizeLinear and QuantizeLinear) and writes their throughputs apart,
+each at the node's threads (some of onnxruntime's kernels use one thread however many the rank has);
+an "other" op not listed runs at `other_ops_per_s`:
 
     [[node]]
     ...
@@ -70,6 +72,8 @@ a Mul) and writes their throughputs apart; an "other" op not listed runs at `oth
     MaxPool = 4.1e10
     LayerNormalization = 3.0e9
     "MaxPool on 8-bit NCHW" = 1.2e9  # a MaxPool on a quantized model's 8-bit values in NCHW (EIGHT_BIT_NCHW)
+    "BatchNormalization in NCHW" = 9e9  # one onnxruntime runs on NCHW values, not blocked (IN_NCHW)
+    DequantizeLinear = 9e9     # ... one of lowering's (around a layer run in float), per value it writes
 
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
@@ -118,6 +122,16 @@ OTHER_OPS = "other_ops"  # a node's table of "other" op types timed apart (NodeP
 # onnxruntime runs a generic kernel (a MaxPool after a float op: many times its float speed); a
 # table without it prices such an op as the op type
 EIGHT_BIT_NCHW = " on 8-bit NCHW"
+# ... for an op that runs in onnxruntime's blocked layout where its input is blocked (`Layout.KEEPS`:
+# a BatchNormalization, as a blocked 1x1 convolution) and ran on NCHW values (`simulate.layout_reorders`),
+# with its own kernel: a BatchNormalization's takes one thread however many the rank has; a table
+# without it prices such an op as the op type
+IN_NCHW = " in NCHW"
+
+
+def base_op_type(op_type: str) -> str:
+    """The ONNX op type of an entry of a node's table of "other" op types (`EIGHT_BIT_NCHW`, `IN_NCHW`)."""
+    return op_type.removesuffix(EIGHT_BIT_NCHW).removesuffix(IN_NCHW)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -248,11 +262,12 @@ class NodeProfile:
 
     def op_rate(self, kind: str, op_type: str = "") -> float:
         """Operations per second of an op of `kind` and ONNX `op_type`: an "other" op type timed
-        apart at its own speed (`other_speeds`; one on 8-bit NCHW values, `EIGHT_BIT_NCHW`, at the
-        op type's where not timed so), else its kind's throughput."""
+        apart at its own speed (`other_speeds`; one on 8-bit NCHW values, `EIGHT_BIT_NCHW`, or run on
+        NCHW values where it could run blocked, `IN_NCHW`, at the op type's where not timed so), else
+        its kind's throughput."""
         if kind != "other":
             return self.ops_per_s(kind)
-        return self.other_speeds.get(op_type, self.other_speeds.get(op_type.removesuffix(EIGHT_BIT_NCHW), self.other_ops_per_s))
+        return self.other_speeds.get(op_type, self.other_speeds.get(base_op_type(op_type), self.other_ops_per_s))
 
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
@@ -309,15 +324,17 @@ class NodeProfile:
         beyond = values - self.cache_bytes / BYTES_MOVED
         return max(0.0, beyond) * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
-    def moved_s(self, values: float) -> float:
-        """Seconds to copy `values` values: one "other" operation each, and beyond the cache
-        `streamed_s` (a value handed from one segment's session to the next)."""
-        return values / self.other_ops_per_s + self.streamed_s(values)
+    def moved_s(self, values: float, op_type: str = "") -> float:
+        """Seconds to copy `values` values: one "other" operation each (at the speed of `op_type`
+        where the node timed it apart: `op_rate`), and beyond the cache `streamed_s` (a value
+        handed from one segment's session to the next)."""
+        return values / self.op_rate("other", op_type) + self.streamed_s(values)
 
-    def copy_s(self, values: float) -> float:
-        """Seconds of an op that copies `values` values (a crop, a concat, a layout reorder): an
-        "other" op's fixed cost and `moved_s`."""
-        return self.other_op_s + self.moved_s(values)
+    def copy_s(self, values: float, op_type: str = "") -> float:
+        """Seconds of an op that copies `values` values (a crop, a concat, a layout reorder; a
+        quantized model's DequantizeLinear or QuantizeLinear of lowering's, `op_type`, at its
+        own speed where timed): an "other" op's fixed cost and `moved_s`."""
+        return self.other_op_s + self.moved_s(values, op_type)
 
     def element_time(self, kind: str, elements: float) -> float:
         """Seconds an op of `kind` takes to write `elements` output values beyond its operations: for

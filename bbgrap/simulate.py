@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bbgrap.cluster import EIGHT_BIT_NCHW, OP_KINDS, ClusterProfile, NodeProfile
+from bbgrap.cluster import EIGHT_BIT_NCHW, IN_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, ops_and_reads, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, integer_kernel, is_default_domain
@@ -84,6 +84,16 @@ class LayerWork:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """An op of a segment that is no layer's (`SegmentWork.copies`): the values it writes, and its
+    ONNX op type where the node may have timed it apart (a quantized model's DequantizeLinear or
+    QuantizeLinear around a layer run in float: `NodeProfile.copy_s`); "" for a layout reorder."""
+
+    values: float
+    op_type: str = ""
+
+
+@dataclass(frozen=True)
 class SegmentWork:
     """What one segment computes: its layers, each priced on its own by `NodeProfile.layer_time`
     (measured, or by its roofline; `ops` and `count` sum them per kind of op); the values each copy
@@ -93,7 +103,7 @@ class SegmentWork:
     node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
 
     layers: tuple[LayerWork, ...] = ()
-    copies: tuple[float, ...] = ()
+    copies: tuple[Copy, ...] = ()
     handed: tuple[float, ...] = ()
     after_others: bool = False
 
@@ -300,10 +310,22 @@ def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), default)
 
 
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts onnxruntime's CPU provider runs one segment's ops in (`layout_reorders`): the
+    reorders it adds, each as (the name of the ONNX node of the segment that causes it, the values
+    it moves), in the segment's order; and the nodes of ops that run blocked where their input is
+    (`Layout.KEEPS`, `Layout.BLIND`) or always (a grouped convolution) that ran on NCHW values
+    here, with their own kernel (`cluster.IN_NCHW`: a BatchNormalization's uses one thread)."""
+
+    reorders: list[tuple[str, float]]
+    in_nchw: frozenset[str]
+
+
 def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained: frozenset[str] = frozenset(),
-                    block: int = NCHWC_BLOCK) -> list[tuple[str, float]]:
-    """The layout reorders onnxruntime's CPU provider adds inside one segment, each as (the name
-    of the ONNX node of the segment that causes it, the values it moves), in the segment's order.
+                    block: int = NCHWC_BLOCK) -> Layouts:
+    """The layout reorders onnxruntime's CPU provider adds inside one segment, and the ops it runs
+    on NCHW values that could run blocked (`Layouts`).
 
     onnxruntime runs convolutions and pools in its blocked layout (NCHWc, `Layout`) and reorders
     a 4-D value to NCHW before an op that does not run blocked, and back before a convolution or
@@ -335,6 +357,7 @@ def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained:
     unblocked: set[str] = set()  # blocked values already reordered to NCHW for a plain op
     reblocked: set[str] = set()  # plain values already reordered into the blocked layout
     out: list[tuple[str, float]] = []
+    in_nchw: set[str] = set()
 
     def whole_blocks(shape: tuple[int, ...] | None) -> bool:
         return shape is not None and len(shape) == 4 and shape[1] % block == 0
@@ -374,11 +397,13 @@ def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained:
             elif not runs and v in blocked and v in producer and v not in unblocked:
                 unblocked.add(v)
                 out.append((node.name, size))
+        if not runs and traits.layout is not Layout.PLAIN and (four_d or not any(v in blocked for v in values)):
+            in_nchw.add(node.name)  # (of a value lowering names, whose shape is not known here: where none in is blocked)
         for o in outputs:
             producer[o] = node.name
             if runs:
                 blocked.add(o)
-    return out
+    return Layouts(out, frozenset(in_nchw))
 
 
 def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind: str, whole: float, registry: RuleRegistry,
@@ -421,7 +446,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     layers = {layer.name: layer for layer in graph.layers}
     given = set(seg.outputs)
     works: list[LayerWork] = []
-    copies: list[float] = []
+    copies: list[Copy] = []
     convolved: dict[str, int] = {}  # values a convolution or matmul of this segment (with what is fused into it) makes: its index in works
     inside = in_integer_kernels(graph, seg, layers, registry)
     for onnx_node in seg.nodes:
@@ -447,15 +472,17 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
-            copies.append(float(sum(value_elements(graph, o) for o in outputs)))
+            copies.append(Copy(float(sum(value_elements(graph, o) for o in outputs)), onnx_node.op_type))
     quantized = quantized_layouts(graph, seg, layers, inside, registry)
-    works = [replace(w, op_type=w.op_type + EIGHT_BIT_NCHW) if w.name in quantized.eight_bit_nchw else w for w in works]
+    layouts = layout_reorders(graph, seg, registry, chained)
+    works = [replace(w, op_type=w.op_type + EIGHT_BIT_NCHW) if w.name in quantized.eight_bit_nchw
+             else replace(w, op_type=w.op_type + IN_NCHW) if w.name in layouts.in_nchw and w.kind == "other" else w for w in works]
     at = {w.name: k for k, w in enumerate(works)}
-    for name, size in (*layout_reorders(graph, seg, registry, chained), *quantized.transposes):
+    for name, size in (*layouts.reorders, *quantized.transposes):
         if name in at:
             works[at[name]] = replace(works[at[name]], reorders=(*works[at[name]].reorders, size))
         else:  # caused by an op of lowering's (a crop between two convolutions) or one fused into another's kernel
-            copies.append(size)
+            copies.append(Copy(size))
     handed = tuple(float(value_elements(graph, v)) for v in (*seg.inputs, *seg.outputs))
     return SegmentWork(tuple(works), tuple(copies), handed)
 
@@ -648,7 +675,7 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     p = profile.node(node)
     cold = p.cold_segment_s + (work.op_count + work.values) * p.cold_s if work.after_others else 0.0
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w) for w in work.layers),
-                                                                    *(p.copy_s(c) for c in work.copies),
+                                                                    *(p.copy_s(c.values, c.op_type) for c in work.copies),
                                                                     *(p.moved_s(h) for h in work.handed)])
 
 

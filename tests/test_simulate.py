@@ -34,7 +34,19 @@ from bbgrap.config import Config
 from bbgrap.cost import receive_cost
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.plan import read_manifest
-from bbgrap.simulate import EQUAL_SPEEDS, LayerWork, SegmentWork, SimStep, op_kind, predict, program_steps, simulate, value_elements
+from bbgrap.simulate import (
+    EQUAL_SPEEDS,
+    Copy,
+    LayerWork,
+    Layouts,
+    SegmentWork,
+    SimStep,
+    op_kind,
+    predict,
+    program_steps,
+    simulate,
+    value_elements,
+)
 
 # round numbers: 1e9 conv ops/s, 1e8 other ops/s, 1 ms per segment, 0.1 ms per conv, 0.01 ms per other op, nothing per value or send;
 # 2 ms + 1 us per byte per message
@@ -111,7 +123,7 @@ def test_a_copy_larger_than_the_cache_moves_its_values_beyond_the_cache_at_the_s
     assert node.streamed_s(1.25e5) == 0.0 and node.streamed_s(1.26e5) == pytest.approx(1e3 * extra)
     # far beyond it, each further value at the streaming speed
     assert node.streamed_s(2e7) - node.streamed_s(1e7) == pytest.approx(1e7 * extra)
-    work = SegmentWork(copies=(1e5, 1e6))
+    work = SegmentWork(copies=(Copy(1e5), Copy(1e6)))
     pred = simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,)))
     assert math.isclose(pred.latency, 1e-3 + 2 * 1e-5 + 1.1e6 / 1e8 + 8.75e5 * extra)
     # a profile that measured no such regime (the default: 0) prices every copy alike
@@ -515,7 +527,7 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
     runs = [s.work for rank in steps for s in rank if s.work]
     segments = [step.seg for program in programs for step in program.steps if step.op == "run"]
     assert [len(w.handed) for w in runs] == [len(seg.inputs) + len(seg.outputs) for seg in segments]
-    assert all(v > 0 for w in runs for v in (*w.handed, *w.copies))
+    assert all(v > 0 for w in runs for v in (*w.handed, *(c.values for c in w.copies)))
     assert any(w.copies for w in runs)  # the 2-node plan has crops or concats
     # a node's segments run after its other segments where it has more than one, never where it has one
     for rank in steps:
@@ -902,9 +914,10 @@ def test_a_depthwise_convolution_moves_the_more_of_the_values_it_reads_and_write
     assert values_moved(graph.layer("s1"), graph, top, registry) == 8 * 9 * 16
 
 
-def _reorders_as_run(model: object, block: int) -> tuple[list[tuple[str, float]], int]:
-    """The whole model as one segment: `layout_reorders`' reorders, and how many onnxruntime's
-    optimiser inserts inside it (not at the graph's edges, which are the segment's boundary)."""
+def _reorders_as_run(model: object, block: int) -> tuple[Layouts, int, list[str]]:
+    """The whole model as one segment: `layout_reorders`' layouts, how many reorders onnxruntime's
+    optimiser inserts inside it (not at the graph's edges, which are the segment's boundary), and
+    the op types of its optimised graph."""
     import os
     import tempfile
 
@@ -930,7 +943,7 @@ def _reorders_as_run(model: object, block: int) -> tuple[list[tuple[str, float]]
     edges = {v.name for v in (*optimised.graph.input, *optimised.graph.output)}
     theirs = sum(n.op_type in ("ReorderInput", "ReorderOutput") and not edges.intersection([*n.input, *n.output])
                  for n in optimised.graph.node)
-    return ours, theirs
+    return ours, theirs, [n.op_type for n in optimised.graph.node]
 
 
 @pytest.mark.parametrize("case", ["squeeze_excite", "silu", "relu_pool_add", "concat_not_whole_blocks", "concat_whole_blocks",
@@ -971,6 +984,35 @@ def test_the_layout_reorders_priced_are_those_onnxruntime_inserts(case: str) -> 
     used = {i for n in nodes for i in n.input}
     # an image of three channels in: no blocked edge, so onnxruntime's own layout, which bbgrap-run does not fold
     model = build_model(nodes, {"x": [1, 3, 6, 6]}, {k: v for k, v in consts.items() if k in used}, ["y"], 17)
-    ours, theirs = _reorders_as_run(model, block)
+    layouts, theirs, _ = _reorders_as_run(model, block)
+    ours = layouts.reorders
     assert len(ours) == theirs, (case, ours)
     assert all(size in (c * 36, 2 * c * 36, c) for _, size in ours)  # a map's values (the concatenated one's), or the pooled gate's
+
+
+@pytest.mark.parametrize("blocked_input", [True, False])
+def test_a_batch_norm_is_priced_in_nchw_where_onnxruntime_runs_its_own_kernel(blocked_input: bool) -> None:
+    """A BatchNormalization onnxruntime cannot fold into a convolution (the convolution's output is
+    read twice) runs blocked where its input is (as a blocked 1x1 convolution) and with its own
+    kernel on NCHW values where it is not (after a Reshape): `layout_reorders` marks it `in_nchw`
+    exactly where onnxruntime's optimised graph keeps a BatchNormalization."""
+    from bbgrap.backends.nchwc import block_size
+
+    block = block_size()
+    if not block:
+        pytest.skip("this onnxruntime build has no blocked-layout (NCHWc) kernels: nothing to compare with")
+    c = 2 * block
+    rng = np.random.default_rng(0)
+    consts = {"first_w": rng.standard_normal((c, 3, 3, 3)).astype(np.float32) / 10,
+              "last_w": rng.standard_normal((c, c, 3, 3)).astype(np.float32) / 10,
+              "flat": np.array([1, c, -1], np.int64), "back": np.array([1, c, 6, 6], np.int64),
+              **{k: rng.uniform(0.5, 1.5, c).astype(np.float32) for k in ("gamma", "beta", "mean", "var")}}
+    into = "a" if blocked_input else "r"
+    nodes = [helper.make_node("Conv", ["x", "first_w"], ["a"], name="first", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["a", "flat"], ["f"], name="flatten"), helper.make_node("Reshape", ["f", "back"], ["r"], name="unflatten"),
+             helper.make_node("BatchNormalization", [into, "gamma", "beta", "mean", "var"], ["n"], name="norm"),
+             helper.make_node("Add", ["n", "r"], ["m"], name="sum"),
+             helper.make_node("Conv", ["m", "last_w"], ["y"], name="last", pads=[1, 1, 1, 1])]
+    model = build_model(nodes, {"x": [1, 3, 6, 6]}, consts, ["y"], 17)
+    layouts, _, ran = _reorders_as_run(model, block)
+    assert ("norm" in layouts.in_nchw) == ("BatchNormalization" in ran) == (not blocked_input)

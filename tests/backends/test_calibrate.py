@@ -21,7 +21,9 @@ from bbgrap.backends.boundary import Lockstep, Message
 from bbgrap.backends.calibrate import (
     CHAIN,
     EIGHT_BIT_TIMED,
+    IN_NCHW_TIMED,
     OTHER_TIMED,
+    QDQ_TIMED,
     READ_CHAIN,
     READ_CHANNELS,
     READ_SIZE,
@@ -49,9 +51,11 @@ from bbgrap.backends.calibrate import (
     other_probe,
     profiler_cost,
     qconv_probe,
+    qdq_probe,
     qmatmul_probe,
     read_model,
     read_speed,
+    seconds_per,
     stream_speed,
     time_piece,
     wait_share,
@@ -77,7 +81,7 @@ from bbgrap.rules.registry import default_registry
 @pytest.mark.parametrize(("model", "ops"), [
     conv_model(8, 6, per_group=8), conv_model(8, 6, per_group=1), conv_model(16, 6, per_group=8), conv_model(8, 6, 1, kernel=7),
     matmul_model(4, 16), add_model(10),
-    *(other_model(op, 8) for op in OTHER_TIMED),
+    *(other_model(op, 8) for op in (*OTHER_TIMED, *IN_NCHW_TIMED)),
 ])
 def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.ModelProto, ops: float) -> None:
     path = str(tmp_path / "m.onnx")
@@ -87,7 +91,7 @@ def test_models_count_operations_as_the_cost_model_does(tmp_path, model: onnx.Mo
     assert math.isclose(counted, ops)
 
 
-@pytest.mark.parametrize("op_type", OTHER_TIMED)
+@pytest.mark.parametrize("op_type", [*OTHER_TIMED, *IN_NCHW_TIMED])
 def test_each_other_op_probe_chains_its_op_on_a_value_of_one_shape(op_type: str) -> None:
     probe = other_probe(op_type, 8)
     model = probe.build(CHAIN)
@@ -122,6 +126,31 @@ def test_an_eight_bit_probe_runs_its_ops_side_by_side_on_one_quantized_map_as_a_
     layer = next(layer for layer in graph.layers if layer.op_type == op_type)
     assert probe.ops == layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) == 9 * 64 * 36
     assert probe.elements == 64 * 36
+
+
+@pytest.mark.parametrize("op_type", QDQ_TIMED)
+def test_a_qdq_probe_runs_its_ops_side_by_side_each_as_onnxruntime_runs_it_in_a_model(tmp_path, op_type: str) -> None:
+    """Each of the probe's ops reads the one value (a DequantizeLinear the 8-bit map of one
+    QuantizeLinear: in sequence they would be a QDQ pair onnxruntime drops), onnxruntime runs every
+    one of them (none merged or dropped), and the probe counts one operation per value written, as
+    the cost model counts such an op of a model."""
+    probe = qdq_probe(op_type, 6)
+    model = probe.build(CHAIN)
+    ops = [n for n in model.graph.node if n.op_type == op_type]
+    assert len(ops) == CHAIN and len({n.input[0] for n in ops}) == 1
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ran = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+    assert [n.op_type for n in ran].count(op_type) == CHAIN
+    x = np.random.default_rng(1).standard_normal((1, 64, 6, 6)).astype(np.float32)
+    ys = sess.run(None, {"x": x})
+    assert len(ys) == CHAIN and all(y.shape == x.shape and y.dtype == (np.float32 if op_type == "DequantizeLinear" else np.uint8) for y in ys)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    graph = import_model(path).graph
+    layer = next(layer for layer in graph.layers if layer.op_type == op_type)
+    assert probe.ops == probe.elements == layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) == x.size
 
 
 def test_a_matmul_probe_chains_matmuls_each_by_its_own_weights() -> None:
@@ -177,6 +206,17 @@ def test_one_ops_time_is_its_share_of_a_chain_without_what_the_model_costs_once(
     probe = conv_probe(8, 4, 8)
     assert marginal_time(probe, _chain_clock(5e-5, lambda m: 2e-6)) == pytest.approx(2e-6)
     assert marginal_time(probe, lambda m: 1e-5 / len(m.graph.node)) == 0.0  # noise: a longer chain faster, nothing
+
+
+def test_a_kind_whose_chains_noise_hides_is_priced_by_its_chain_not_as_free() -> None:
+    """Where every longer chain ran no slower than its one op (noise on a busy host), the speed is
+    the largest probe's chain over its operations, not the 1e12-fold one a zero time would give."""
+    probes = [other_probe("MaxPool", s) for s in (14, 21, 28)]
+    per_op, per_value = seconds_per(probes, lambda m: 1e-4)
+    assert per_op == pytest.approx(1e-4 / (CHAIN * probes[-1].ops)) and per_value == 0.0
+    # one probe's time survives the noise: that probe's time over its operations
+    some = seconds_per(probes, lambda m: 1e-4 + (len(m.graph.node) > 1 and m.graph.input[0].type.tensor_type.shape.dim[2].dim_value == 21) * 2e-5)
+    assert some[0] == pytest.approx(1e-5 / probes[1].ops)
 
 
 def test_filter_reads_are_timed_on_a_chain_whose_filters_do_not_fit_in_the_cache() -> None:

@@ -24,6 +24,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from bbgrap import zoo
+from bbgrap.cluster import IN_NCHW
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config, CustomPartition, Direction
 from bbgrap.cost import in_blocks, layer_ops, run_ops
@@ -34,7 +35,7 @@ from bbgrap.rules.base import NCHWC_BLOCK, OpTraits
 from bbgrap.rules.conv import GEMM_PATH_COST, direct_integer, direct_outputs
 from bbgrap.rules.elementwise import same_in_every_layout
 from bbgrap.rules.registry import FAMILIES, RuleRegistry, default_registry
-from bbgrap.simulate import eight_bit_op, in_integer_kernels, layer_work, op_kind, piece_kind, quantized_layouts
+from bbgrap.simulate import eight_bit_op, in_integer_kernels, layer_work, op_kind, piece_kind, program_steps, quantized_layouts
 from tests.helpers import bbgrap, bbgrap_run, compile_plan, mpirun, run_plan, save
 
 
@@ -618,29 +619,39 @@ def test_the_transposes_and_qdq_nodes_of_a_segment_are_those_onnxruntime_runs(tm
     optimised segment, and the same 8-bit pools in NCHW (a MaxPool after a
     float BatchNormalization, which onnxruntime runs in a generic kernel); but for the first segment
     of a preprocessed resnet18's height cut, where onnxruntime crops the residual of the first block
-    in NCHW and transposes once more."""
+    in NCHW and transposes once more. The segment's work (`segment_work`) prices each of those
+    DequantizeLinear and QuantizeLinear nodes as its op type (calibrate times them apart) and each
+    BatchNormalization onnxruntime runs with its own kernel as one `IN_NCHW`."""
     graph = import_model(quantized(str(tmp_path), name, True, activations, preprocess=preprocess)).graph
     layers = {layer.name: layer for layer in graph.layers}
     seen = []
     for nodes, direction in ((1, Direction.H), (2, Direction.H), (2, Direction.C)):
         plan, segments = planned_segments(graph, nodes, direction)
-        for seg in segments:
+        works = [step.work for rank in program_steps(plan, lower(plan)[0]) for step in rank if step.op == "run"]
+        assert len(works) == len(segments)
+        for seg, work in zip(segments, works):
             inside = in_integer_kernels(plan, seg, layers)
             layouts = quantized_layouts(plan, seg, layers, inside, default_registry())
-            ours = (len(layouts.transposes), sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes),
-                    sorted(layers[n].op_type for n in layouts.eight_bit_nchw))
+            qdq = sum(n.op_type in ("DequantizeLinear", "QuantizeLinear") and id(n) not in inside for n in seg.nodes)
+            priced = sum(w.op_type in ("DequantizeLinear", "QuantizeLinear") for w in (*work.copies, *work.layers))
+            assert priced == qdq
+            ours = (len(layouts.transposes), qdq, sorted(layers[n].op_type for n in layouts.eight_bit_nchw),
+                    sum(w.op_type == "BatchNormalization" + IN_NCHW for w in work.layers))
             optimized = optimized_nodes(segment_model(plan, seg, seg.types, seg.name))
             ops = [n.op_type for n in optimized]
             # the pools onnxruntime runs on 8-bit values in NCHW: of the default domain (channels-last ones are com.microsoft's)
             pools = sorted(n.op_type for n in optimized if n.op_type in ("MaxPool", "AveragePool") and not n.domain)
-            theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"), pools)
+            theirs = (ops.count("Transpose"), ops.count("DequantizeLinear") + ops.count("QuantizeLinear"), pools,
+                      sum(n.op_type == "BatchNormalization" and not n.domain for n in optimized))
             if preprocess and name == "resnet18" and nodes == 2 and direction is Direction.H and seg.name.endswith("_seg0"):
                 theirs = (theirs[0] - 1, *theirs[1:])  # onnxruntime crops a residual in NCHW there: one transpose more
             assert ours == theirs, (nodes, direction, seg.name, ours, sorted(ops))
             seen.append(ours)
-    assert any(transposes for transposes, _, _ in seen)  # the models have channels-last kernels
+    assert any(transposes for transposes, *_ in seen)  # the models have channels-last kernels
     if name == "resnet18" and not preprocess and activations == QuantType.QUInt8:  # its MaxPool after a float BatchNormalization
-        assert any(pools == ["MaxPool"] for _, _, pools in seen)
+        assert any(pools == ["MaxPool"] for _, _, pools, _ in seen)
+    if not preprocess:  # its BatchNormalizations are not folded into the convolutions: onnxruntime runs them in NCHW
+        assert any(norms for *_, norms in seen)
 
 
 class _FloatPools(RuleRegistry):
