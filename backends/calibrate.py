@@ -302,6 +302,7 @@ IN_NCHW_TIMED = ("BatchNormalization",)
 # DequantizeLinear of a tensor's one scale uses one thread, its QuantizeLinear all (session 43)
 QDQ_TIMED = ("DequantizeLinear", "QuantizeLinear")
 TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
+OTHER_SIZES = (14, 21, 28)  # sizes of the probes of these op types (but EIGHT_BIT_TIMED's): in the core's cache, as the Adds'
 
 
 LRN_SIZE = 5  # channels in an LRN probe's window (GoogLeNet's)
@@ -705,12 +706,11 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()}
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
-    # (in the core's cache, as the Adds that give other_ops_per_s)
-    other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in OTHER_TIMED}
+    other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in OTHER_SIZES], timed)[0] for op in OTHER_TIMED}
     other_speeds.update({op + EIGHT_BIT_NCHW: 1.0 / seconds_per([eight_bit_probe(op, s) for s in (14, 28, 56)], timed)[0]
                          for op in EIGHT_BIT_TIMED})
-    other_speeds.update({op + IN_NCHW: 1.0 / seconds_per([other_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in IN_NCHW_TIMED})
-    other_speeds.update({op: 1.0 / seconds_per([qdq_probe(op, s) for s in (14, 21, 28)], timed)[0] for op in QDQ_TIMED})
+    other_speeds.update({op + IN_NCHW: 1.0 / seconds_per([other_probe(op, s) for s in OTHER_SIZES], timed)[0] for op in IN_NCHW_TIMED})
+    other_speeds.update({op: 1.0 / seconds_per([qdq_probe(op, s) for s in OTHER_SIZES], timed)[0] for op in QDQ_TIMED})
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)

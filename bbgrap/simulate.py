@@ -314,9 +314,9 @@ def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
 class Layouts:
     """The layouts onnxruntime's CPU provider runs one segment's ops in (`layout_reorders`): the
     reorders it adds, each as (the name of the ONNX node of the segment that causes it, the values
-    it moves), in the segment's order; and the nodes of ops that run blocked where their input is
-    (`Layout.KEEPS`, `Layout.BLIND`) or always (a grouped convolution) that ran on NCHW values
-    here, with their own kernel (`cluster.IN_NCHW`: a BatchNormalization's uses one thread)."""
+    it moves), in the segment's order; and the nodes of ops that can run in the blocked layout (any
+    `Layout` but PLAIN) that ran on NCHW values here, with their own kernel (`cluster.IN_NCHW`: a
+    BatchNormalization's uses one thread)."""
 
     reorders: list[tuple[str, float]]
     in_nchw: frozenset[str]
@@ -398,7 +398,7 @@ def layout_reorders(graph: Graph, seg: Segment, registry: RuleRegistry, chained:
                 unblocked.add(v)
                 out.append((node.name, size))
         if not runs and traits.layout is not Layout.PLAIN and (four_d or not any(v in blocked for v in values)):
-            in_nchw.add(node.name)  # (of a value lowering names, whose shape is not known here: where none in is blocked)
+            in_nchw.add(node.name)  # (a value lowering names has no known shape: NCHW where none in is blocked)
         for o in outputs:
             producer[o] = node.name
             if runs:
@@ -440,7 +440,9 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     the account of the layer that causes it (`LayerWork.reorders`), or where an op of lowering's
     does, as one copy more, and the size of every value the segment takes or gives
     (`SegmentWork.handed`: each crosses from one onnxruntime session to another, copied, and in the
-    blocked layout reordered). `whole`: each
+    blocked layout reordered). An "other" layer onnxruntime runs on NCHW values where it could run
+    blocked (`Layouts.in_nchw`) is priced as its op type `IN_NCHW`, and one of lowering's ops as its
+    op type (`Copy`: a DequantizeLinear or QuantizeLinear the node timed apart). `whole`: each
     layer's `whole_ops` by name (counted once for all the plan's segments: `program_steps`)."""
     registry = registry or default_registry()
     layers = {layer.name: layer for layer in graph.layers}
