@@ -101,6 +101,21 @@ def test_each_other_op_probe_chains_its_op_on_a_value_of_one_shape(op_type: str)
     assert y.shape == x.shape and np.isfinite(y).all() and probe.elements == x.size
 
 
+def _run_and_counted(tmp_path: Any, model: onnx.ModelProto, op_type: str, x: np.ndarray) -> tuple[list[str], list[np.ndarray], float]:
+    """A probe's model as onnxruntime runs it: the op types of its optimised graph and its outputs
+    for input `x`; and the operations the cost model counts for its first `op_type` layer."""
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ran = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    ys = sess.run(None, {"x": x})
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    graph = import_model(path).graph
+    layer = next(layer for layer in graph.layers if layer.op_type == op_type)
+    return ran, ys, layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape))
+
+
 @pytest.mark.parametrize("op_type", EIGHT_BIT_TIMED)
 def test_an_eight_bit_probe_runs_its_ops_side_by_side_on_one_quantized_map_as_a_cnn_stem_pools(tmp_path, op_type: str) -> None:
     """Each of the probe's ops reads the one QuantizeLinear's 8-bit map (not the op before's
@@ -112,19 +127,11 @@ def test_an_eight_bit_probe_runs_its_ops_side_by_side_on_one_quantized_map_as_a_
     pools = [n for n in model.graph.node if n.op_type == op_type]
     assert len(pools) == CHAIN and {n.input[0] for n in pools} == {"q"}
     assert all(helper.get_attribute_value(a) == [2, 2] for n in pools for a in n.attribute if a.name == "strides")
-    opts = ort.SessionOptions()
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    ran = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
-    assert [n.op_type for n in ran].count(op_type) == CHAIN
     x = np.random.default_rng(1).standard_normal((1, 64, 12, 12)).astype(np.float32)
-    ys = sess.run(None, {"x": x})
+    ran, ys, counted = _run_and_counted(tmp_path, model, op_type, x)
+    assert ran.count(op_type) == CHAIN
     assert len(ys) == CHAIN and all(y.dtype == np.uint8 and y.shape == (1, 64, 6, 6) for y in ys)
-    path = str(tmp_path / "m.onnx")
-    onnx.save(model, path)
-    graph = import_model(path).graph
-    layer = next(layer for layer in graph.layers if layer.op_type == op_type)
-    assert probe.ops == layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) == 9 * 64 * 36
+    assert probe.ops == counted == 9 * 64 * 36
     assert probe.elements == 64 * 36
 
 
@@ -138,19 +145,11 @@ def test_a_qdq_probe_runs_its_ops_side_by_side_each_as_onnxruntime_runs_it_in_a_
     model = probe.build(CHAIN)
     ops = [n for n in model.graph.node if n.op_type == op_type]
     assert len(ops) == CHAIN and len({n.input[0] for n in ops}) == 1
-    opts = ort.SessionOptions()
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    ran = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
-    assert [n.op_type for n in ran].count(op_type) == CHAIN
     x = np.random.default_rng(1).standard_normal((1, 64, 6, 6)).astype(np.float32)
-    ys = sess.run(None, {"x": x})
+    ran, ys, counted = _run_and_counted(tmp_path, model, op_type, x)
+    assert ran.count(op_type) == CHAIN
     assert len(ys) == CHAIN and all(y.shape == x.shape and y.dtype == (np.float32 if op_type == "DequantizeLinear" else np.uint8) for y in ys)
-    path = str(tmp_path / "m.onnx")
-    onnx.save(model, path)
-    graph = import_model(path).graph
-    layer = next(layer for layer in graph.layers if layer.op_type == op_type)
-    assert probe.ops == probe.elements == layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) == x.size
+    assert probe.ops == probe.elements == counted == x.size
 
 
 def test_a_matmul_probe_chains_matmuls_each_by_its_own_weights() -> None:
