@@ -302,7 +302,7 @@ IN_NCHW_TIMED = ("BatchNormalization",)
 # DequantizeLinear of a tensor's one scale uses one thread, its QuantizeLinear all (session 43)
 QDQ_TIMED = ("DequantizeLinear", "QuantizeLinear")
 TOKEN_WIDTH = 256  # channels of the (tokens, channels) values a LayerNormalization or Softmax probe runs over
-OTHER_SIZES = (14, 21, 28)  # sizes of the probes of these op types (but EIGHT_BIT_TIMED's): in the core's cache, as the Adds'
+OTHER_SIZES = (14, 21, 28)  # sizes of the probes of these op types (but EIGHT_BIT_TIMED's): in the core's cache, as the Adds' (`TimedApart`)
 
 
 LRN_SIZE = 5  # channels in an LRN probe's window (GoogLeNet's)
@@ -379,6 +379,21 @@ def qdq_probe(op_type: str, size: int) -> Probe:
 def other_probe(op_type: str, size: int) -> Probe:
     """`other_model`'s ops as a `Probe` (no model built until timed)."""
     return Probe(lambda chain: other_model(op_type, size, chain)[0], other_ops(op_type, size), float(64 * size * size))
+
+
+@dataclass(frozen=True)
+class TimedApart:
+    """"Other" op types calibrate times apart (`NodeProfile.other_speeds`): each `probe(op, size)` at
+    `sizes`, written under the op type and `suffix` (`cluster.EIGHT_BIT_NCHW`, `cluster.IN_NCHW`)."""
+
+    op_types: tuple[str, ...]
+    probe: Callable[[str, int], Probe]
+    sizes: tuple[int, ...] = OTHER_SIZES
+    suffix: str = ""
+
+
+TIMED_APART = (TimedApart(OTHER_TIMED, other_probe), TimedApart(EIGHT_BIT_TIMED, eight_bit_probe, (14, 28, 56), EIGHT_BIT_NCHW),
+               TimedApart(IN_NCHW_TIMED, other_probe, suffix=IN_NCHW), TimedApart(QDQ_TIMED, qdq_probe))
 
 
 def add_probe(elements: int) -> Probe:
@@ -706,11 +721,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields: dict[str, Any] = {f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()}
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
-    other_speeds = {op: 1.0 / seconds_per([other_probe(op, s) for s in OTHER_SIZES], timed)[0] for op in OTHER_TIMED}
-    other_speeds.update({op + EIGHT_BIT_NCHW: 1.0 / seconds_per([eight_bit_probe(op, s) for s in (14, 28, 56)], timed)[0]
-                         for op in EIGHT_BIT_TIMED})
-    other_speeds.update({op + IN_NCHW: 1.0 / seconds_per([other_probe(op, s) for s in OTHER_SIZES], timed)[0] for op in IN_NCHW_TIMED})
-    other_speeds.update({op: 1.0 / seconds_per([qdq_probe(op, s) for s in OTHER_SIZES], timed)[0] for op in QDQ_TIMED})
+    other_speeds = {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], timed)[0]
+                    for apart in TIMED_APART for op in apart.op_types}
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)

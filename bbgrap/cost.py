@@ -88,7 +88,7 @@ def in_blocks(layer: Layer, graph: Graph, region: ShapeMap, ops: float, registry
     if part == whole:
         return ops
     if integer_conv(layer, graph):  # in no blocked layout
-        return ops * GEMM_PATH_COST if not by_kind and direct_integer(layer, graph) and not direct_outputs(part) else ops
+        return ops * GEMM_PATH_COST if not by_kind and not direct_outputs(part) and direct_integer(layer, graph) else ops
     block = registry.traits(layer.op_type, layer.domain).channel_block
     return ops * (padded(part, block) / part) / (padded(whole, block) / whole) if block > 1 else ops
 
