@@ -44,7 +44,11 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last
   size before is `cache_bytes` and the slope over the two largest sizes gives `stream_ops_per_s`:
   a crop, concat or handed value larger moves its values beyond the cache at that speed
-  (`NodeProfile.streamed_s`);
+  (`NodeProfile.streamed_s`). A node of several threads sweeps at one thread too, for `cache_bytes`
+  (`stream_regime`): its threads split the larger Adds, which hides the step (two threads on the
+  2-core machine saw none), and the cache's size does not depend on them. A node whose cache holds
+  its weights and the values it writes in an inference reads its filters from there
+  (`NodeProfile.holds`);
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
   operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
   convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);
@@ -522,6 +526,18 @@ def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) ->
     return 1.0 / slopes[-1], float(BYTES_MOVED * sizes[beyond])
 
 
+def stream_regime(node_times: Sequence[float], one_thread_times: Sequence[float] | None) -> tuple[float, float]:
+    """`(stream_ops_per_s, cache_bytes)`: the speed beyond the cache from the Adds over STREAM_SIZES
+    timed at the node's threads (`stream_speed`; 0 where they showed no slower regime), and the
+    cache's size from those timed at one thread (`one_thread_times`, for a node of several threads:
+    its threads split the larger Adds, which hides the step; the cache's size does not depend on
+    them) where they show it, else from the node's."""
+    speed, cache = stream_speed(node_times)
+    if one_thread_times is not None:
+        cache = stream_speed(one_thread_times)[1] or cache
+    return speed, cache
+
+
 @dataclass(frozen=True)
 class ModelToTime:
     """The model `calibrate --model` times layer by layer: as loaded, its nodes named as its layers
@@ -723,7 +739,10 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
     other_speeds = {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], timed)[0]
                     for apart in TIMED_APART for op in apart.op_types}
-    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_speed([timed(add_model(n)[0]) for n in STREAM_SIZES])
+    adds = [add_model(n)[0] for n in STREAM_SIZES]
+    one_thread = functools.partial(time_model, threads=1, clock=clock, target=target)
+    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime([timed(a) for a in adds],
+                                                                      [one_thread(a) for a in adds] if threads > 1 and not target.on_gpu else None)
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
     fields["conv_read_Bps"] = read_speed(timed, speeds["conv"])

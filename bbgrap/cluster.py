@@ -218,7 +218,8 @@ class NodeProfile:
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
     # moves the values beyond them at `stream_ops_per_s`, the core's cache no longer holding its
     # input and output (`streamed_s`); 0: every one at other_ops_per_s (calibrate saw no slower
-    # regime; the default)
+    # regime; the default). A node whose cache holds `cache_bytes` reads its filters from there where
+    # its weights and the values it writes in an inference fit in them (`holds`)
     stream_ops_per_s: float = 0.0
     cache_bytes: float = 0.0
     segment_s: float = 5e-5
@@ -324,6 +325,13 @@ class NodeProfile:
         beyond = values - self.cache_bytes / BYTES_MOVED
         return max(0.0, beyond) * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
+    def holds(self, working_set: float) -> bool:
+        """Whether this node's cache holds `working_set` bytes from one inference to the next
+        (`simulate.working_set`: a node's weights and its largest piece's values): where it does, its
+        convolutions find their filters there, as calibrate's probes do. False where calibrate found
+        no `cache_bytes`."""
+        return 0.0 < working_set <= self.cache_bytes
+
     def moved_s(self, values: float, op_type: str = "") -> float:
         """Seconds to copy `values` values: one "other" operation each (at the speed of `op_type`
         where the node timed it apart: `op_rate`), and beyond the cache `streamed_s` (a value
@@ -350,7 +358,8 @@ class NodeProfile:
 
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
-                   op_type: str = "", reorders: Sequence[float] = (), reads: float = 0.0, read_ops: float = 0.0) -> float:
+                   op_type: str = "", reorders: Sequence[float] = (), reads: float = 0.0, read_ops: float = 0.0,
+                   cached: bool = False) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
@@ -371,7 +380,8 @@ class NodeProfile:
         does (`copy_s`); a measured layer's time holds them already (its run's reorders, shared
         among the layers). Of `ops`, `read_ops` are the bytes the piece `reads` beyond its throughput
         (`cost.extra_reads`) priced as operations (`OpTraits.read_ops` a byte, a constant fitted on
-        one CPU); where the node measured `conv_read_Bps` they take that long instead."""
+        one CPU); where the node measured `conv_read_Bps` they take that long instead; and nothing
+        where they are `cached` (the node's cache holds its weights between inferences: `holds`)."""
         measured = self.layer_s.get(name)
         if measured is None:
             reordered = math.fsum(self.copy_s(v) for v in reorders)
@@ -379,7 +389,7 @@ class NodeProfile:
                 return ops / self.ops_per_s(kind) + reordered
             rate = self.op_rate(kind, op_type)
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
-            read = reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate
+            read = 0.0 if cached else reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate
             computed = (ops - read_ops) / rate + read + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind) + reordered
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0

@@ -41,7 +41,7 @@ rank's end. Every rank starts at 0 (bbgrap-run starts an inference on all ranks 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -100,12 +100,15 @@ class SegmentWork:
     it makes writes (`copies`: an op of lowering's, a crop or a concat, or a layout reorder no layer
     causes; each priced as `NodeProfile.copy_s`); the size of each value it takes or gives
     (`handed`: copied from one onnxruntime session to the next); whether other segments run on its
-    node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`)."""
+    node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`);
+    and the bytes its node touches in one inference (`working_set`: where the node's cache holds them,
+    `NodeProfile.holds`, its convolutions read their filters from there, at no cost beyond their operations)."""
 
     layers: tuple[LayerWork, ...] = ()
     copies: tuple[Copy, ...] = ()
     handed: tuple[float, ...] = ()
     after_others: bool = False
+    working_set: float = 0.0
 
     @property
     def ops(self) -> dict[str, float]:
@@ -626,11 +629,14 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
     chained = chained_layers(graph, registry)
     for program in programs:
         steps: list[SimStep] = []
-        several = sum(step.op == "run" for step in program.steps) > 1
+        works = {id(step): segment_work(graph, program.node, step.seg, whole, registry, chained) for step in program.steps if step.op == "run"}
+        pieces = [w for work in works.values() for w in work.layers]
+        written = [*(w.elements for w in pieces), *(c.values for work in works.values() for c in work.copies),
+                   *(v for work in works.values() for v in work.handed)]
+        node_set = working_set((w.weight_share * w.weight_bytes for w in pieces), written)
         for step in program.steps:
             if step.op == "run":
-                work = segment_work(graph, program.node, step.seg, whole, registry, chained)
-                steps.append(SimStep("run", work=replace(work, after_others=True) if several else work))
+                steps.append(SimStep("run", work=replace(works[id(step)], after_others=len(works) > 1, working_set=node_set)))
             else:
                 m = step.msg
                 steps.append(SimStep(step.op, message=m.id, src=m.src, dst=m.dst, nbytes=m.nbytes))
@@ -638,11 +644,22 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
     return out
 
 
+def working_set(weights: Iterable[float], written: Iterable[float]) -> float:
+    """Bytes a node touches in one inference: the `weights` (bytes) of its pieces, and the values it
+    writes (`written`: each piece's, copy's and handed value's count; VALUE_BYTES each), which pass
+    through its cache between one use of a filter and the next: a cache that holds them all keeps the
+    filters from one inference to the next (`NodeProfile.holds`); a model's activations that do not
+    fit beside them evict them (DenseNet's concatenations, a large map)."""
+    return math.fsum(weights) + VALUE_BYTES * math.fsum(written)
+
+
 def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) -> float:
     """The operations of the layer's whole output, as the CPU runs them (`run_ops`: a piece's
     share of the layer is its run_ops over these)."""
     return run_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), registry)
 
+
+VALUE_BYTES = 4  # bytes of a float32 value (`working_set`)
 
 # nodes within this much of the fastest on a model are taken as equal: calibrate's noise between like nodes
 # (two ranks of one host have measured one op kind's throughput 17 % apart, docs/benchmarks.md session 17)
@@ -662,10 +679,11 @@ def profile_speeds(work: Sequence[SegmentWork], profile: ClusterProfile, nodes: 
     return tuple(round(max(times) / t, 2) for t in times)
 
 
-def work_seconds(p: NodeProfile, w: LayerWork) -> float:
-    """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`)."""
+def work_seconds(p: NodeProfile, w: LayerWork, cached: bool = False) -> float:
+    """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`; `cached`: the
+    node's cache holds its weights, `NodeProfile.holds`)."""
     return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type,
-                        w.reorders, w.reads, w.read_ops)
+                        w.reorders, w.reads, w.read_ops, cached)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
@@ -673,10 +691,12 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     time (`NodeProfile.layer_time`: its measured share where the node measured it, else its kind's
     throughput and fixed cost per op, or its weights streamed where that takes longer), each copy as
     `NodeProfile.copy_s` prices it, and each value taken or given as `moved_s` (its fixed cost is
-    `value_s`); a segment run after others pays `cold_segment_s`, and `cold_s` for each op and value."""
+    `value_s`); a segment run after others pays `cold_segment_s`, and `cold_s` for each op and value;
+    where the node's cache holds its `working_set`, its convolutions read their filters from there."""
     p = profile.node(node)
     cold = p.cold_segment_s + (work.op_count + work.values) * p.cold_s if work.after_others else 0.0
-    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w) for w in work.layers),
+    cached = p.holds(work.working_set)
+    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w, cached) for w in work.layers),
                                                                     *(p.copy_s(c.values, c.op_type) for c in work.copies),
                                                                     *(p.moved_s(h) for h in work.handed)])
 

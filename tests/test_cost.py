@@ -142,3 +142,16 @@ def test_a_piece_reads_at_the_nodes_measured_speed_where_calibrate_measured_it()
     assert seconds(node) == pytest.approx(work.ops / 1e11)
     measured = replace(node, conv_read_Bps=2e10)
     assert seconds(measured) == pytest.approx((work.ops - work.read_ops) / 1e11 + work.reads / 2e10)
+    # where the node's cache holds its weights between inferences, the filters cost no read beyond the operations
+    for profile in (node, measured):
+        cached = profile.layer_time(work.name, work.kind, work.ops, work.whole_ops, reads=work.reads, read_ops=work.read_ops, cached=True)
+        assert cached == pytest.approx((work.ops - work.read_ops) / 1e11)
+
+
+def test_a_node_holds_a_working_set_up_to_its_measured_cache_and_none_where_it_measured_none() -> None:
+    from bbgrap.cluster import NodeProfile
+
+    node = NodeProfile(cache_bytes=16e6)
+    assert node.holds(16e6) and node.holds(1.0)
+    assert not node.holds(16e6 + 1) and not node.holds(0.0)
+    assert not NodeProfile().holds(1.0)  # calibrate saw no slower regime: nothing is known to stay in the cache

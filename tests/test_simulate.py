@@ -538,6 +538,40 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
     assert one[0][0].work is not None and not one[0][0].work.after_others
 
 
+def test_a_node_whose_cache_holds_its_weights_and_largest_values_reads_its_filters_for_nothing(small_model: str) -> None:
+    """Each rank's segments carry the rank's working set (its pieces' shares of the weights, and every
+    value it writes: its pieces', its copies' and those it hands on); a rank whose cache holds it is
+    predicted without its convolutions' filter reads, and the same rank one byte short with them."""
+    from bbgrap.backends.lower import lower
+    from bbgrap.frontends.onnx import import_model
+
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.simulate import VALUE_BYTES, segment_seconds, working_set
+
+    graph = PassManager(pipeline(Config(nodes=2, planner="greedy"))).run(import_model(small_model).graph)
+    programs, _ = lower(graph)
+    steps = program_steps(graph, programs)
+    sets = []
+    for rank in steps:
+        works = [s.work for s in rank if s.work]
+        pieces = [w for work in works for w in work.layers]
+        written = [w.elements for w in pieces] + [c.values for w in works for c in w.copies] + [v for w in works for v in w.handed]
+        expected = math.fsum(w.weight_share * w.weight_bytes for w in pieces) + VALUE_BYTES * math.fsum(written)
+        assert [w.working_set for w in works] == pytest.approx([expected] * len(works))
+        assert expected == pytest.approx(working_set((w.weight_share * w.weight_bytes for w in pieces), written))
+        assert any(w.copies for w in works) and math.fsum(written) > sum(w.elements for w in pieces)
+        assert any(w.reads > 0 for w in pieces)  # the model's convolutions read filters beyond the probes'
+        sets.append(expected)
+    node = NodeProfile(conv_ops_per_s=1e10, depthwise_ops_per_s=1e10, conv_read_Bps=1e9, weight_Bps=1e15)  # no weight-bound layer
+    held = ClusterProfile(nodes=(replace(node, cache_bytes=max(sets)),))
+    short = ClusterProfile(nodes=(replace(node, cache_bytes=min(sets) - 1),))
+    for rank, work_set in enumerate(sets):
+        reads = math.fsum(w.reads for s in steps[rank] if s.work for w in s.work.layers if w.read_ops)
+        gap = sum(segment_seconds(s.work, rank, short) - segment_seconds(s.work, rank, held) for s in steps[rank] if s.work)
+        assert gap == pytest.approx(reads / 1e9)
+    assert predict(graph, programs, held).latency < predict(graph, programs, short).latency
+
+
 def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model

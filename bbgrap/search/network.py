@@ -75,11 +75,12 @@ import numpy as np
 
 from bbgrap.cluster import ClusterProfile
 from bbgrap.config import PLANNERS
+from bbgrap.cost import weight_bytes
 from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import chained_layers, layer_work, op_kind, whole_ops, work_seconds
+from bbgrap.simulate import chained_layers, layer_work, op_kind, whole_ops, work_seconds, working_set
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
@@ -252,6 +253,11 @@ class NetworkCost:
         self.kinds = [op_kind(layer, graph) for layer in graph.layers]
         self.whole = [whole_ops(layer, graph, self.registry) for layer in graph.layers]
         self.chained = chained_layers(graph, self.registry)
+        # a node may read all of the model's weights (a cut along rows does) and write every layer's output:
+        # where its cache holds them, its convolutions read their filters from there (`simulate.working_set`)
+        whole_set = working_set((weight_bytes(layer, graph) for layer in graph.layers),
+                                (math.prod(graph.tensors[layer.outputs[0]].shape) for layer in graph.layers))
+        self.cached = tuple(self.profile.node(n).holds(whole_set) for n in range(self.nodes))
 
     # tables -----------------------------------------------------------------------------------
     def compute(self, i: int, c: int) -> tuple[float, ...]:
@@ -263,7 +269,7 @@ class NetworkCost:
             times = [0.0] * self.nodes
             for n in part.active_nodes():
                 work = layer_work(layer, self.graph, part, n, self.kinds[i], self.whole[i], self.registry, self.chained, layer.name in self.chained)
-                times[n] = work_seconds(self.profile.node(n), work)
+                times[n] = work_seconds(self.profile.node(n), work, self.cached[n])
             got = self._compute[key] = tuple(times)
         return got
 

@@ -27,6 +27,7 @@ from bbgrap.backends.calibrate import (
     READ_CHAIN,
     READ_CHANNELS,
     READ_SIZE,
+    STREAM_SIZES,
     KindSpeed,
     Probe,
     ProfilerCost,
@@ -56,6 +57,7 @@ from bbgrap.backends.calibrate import (
     read_model,
     read_speed,
     seconds_per,
+    stream_regime,
     stream_speed,
     time_piece,
     wait_share,
@@ -303,6 +305,18 @@ def test_copies_beyond_the_cache_are_found_where_the_cost_per_value_jumps() -> N
     noisy = [times[0] + 0.9e-6, *times[1:]]
     assert stream_speed(noisy, sizes) == (speed, cache)
     assert stream_speed([2e-6, 1e-6, 0.5e-6, 0.4e-6, 0.3e-6], sizes) == (0.0, 0.0)  # no slope to go by
+
+
+def test_a_node_of_several_threads_takes_the_caches_size_from_one_thread_and_the_speed_beyond_it_from_its_own() -> None:
+    # one thread: 1 ns per value up to 2^20 values, 3 ns beyond; the node's two threads: 0.5 ns, 1 ns beyond 2^21
+    one = [1e-6 + 1e-9 * n if n <= 2**20 else 1e-6 + 1e-9 * 2**20 + 3e-9 * (n - 2**20) for n in STREAM_SIZES]
+    node = [1e-6 + 0.5e-9 * n if n <= 2**21 else 1e-6 + 0.5e-9 * 2**21 + 1e-9 * (n - 2**21) for n in STREAM_SIZES]
+    assert stream_speed(one) == (pytest.approx(1 / 3e-9), 8 * 2**20)
+    assert stream_regime(node, one) == (pytest.approx(1 / 1e-9), 8 * 2**20)
+    assert stream_regime(node, None) == stream_speed(node) == (pytest.approx(1 / 1e-9), 8 * 2**21)
+    flat = [1e-6 + 0.5e-9 * n for n in STREAM_SIZES]  # the node's threads hide the step: no slower regime, but the cache's size
+    assert stream_regime(flat, one) == (0.0, 8 * 2**20)
+    assert stream_regime(node, flat) == stream_speed(node)  # one thread saw none: the node's
 
 
 def test_the_weights_probe_streams_the_bytes_it_says() -> None:
