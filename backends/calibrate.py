@@ -45,8 +45,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   size before is `cache_bytes` and the slope over the two largest sizes gives `stream_ops_per_s`:
   a crop, concat or handed value larger moves its values beyond the cache at that speed
   (`NodeProfile.streamed_s`). A node of several threads sweeps at one thread too, for `cache_bytes`
-  (`stream_regime`): its threads split the larger Adds, which hides the step (two threads on the
-  2-core machine saw none), and the cache's size does not depend on them. A node whose cache holds
+  (`stream_regime`, with NumPy's Add, `one_thread_add`: a process on onnxruntime's process-wide pool
+  can make no session of one thread): its threads split the larger Adds, which hides the step (two
+  threads on the 2-core machine saw none), and the cache's size does not depend on them. A node whose cache holds
   its weights and the values it writes in an inference reads its filters from there
   (`NodeProfile.holds`);
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
@@ -526,6 +527,22 @@ def stream_speed(times: Sequence[float], sizes: Sequence[int] = STREAM_SIZES) ->
     return 1.0 / slopes[-1], float(BYTES_MOVED * sizes[beyond])
 
 
+def one_thread_add(elements: int, clock: BusyClock = WALL, repeat: int = REPEAT) -> float:
+    """Seconds of NumPy's Add of a constant to `elements` float32 values into another array, on one
+    thread (onnxruntime's Add reads and writes as much a value): the fastest of `repeat` on `clock`
+    after a warm-up. bbgrap calibrate runs its sessions on onnxruntime's process-wide pool, as
+    bbgrap-run does, beside which onnxruntime makes no session of one thread."""
+    values = np.random.default_rng(1).standard_normal(elements).astype(np.float32)
+    out, one = np.empty_like(values), np.float32(1.0)
+
+    def run() -> None:
+        np.add(values, one, out=out)
+
+    for _ in range(2):
+        run()
+    return clock.best([timed_run(run, clock) for _ in range(repeat)])
+
+
 def stream_regime(node_times: Sequence[float], one_thread_times: Sequence[float] | None) -> tuple[float, float]:
     """`(stream_ops_per_s, cache_bytes)`: the speed beyond the cache from the Adds over STREAM_SIZES
     timed at the node's threads (`stream_speed`; 0 where they showed no slower regime), and the
@@ -739,10 +756,9 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
     other_speeds = {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], timed)[0]
                     for apart in TIMED_APART for op in apart.op_types}
-    adds = [add_model(n)[0] for n in STREAM_SIZES]
-    one_thread = functools.partial(time_model, threads=1, clock=clock, target=target)
-    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime([timed(a) for a in adds],
-                                                                      [one_thread(a) for a in adds] if threads > 1 and not target.on_gpu else None)
+    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime(
+        [timed(add_model(n)[0]) for n in STREAM_SIZES],
+        [one_thread_add(n, clock) for n in STREAM_SIZES] if threads > 1 and not target.on_gpu else None)
     streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
     fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
     fields["conv_read_Bps"] = read_speed(timed, speeds["conv"])
@@ -831,8 +847,10 @@ def describe(profile: ClusterProfile) -> str:
                          + f" Gop/s (the rest {p.other_ops_per_s / 1e9:.2f})")
         if p.conv_read_Bps:
             lines.append(f"  a convolution's filters read from beyond the cache at {p.conv_read_Bps / 1e9:.1f} GB/s")
-        if p.cache_bytes and p.stream_ops_per_s:
-            lines.append(f"  copies of over {p.cache_bytes / 2**20:.1f} MB (read and written) at {p.stream_ops_per_s / 1e9:.2f} Gop/s")
+        if p.cache_bytes:
+            beyond = f"; copies of more at {p.stream_ops_per_s / 1e9:.2f} Gop/s" if p.stream_ops_per_s else ""
+            lines.append(f"  a cache of {p.cache_bytes / 2**20:.1f} MB (read and written){beyond}: a node whose weights and "
+                         "values fit reads its filters there")
         if p.layer_s:
             lines.append(f"  {len(p.layer_s)} layers of {os.path.basename(profile.model_path)} measured: "
                          f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all; how {len(p.layer_scaling)} of them scale with a piece")

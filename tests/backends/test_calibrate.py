@@ -317,6 +317,8 @@ def test_a_node_of_several_threads_takes_the_caches_size_from_one_thread_and_the
     flat = [1e-6 + 0.5e-9 * n for n in STREAM_SIZES]  # the node's threads hide the step: no slower regime, but the cache's size
     assert stream_regime(flat, one) == (0.0, 8 * 2**20)
     assert stream_regime(node, flat) == stream_speed(node)  # one thread saw none: the node's
+    # the one-thread sweep runs NumPy's Add: a process on onnxruntime's process-wide pool makes no session of one thread
+    assert all(0 < one_thread_add(n, repeat=3) < 1 for n in STREAM_SIZES[:2])
 
 
 def test_the_weights_probe_streams_the_bytes_it_says() -> None:
