@@ -47,6 +47,7 @@ from bbgrap.backends.calibrate import (
     measure_layers,
     message_fields,
     model_to_time,
+    one_thread_add,
     op_speed,
     other_model,
     other_probe,
