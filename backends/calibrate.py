@@ -47,9 +47,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   (`NodeProfile.streamed_s`). A node of several threads sweeps at one thread too, for `cache_bytes`
   (`stream_regime`, with NumPy's Add, `one_thread_add`: a process on onnxruntime's process-wide pool
   can make no session of one thread): its threads split the larger Adds, which hides the step (two
-  threads on the 2-core machine saw none), and the cache's size does not depend on them. A node whose cache holds
-  its weights and the values it writes in an inference reads its filters from there
-  (`NodeProfile.holds`);
+  threads on the 2-core machine saw none), and the cache's size does not depend on them. A node
+  whose cache holds its weights and the values it writes in an inference reads its filters from
+  there (`NodeProfile.holds`);
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
   operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
   convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);

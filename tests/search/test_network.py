@@ -329,3 +329,23 @@ def test_timeline_of_a_plan_on_one_node_is_its_compute(tmp_path) -> None:
 def test_unknown_planner() -> None:
     with pytest.raises(ValueError, match="unknown planner"):
         plan_network(NetworkCost.__new__(NetworkCost), "annealing")
+
+
+def test_a_node_whose_cache_holds_the_whole_models_weights_and_outputs_prices_its_convolutions_without_filter_reads(tmp_path) -> None:
+    """The planner judges each node's cache once, from the whole model (every weight, every layer's
+    output: a cut along rows reads all the filters), and prices its convolutions as the simulator
+    prices a node whose cache holds its working set."""
+    from dataclasses import replace
+
+    from bbgrap.cost import weight_bytes
+    from bbgrap.simulate import working_set
+
+    graph = partitioned(residual_model(), 2, tmp_path)
+    whole = working_set((weight_bytes(layer, graph) for layer in graph.layers),
+                        (math.prod(graph.tensors[layer.outputs[0]].shape) for layer in graph.layers))
+    node = NodeProfile(conv_read_Bps=1e6, weight_Bps=1e15)  # filter reads slow enough to show
+    held = network_cost(graph, ClusterProfile((replace(node, cache_bytes=whole),)))
+    short = network_cost(graph, ClusterProfile((replace(node, cache_bytes=whole - 1),)))
+    assert held.cached == (True, True) and short.cached == (False, False)
+    convs = [i for i, layer in enumerate(graph.layers) if layer.op_type == "Conv"]
+    assert convs and all(sum(held.compute(i, 0)) < sum(short.compute(i, 0)) for i in convs)
