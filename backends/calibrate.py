@@ -434,10 +434,14 @@ def time_piece(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
     feeds = {i.name: np.random.default_rng(1).standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in model.graph.input}
     shape = tuple(sess.run(None, feeds)[0].shape)
-    run = target.runner(sess, feeds)
+    return warm_fastest(target.runner(sess, feeds), repeat, clock), shape
+
+
+def warm_fastest(run: Callable[[], object], repeat: int, clock: BusyClock = WALL) -> float:
+    """The fastest of `repeat` runs of `run` on `clock` (`BusyClock.best`), after two runs that warm it up."""
     for _ in range(2):
         run()
-    return clock.best([timed_run(run, clock) for _ in range(repeat)]), shape
+    return clock.best([timed_run(run, clock) for _ in range(repeat)])
 
 
 def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock: BusyClock = WALL, target: Target = CPU_TARGET) -> float:
@@ -534,13 +538,7 @@ def one_thread_add(elements: int, clock: BusyClock = WALL, repeat: int = REPEAT)
     bbgrap-run does, beside which onnxruntime makes no session of one thread."""
     values = np.random.default_rng(1).standard_normal(elements).astype(np.float32)
     out, one = np.empty_like(values), np.float32(1.0)
-
-    def run() -> None:
-        np.add(values, one, out=out)
-
-    for _ in range(2):
-        run()
-    return clock.best([timed_run(run, clock) for _ in range(repeat)])
+    return warm_fastest(lambda: np.add(values, one, out=out), repeat, clock)
 
 
 def stream_regime(node_times: Sequence[float], one_thread_times: Sequence[float] | None) -> tuple[float, float]:
