@@ -327,9 +327,9 @@ class NodeProfile:
 
     def holds(self, working_set: float) -> bool:
         """Whether this node's cache holds `working_set` bytes from one inference to the next
-        (`simulate.working_set`: a node's weights and every value it writes in an inference): where it does, its
-        convolutions find their filters there, as calibrate's probes do. False where calibrate found
-        no `cache_bytes`."""
+        (`simulate.working_set`: a node's weights and every value it writes in an inference): where
+        it does, its convolutions find their filters there, as calibrate's probes do. False where
+        calibrate found no `cache_bytes`."""
         return 0.0 < working_set <= self.cache_bytes
 
     def moved_s(self, values: float, op_type: str = "") -> float:

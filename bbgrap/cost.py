@@ -46,17 +46,28 @@ def run_ops(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry
     the simulator price; what a node computes (`inspect`'s FLOPs) is `layer_ops`. `by_kind`: the
     caller prices the piece's kernel by its kind's speed (the simulator, `simulate.piece_kind`), so
     the GEMM path's GEMM_PATH_COST is left out (`in_blocks`)."""
-    return ops_and_reads(layer, graph, region, registry, by_kind)[0]
+    return ops_and_reads(layer, graph, region, registry, by_kind).ops
+
+
+@dataclass(frozen=True)
+class PricedOps:
+    """A piece's `run_ops` (`ops`), the bytes of `priced_reads` among them (`reads`) and the
+    operations those bytes are counted as (`read_ops`: `OpTraits.read_ops` a byte)."""
+
+    ops: float
+    reads: float
+    read_ops: float
 
 
 def ops_and_reads(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None,
-                  by_kind: bool = False) -> tuple[float, float]:
-    """`run_ops`, and the bytes of `priced_reads` among them (each counted as `OpTraits.read_ops`
-    operations): for a caller that prices those bytes apart (`simulate.layer_work`)."""
+                  by_kind: bool = False) -> PricedOps:
+    """`run_ops` with the reads among them apart (`PricedOps`): for a caller that prices those bytes
+    apart (`simulate.layer_work`)."""
     registry = registry or default_registry()
     ops = in_blocks(layer, graph, region, layer_ops(layer, graph, region, registry), registry, by_kind)
     reads = priced_reads(layer, graph, region, registry)
-    return ops + registry.traits(layer.op_type, layer.domain).read_ops * reads, reads
+    read_ops = registry.traits(layer.op_type, layer.domain).read_ops * reads
+    return PricedOps(ops + read_ops, reads, read_ops)
 
 
 def priced_reads(layer: Layer, graph: Graph, region: ShapeMap, registry: RuleRegistry | None = None) -> float:

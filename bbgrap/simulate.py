@@ -416,10 +416,10 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     (`work_seconds`). `chained`: `chained_layers`; `in_chain`: this layer is one of them and its
     output stays in its segment (`values_moved`)."""
     region = part.emitted(node)
-    ops, reads = ops_and_reads(layer, graph, region, registry, by_kind=True)
-    return LayerWork(layer.name, piece_kind(kind, region), ops, whole,
+    priced = ops_and_reads(layer, graph, region, registry, by_kind=True)
+    return LayerWork(layer.name, piece_kind(kind, region), priced.ops, whole,
                      weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
-                     op_type=layer.op_type, reads=reads, read_ops=reads * registry.traits(layer.op_type, layer.domain).read_ops)
+                     op_type=layer.op_type, reads=priced.reads, read_ops=priced.read_ops)
 
 
 def piece_kind(kind: str, region: ShapeMap) -> str:
