@@ -134,6 +134,25 @@ def base_op_type(op_type: str) -> str:
     return op_type.removesuffix(EIGHT_BIT_NCHW).removesuffix(IN_NCHW)
 
 
+def cache_hits(ratio: float) -> float:
+    """The share of its reads a loop that touches `ratio` times as many bytes as its cache holds finds
+    there, one pass after the other: all of them up to 1; beyond, a cache that evicts a line at random
+    keeps a line through the m x ratio lines that miss in one pass with the probability exp(-m x ratio),
+    so the share h = 1 - m solves h = exp(-(1 - h) x ratio), of which the root below 1 (bisection:
+    h - exp(-(1 - h) x ratio) is below 0 at 0 and rises through that root). Unlike an LRU cache's all
+    or nothing, it falls continuously past the cache's size: 0.63 at 1.25 times it, 0.20 at 2, 0.02 at 4."""
+    if ratio <= 1.0:
+        return 1.0
+    low, high = 0.0, 1.0 - math.log(ratio) / ratio  # where h - exp(-(1 - h) x ratio) peaks, above 0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if mid < math.exp(-(1.0 - mid) * ratio):
+            low = mid
+        else:
+            high = mid
+    return low
+
+
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares intercept and slope of y over x: how calibrate fits a profile's figures from its
     measurements, and `calibrate --refine` a node's correction from a run's segments."""
@@ -218,8 +237,8 @@ class NodeProfile:
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
     # moves the values beyond them at `stream_ops_per_s`, the core's cache no longer holding its
     # input and output (`streamed_s`); 0: every one at other_ops_per_s (calibrate saw no slower
-    # regime; the default). A node whose cache holds `cache_bytes` reads its filters from there where
-    # its weights and the values it writes in an inference fit in them (`holds`)
+    # regime; the default). A node reads from its cache the share of its filters that stays there from
+    # one inference to the next (`kept`: all where its weights and the values it writes fit in it)
     stream_ops_per_s: float = 0.0
     cache_bytes: float = 0.0
     segment_s: float = 5e-5
@@ -325,12 +344,15 @@ class NodeProfile:
         beyond = values - self.cache_bytes / BYTES_MOVED
         return max(0.0, beyond) * max(0.0, 1.0 / self.stream_ops_per_s - 1.0 / self.other_ops_per_s)
 
-    def holds(self, working_set: float) -> bool:
-        """Whether this node's cache holds `working_set` bytes from one inference to the next
-        (`simulate.working_set`: a node's weights and every value it writes in an inference): where
-        it does, its convolutions find their filters there, as calibrate's probes do. False where
-        calibrate found no `cache_bytes`."""
-        return 0.0 < working_set <= self.cache_bytes
+    def kept(self, working_set: float) -> float:
+        """The share of `working_set` bytes (`simulate.working_set`: a node's weights and every value it
+        writes in an inference) that this node's cache still holds when the next inference reads them
+        again: all of it where it fits in `cache_bytes` (its convolutions find their filters there, as
+        calibrate's probes do), else `cache_hits` of its size over the cache's; 0 where calibrate
+        found no `cache_bytes`."""
+        if not self.cache_bytes or working_set <= 0.0:
+            return 0.0
+        return cache_hits(working_set / self.cache_bytes)
 
     def moved_s(self, values: float, op_type: str = "") -> float:
         """Seconds to copy `values` values: one "other" operation each (at the speed of `op_type`
@@ -359,7 +381,7 @@ class NodeProfile:
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
                    op_type: str = "", reorders: Sequence[float] = (), reads: float = 0.0, read_ops: float = 0.0,
-                   cached: bool = False) -> float:
+                   kept: float = 0.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
@@ -381,7 +403,7 @@ class NodeProfile:
         among the layers). Of `ops`, `read_ops` are the bytes the piece `reads` beyond its throughput
         (`cost.extra_reads`) priced as operations (`OpTraits.read_ops` a byte, a constant fitted on
         one CPU); where the node measured `conv_read_Bps` they take that long instead; and nothing
-        where they are `cached` (the node's cache holds its weights between inferences: `holds`)."""
+        for the share of them `kept` in the node's cache from the inference before (`kept`)."""
         measured = self.layer_s.get(name)
         if measured is None:
             reordered = math.fsum(self.copy_s(v) for v in reorders)
@@ -389,7 +411,7 @@ class NodeProfile:
                 return ops / self.ops_per_s(kind) + reordered
             rate = self.op_rate(kind, op_type)
             streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
-            read = 0.0 if cached else reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate
+            read = (1.0 - kept) * (reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate)
             computed = (ops - read_ops) / rate + read + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind) + reordered
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0

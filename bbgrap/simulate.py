@@ -101,8 +101,8 @@ class SegmentWork:
     causes; each priced as `NodeProfile.copy_s`); the size of each value it takes or gives
     (`handed`: copied from one onnxruntime session to the next); whether other segments run on its
     node between two of its runs (`after_others`: priced by `NodeProfile.cold_segment_s` and `cold_s`);
-    and the bytes its node touches in one inference (`working_set`: where the node's cache holds them,
-    `NodeProfile.holds`, its convolutions read their filters from there, at no cost beyond their operations)."""
+    and the bytes its node touches in one inference (`working_set`: the share of them the node's cache
+    keeps, `NodeProfile.kept`, its convolutions read their filters from there, at no cost beyond their operations)."""
 
     layers: tuple[LayerWork, ...] = ()
     copies: tuple[Copy, ...] = ()
@@ -648,8 +648,8 @@ def working_set(weights: Iterable[float], written: Iterable[float]) -> float:
     """Bytes a node touches in one inference: the `weights` (bytes) of its pieces, and the values it
     writes (`written`: each piece's, copy's and handed value's count; VALUE_BYTES each), which pass
     through its cache between one use of a filter and the next: a cache that holds them all keeps the
-    filters from one inference to the next (`NodeProfile.holds`); a model's activations that do not
-    fit beside them evict them (DenseNet's concatenations, a large map)."""
+    filters from one inference to the next, one that does not a share of them (`NodeProfile.kept`); a
+    model's activations evict them as its weights do (DenseNet's concatenations, a large map)."""
     return math.fsum(weights) + VALUE_BYTES * math.fsum(written)
 
 
@@ -679,11 +679,11 @@ def profile_speeds(work: Sequence[SegmentWork], profile: ClusterProfile, nodes: 
     return tuple(round(max(times) / t, 2) for t in times)
 
 
-def work_seconds(p: NodeProfile, w: LayerWork, cached: bool = False) -> float:
-    """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`; `cached`: the
-    node's cache holds its weights, `NodeProfile.holds`)."""
+def work_seconds(p: NodeProfile, w: LayerWork, kept: float = 0.0) -> float:
+    """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`; `kept`: the
+    share of its weights the node's cache keeps between inferences, `NodeProfile.kept`)."""
     return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type,
-                        w.reorders, w.reads, w.read_ops, cached)
+                        w.reorders, w.reads, w.read_ops, kept)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
@@ -692,11 +692,12 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     throughput and fixed cost per op, or its weights streamed where that takes longer), each copy as
     `NodeProfile.copy_s` prices it, and each value taken or given as `moved_s` (its fixed cost is
     `value_s`); a segment run after others pays `cold_segment_s`, and `cold_s` for each op and value;
-    where the node's cache holds its `working_set`, its convolutions read their filters from there."""
+    its convolutions read from its cache the share of their filters it keeps (`NodeProfile.kept` of
+    the node's `working_set`)."""
     p = profile.node(node)
     cold = p.cold_segment_s + (work.op_count + work.values) * p.cold_s if work.after_others else 0.0
-    cached = p.holds(work.working_set)
-    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w, cached) for w in work.layers),
+    kept = p.kept(work.working_set)
+    return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w, kept) for w in work.layers),
                                                                     *(p.copy_s(c.values, c.op_type) for c in work.copies),
                                                                     *(p.moved_s(h) for h in work.handed)])
 

@@ -57,7 +57,7 @@ def priced(path: str, kinds: ClusterProfile) -> tuple[float, dict[str, float], d
     for work in works:
         total += segment_seconds(work, 0, kinds)
         for w in work.layers:
-            price[anchors[w.name]] += work_seconds(node, w, node.holds(work.working_set))
+            price[anchors[w.name]] += work_seconds(node, w, node.kept(work.working_set))
     return total, dict(price), {layer.name: layer.op_type for layer in graph.layers}
 
 

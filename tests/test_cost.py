@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from bbgrap.frontends.onnx import import_proto
@@ -142,16 +144,27 @@ def test_a_piece_reads_at_the_nodes_measured_speed_where_calibrate_measured_it()
     assert seconds(node) == pytest.approx(work.ops / 1e11)
     measured = replace(node, conv_read_Bps=2e10)
     assert seconds(measured) == pytest.approx((work.ops - work.read_ops) / 1e11 + work.reads / 2e10)
-    # where the node's cache holds its weights between inferences, the filters cost no read beyond the operations
+    # the share of the filters the node's cache keeps between inferences costs no read beyond the operations
     for profile in (node, measured):
-        cached = profile.layer_time(work.name, work.kind, work.ops, work.whole_ops, reads=work.reads, read_ops=work.read_ops, cached=True)
-        assert cached == pytest.approx((work.ops - work.read_ops) / 1e11)
+        def kept(share: float, p: NodeProfile = profile) -> float:
+            return p.layer_time(work.name, work.kind, work.ops, work.whole_ops, reads=work.reads, read_ops=work.read_ops, kept=share)
+
+        assert kept(1.0) == pytest.approx((work.ops - work.read_ops) / 1e11)
+        assert kept(0.25) - kept(1.0) == pytest.approx(0.75 * (seconds(profile) - kept(1.0)))
+        assert kept(0.0) == pytest.approx(seconds(profile))
 
 
-def test_a_node_holds_a_working_set_up_to_its_measured_cache_and_none_where_it_measured_none() -> None:
-    from bbgrap.cluster import NodeProfile
+def test_a_node_keeps_a_working_set_up_to_its_measured_cache_a_falling_share_beyond_and_none_where_it_measured_none() -> None:
+    from bbgrap.cluster import NodeProfile, cache_hits
 
     node = NodeProfile(cache_bytes=16e6)
-    assert node.holds(16e6) and node.holds(1.0)
-    assert not node.holds(16e6 + 1) and not node.holds(0.0)
-    assert not NodeProfile().holds(1.0)  # calibrate saw no slower regime: nothing is known to stay in the cache
+    assert node.kept(16e6) == 1.0 and node.kept(1.0) == 1.0
+    assert node.kept(0.0) == 0.0  # nothing touched, nothing read
+    assert NodeProfile().kept(1.0) == 0.0  # calibrate saw no slower regime: nothing is known to stay in the cache
+    assert 0.99 < node.kept(16e6 + 1e3) < 1.0  # no step at the cache's size: a set just beyond it keeps nearly all
+    assert node.kept(32e6) == pytest.approx(cache_hits(2.0)) and node.kept(32e6) == pytest.approx(0.2032, abs=1e-4)
+    ratios = [1.0 + 0.05 * k for k in range(1, 200)]
+    hits = [cache_hits(r) for r in ratios]
+    assert all(a > b for a, b in zip(hits, hits[1:])) and 0.0 <= hits[-1] < 1e-3
+    for r, h in zip(ratios, hits):  # the share a cache evicting at random keeps: h = exp(-(1 - h) x ratio), its root below 1
+        assert h == pytest.approx(math.exp(-(1.0 - h) * r), abs=1e-12) and h < 1.0 - 1e-6

@@ -24,6 +24,7 @@ from bbgrap.cluster import (
     LinkProfile,
     NodeProfile,
     Scaling,
+    cache_hits,
     profile_toml,
     read_profile,
     with_speeds,
@@ -538,10 +539,11 @@ def test_program_steps_keep_every_step_of_the_lowered_programs(small_model: str)
     assert one[0][0].work is not None and not one[0][0].work.after_others
 
 
-def test_a_node_whose_cache_holds_its_weights_and_largest_values_reads_its_filters_for_nothing(small_model: str) -> None:
+def test_a_node_whose_cache_holds_its_weights_and_values_reads_its_filters_for_nothing_and_the_share_kept_of_a_larger_set(small_model: str) -> None:
     """Each rank's segments carry the rank's working set (its pieces' shares of the weights, and every
     value it writes: its pieces', its copies' and those it hands on); a rank whose cache holds it is
-    predicted without its convolutions' filter reads, and the same rank one byte short with them."""
+    predicted without its convolutions' filter reads, one whose cache holds half of it with the share
+    `cache_hits` says is not kept, and one that measured no cache with all of them."""
     from bbgrap.backends.lower import lower
     from bbgrap.frontends.onnx import import_model
 
@@ -564,12 +566,17 @@ def test_a_node_whose_cache_holds_its_weights_and_largest_values_reads_its_filte
         sets.append(expected)
     node = NodeProfile(conv_ops_per_s=1e10, depthwise_ops_per_s=1e10, conv_read_Bps=1e9, weight_Bps=1e15)  # no weight-bound layer
     held = ClusterProfile(nodes=(replace(node, cache_bytes=max(sets)),))
-    short = ClusterProfile(nodes=(replace(node, cache_bytes=min(sets) - 1),))
+    half = ClusterProfile(nodes=(replace(node, cache_bytes=min(sets) / 2),))
+    none = ClusterProfile(nodes=(node,))
     for rank, work_set in enumerate(sets):
         reads = math.fsum(w.reads for s in steps[rank] if s.work for w in s.work.layers if w.read_ops)
-        gap = sum(segment_seconds(s.work, rank, short) - segment_seconds(s.work, rank, held) for s in steps[rank] if s.work)
-        assert gap == pytest.approx(reads / 1e9)
-    assert predict(graph, programs, held).latency < predict(graph, programs, short).latency
+
+        def gap(profile: ClusterProfile, rank: int = rank) -> float:
+            return sum(segment_seconds(s.work, rank, profile) - segment_seconds(s.work, rank, held) for s in steps[rank] if s.work)
+
+        assert gap(none) == pytest.approx(reads / 1e9)
+        assert gap(half) == pytest.approx((1.0 - cache_hits(work_set / (min(sets) / 2))) * reads / 1e9) and 0.0 < gap(half) < gap(none)
+    assert predict(graph, programs, held).latency < predict(graph, programs, half).latency < predict(graph, programs, none).latency
 
 
 def test_ops_fused_into_a_convolution_cost_nothing(small_model: str) -> None:

@@ -254,10 +254,10 @@ class NetworkCost:
         self.whole = [whole_ops(layer, graph, self.registry) for layer in graph.layers]
         self.chained = chained_layers(graph, self.registry)
         # a node may read all of the model's weights (a cut along rows does) and write every layer's output:
-        # where its cache holds them, its convolutions read their filters from there (`simulate.working_set`)
+        # its convolutions read from its cache the share of their filters it keeps (`simulate.working_set`)
         whole_set = working_set((weight_bytes(layer, graph) for layer in graph.layers),
                                 (math.prod(graph.tensors[layer.outputs[0]].shape) for layer in graph.layers))
-        self.cached = tuple(self.profile.node(n).holds(whole_set) for n in range(self.nodes))
+        self.kept = tuple(self.profile.node(n).kept(whole_set) for n in range(self.nodes))
 
     # tables -----------------------------------------------------------------------------------
     def compute(self, i: int, c: int) -> tuple[float, ...]:
@@ -269,7 +269,7 @@ class NetworkCost:
             times = [0.0] * self.nodes
             for n in part.active_nodes():
                 work = layer_work(layer, self.graph, part, n, self.kinds[i], self.whole[i], self.registry, self.chained, layer.name in self.chained)
-                times[n] = work_seconds(self.profile.node(n), work, self.cached[n])
+                times[n] = work_seconds(self.profile.node(n), work, self.kept[n])
             got = self._compute[key] = tuple(times)
         return got
 

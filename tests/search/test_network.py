@@ -13,7 +13,7 @@ import pytest
 from bbgrap.frontends.onnx import import_model
 from onnx import helper
 
-from bbgrap.cluster import ClusterProfile, LinkProfile, NodeProfile
+from bbgrap.cluster import ClusterProfile, LinkProfile, NodeProfile, cache_hits
 from bbgrap.compiler import pipeline
 from bbgrap.config import Config
 from bbgrap.ir import Graph, Interval, ShapeMap
@@ -334,7 +334,7 @@ def test_unknown_planner() -> None:
 def test_a_node_whose_cache_holds_the_whole_models_weights_and_outputs_prices_its_convolutions_without_filter_reads(tmp_path) -> None:
     """The planner judges each node's cache once, from the whole model (every weight, every layer's
     output: a cut along rows reads all the filters), and prices its convolutions as the simulator
-    prices a node whose cache holds its working set."""
+    prices a node whose cache keeps that share of its working set."""
     from dataclasses import replace
 
     from bbgrap.cost import weight_bytes
@@ -345,7 +345,8 @@ def test_a_node_whose_cache_holds_the_whole_models_weights_and_outputs_prices_it
                         (math.prod(graph.tensors[layer.outputs[0]].shape) for layer in graph.layers))
     node = NodeProfile(conv_read_Bps=1e6, weight_Bps=1e15)  # filter reads slow enough to show
     held = network_cost(graph, ClusterProfile((replace(node, cache_bytes=whole),)))
-    short = network_cost(graph, ClusterProfile((replace(node, cache_bytes=whole - 1),)))
-    assert held.cached == (True, True) and short.cached == (False, False)
+    short = network_cost(graph, ClusterProfile((replace(node, cache_bytes=whole / 2),)))
+    none = network_cost(graph, ClusterProfile((node,)))
+    assert held.kept == (1.0, 1.0) and short.kept == pytest.approx((cache_hits(2.0),) * 2) and none.kept == (0.0, 0.0)
     convs = [i for i, layer in enumerate(graph.layers) if layer.op_type == "Conv"]
-    assert convs and all(sum(held.compute(i, 0)) < sum(short.compute(i, 0)) for i in convs)
+    assert convs and all(sum(held.compute(i, 0)) < sum(short.compute(i, 0)) < sum(none.compute(i, 0)) for i in convs)
