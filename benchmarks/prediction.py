@@ -4,10 +4,11 @@ For every node count N the cluster is calibrated once (`mpirun -n N bbgrap calib
 rank per node, as the plans then run); then for every zoo model x N x direction x with and
 without recompute-halos the plan is compiled, its latency predicted from the profile, and
 measured with `mpirun -n N bbgrap-run --json` (as benchmarks/latency.py does: warmed up,
-the result checked against the plan's reference in the same run) in --rounds runs. Measured
-latency is the fastest inference of all runs (calibrate, too, keeps the fastest run of its
-models: on a shared machine others' jobs only slow a run down) and, beside it, the lowest of
-the runs' medians. Prints one row per plan,
+the result checked against the plan's reference in the same run) in --rounds runs, each round
+running every plan once (a slow spell of the machine, seconds long, then falls on one run of a
+plan, not on all of them). Measured latency is the fastest inference of all runs (calibrate,
+too, keeps the fastest run of its models: on a shared machine others' jobs only slow a run down)
+and, beside it, the lowest of the runs' medians. Prints one row per plan,
 Pearson's R between predicted and measured latency and the largest relative error, over all
 plans and over the plans for more than one node, and per model and node count how much slower
 the plan predicted fastest measured than the fastest measured.
@@ -42,6 +43,7 @@ from bbgrap import zoo
 from bbgrap.cluster import INTEGER_KINDS, ClusterProfile, NodeProfile, read_profile
 from bbgrap.compiler import compile_model
 from bbgrap.config import Config, Direction
+from bbgrap.simulate import Prediction
 
 BIN = os.path.dirname(sys.executable)
 from latency import run_bbgrap  # noqa: E402  # benchmarks/latency.py, beside this script
@@ -107,8 +109,24 @@ def float_kernels(node: NodeProfile) -> NodeProfile:
                             if hasattr(node, f"{kind}_{figure}")})
 
 
-def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
-               repeat: int, rounds: int, workdir: str, provider: str = "cpu") -> dict[str, Any]:
+@dataclass
+class Bench:
+    """One compiled plan of the benchmark, its prediction and its runs (`bbgrap-run --json` each)."""
+
+    name: str
+    nodes: int
+    direction: str
+    recompute: bool
+    plan: str
+    prediction: Prediction
+    segments: int
+    messages: int
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def compile_bench(model_path: str, name: str, nodes: int, direction: str, recompute: bool, profile: ClusterProfile,
+                  workdir: str) -> Bench:
+    """The plan of `name` for `nodes` nodes cut along `direction`, with or without recompute-halos, compiled into `workdir`."""
     plan = os.path.join(workdir, f"plan-{name}-{nodes}-{direction}-{int(recompute)}")
     # judge=False: the plan with recompute-halos even where compile would leave the pass out (this
     # benchmark measures both)
@@ -116,22 +134,31 @@ def bench_plan(model_path: str, name: str, nodes: int, direction: str, recompute
                              profile=profile, force_nodes=True, judge=False)
     pred = compiled.compiled.prediction
     assert pred is not None
-    # on a shared machine others' jobs only ever slow a run down: the fastest inference (as calibrate
-    # takes the fastest run of its models) and the lowest median of `rounds` runs
-    runs = [run_bbgrap(plan, nodes, repeat, None, provider=provider) for _ in range(rounds)]
-    for i, run in enumerate(runs):  # each run as `bbgrap-run --json` printed it: what `calibrate --refine` takes
-        with open(f"{plan}-run{i}.json", "w") as f:
-            json.dump(run, f)
+    return Bench(name, nodes, direction, recompute, plan, pred, compiled.stats.segments, compiled.stats.messages)
+
+
+def run_bench(bench: Bench, repeat: int, provider: str = "cpu") -> None:
+    """One more run of the plan, kept beside it as `bbgrap-run --json` printed it (what `calibrate --refine` takes)."""
+    run = run_bbgrap(bench.plan, bench.nodes, repeat, None, provider=provider)
+    with open(f"{bench.plan}-run{len(bench.runs)}.json", "w") as f:
+        json.dump(run, f)
+    bench.runs.append(run)
+
+
+def bench_row(bench: Bench) -> dict[str, Any]:
+    """The plan's row: on a shared machine others' jobs only ever slow a run down, so the fastest
+    inference of its runs (as calibrate takes the fastest run of its models) and the lowest median."""
+    runs, nodes, pred = bench.runs, bench.nodes, bench.prediction
     real = min(runs, key=lambda r: r["latency_ms"])
     # one rank runs in process and reports no per-rank profile: all of its time is its own
     ranks = real.get("profile_ms") or [{"compute": real["latency_ms"], "wait": 0.0, "send": 0.0}]
     slowest = max(range(nodes), key=lambda r: ranks[r]["compute"] + ranks[r]["wait"])
     return {
-        "model": name, "nodes": nodes, "direction": direction, "recompute": recompute,
+        "model": bench.name, "nodes": nodes, "direction": bench.direction, "recompute": bench.recompute,
         "real_ms": min(r["latency_min_ms"] for r in runs), "real_median_ms": real["latency_ms"], "predicted_ms": pred.latency_ms,
         "real_compute_ms": ranks[slowest]["compute"], "real_wait_ms": ranks[slowest]["wait"],
         "predicted_compute_ms": pred.ranks[slowest].compute, "predicted_wait_ms": pred.ranks[slowest].wait,
-        "segments": compiled.stats.segments, "messages": compiled.stats.messages,
+        "segments": bench.segments, "messages": bench.messages,
         "max_rel_error": max(r["max_rel_error"] for r in runs), "exact": max(r["max_rel_error"] for r in runs) <= 1e-4,
     }
 
@@ -191,7 +218,7 @@ def main() -> int:
         p.error(f"--keep {args.keep}: exists and is not an empty directory; name a new one")
     # the ablations: what calibrate measured that --no-scaling and --no-cold leave out of every node
     dropped: dict[str, Any] = {**({"layer_scaling": {}} if args.no_scaling else {}), **({"cold_segment_s": 0.0, "cold_s": 0.0} if args.no_cold else {})}
-    rows = []
+    benches: list[Bench] = []
     table = Table([("model", "<13"), ("N", ">3"), ("cut", ">4"), ("recomp", ">7"), ("min ms", ">8.2f"), ("median", ">8.2f"), ("pred ms", ">9.2f"),
                    ("err %", ">7.1f"), ("real c/w", ">13"), ("pred c/w", ">13"), ("segs", ">5"), ("rel err", ">9.1e")])
     if args.keep:
@@ -205,15 +232,19 @@ def main() -> int:
                     profile = replace(profile, nodes=tuple(replace(float_kernels(p) if args.float_kernels else p, **dropped)
                                                            for p in profile.nodes))
                 variants = [(d, rec) for d in args.directions for rec in (True, False)] if n > 1 else [("h", False)]
-                for direction, recompute in variants:
-                    row = bench_plan(path, name, n, direction, recompute, profile, args.repeat, args.rounds, work, args.provider)
-                    rows.append(row)
-                    if not args.json:
-                        table.row(name, n, direction, "yes" if recompute else "no", row["real_ms"], row["real_median_ms"], row["predicted_ms"],
-                                  100 * (row["predicted_ms"] - row["real_ms"]) / row["real_ms"],
-                                  f"{row['real_compute_ms']:.2f}/{row['real_wait_ms']:.2f}",
-                                  f"{row['predicted_compute_ms']:.2f}/{row['predicted_wait_ms']:.2f}",
-                                  row["segments"], row["max_rel_error"])
+                benches += [compile_bench(path, name, n, direction, recompute, profile, work) for direction, recompute in variants]
+        for k in range(args.rounds):
+            print(f"round {k + 1} of {args.rounds}: {len(benches)} plans", file=sys.stderr, flush=True)
+            for bench in benches:
+                run_bench(bench, args.repeat, args.provider)
+        rows = [bench_row(b) for b in benches]
+        if not args.json:
+            for row in rows:
+                table.row(row["model"], row["nodes"], row["direction"], "yes" if row["recompute"] else "no", row["real_ms"], row["real_median_ms"],
+                          row["predicted_ms"], 100 * (row["predicted_ms"] - row["real_ms"]) / row["real_ms"],
+                          f"{row['real_compute_ms']:.2f}/{row['real_wait_ms']:.2f}",
+                          f"{row['predicted_compute_ms']:.2f}/{row['predicted_wait_ms']:.2f}",
+                          row["segments"], row["max_rel_error"])
     stats = {f"{label}, against the {key.split('_')[1] if key != 'real_ms' else 'fastest'}": agreement(subset, key)
              for label, subset in (("all plans", rows), ("plans on >1 node", [r for r in rows if r["nodes"] > 1]))
              for key in ("real_ms", "real_median_ms") if subset}
