@@ -5,8 +5,8 @@ rank per node, as the plans then run); then for every zoo model x N x direction 
 without recompute-halos the plan is compiled, its latency predicted from the profile, and
 measured with `mpirun -n N bbgrap-run --json` (as benchmarks/latency.py does: warmed up,
 the result checked against the plan's reference in the same run) in --rounds runs, each round
-running every plan once (a slow spell of the machine, seconds long, then falls on one run of a
-plan, not on all of them). Measured latency is the fastest inference of all runs (calibrate,
+running every plan once, by node count (a slow spell of the machine, seconds long, then falls on
+one run of a plan, not on all of them). Measured latency is the fastest inference of all runs (calibrate,
 too, keeps the fastest run of its models: on a shared machine others' jobs only slow a run down)
 and, beside it, the lowest of the runs' medians. Prints one row per plan,
 Pearson's R between predicted and measured latency and the largest relative error, over all
@@ -235,7 +235,9 @@ def main() -> int:
                 benches += [compile_bench(path, name, n, direction, recompute, profile, work) for direction, recompute in variants]
         for k in range(args.rounds):
             print(f"round {k + 1} of {args.rounds}: {len(benches)} plans", file=sys.stderr, flush=True)
-            for bench in benches:
+            # the plans of one node count one after the other: on the 2-core VM a rank of two threads run
+            # just after a run of two ranks has taken twice its time for seconds (plain onnxruntime too)
+            for bench in sorted(benches, key=lambda b: b.nodes):
                 run_bench(bench, args.repeat, args.provider)
         rows = [bench_row(b) for b in benches]
         if not args.json:
