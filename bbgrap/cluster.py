@@ -137,10 +137,11 @@ def base_op_type(op_type: str) -> str:
 def cache_hits(ratio: float) -> float:
     """The share of its reads a loop that touches `ratio` times as many bytes as its cache holds finds
     there, one pass after the other: all of them up to 1; beyond, a cache that evicts a line at random
-    keeps a line through the m x ratio lines that miss in one pass with the probability exp(-m x ratio),
-    so the share h = 1 - m solves h = exp(-(1 - h) x ratio), of which the root below 1 (bisection:
-    h - exp(-(1 - h) x ratio) is below 0 at 0 and rises through that root). Unlike an LRU cache's all
-    or nothing, it falls continuously past the cache's size: 0.63 at 1.25 times it, 0.20 at 2, 0.02 at 4."""
+    keeps a line through the misses of one pass (a share m of the loop: m x ratio cache sizes of lines)
+    with the probability exp(-m x ratio), so the share h = 1 - m solves h = exp(-(1 - h) x ratio), the
+    root below 1 (bisection: h - exp(-(1 - h) x ratio) is below 0 at 0 and rises through that root).
+    Unlike an LRU cache's all or nothing, it falls continuously past the cache's size: 0.63 at 1.25
+    times it, 0.20 at 2, 0.02 at 4."""
     if ratio <= 1.0:
         return 1.0
     low, high = 0.0, 1.0 - math.log(ratio) / ratio  # where h - exp(-(1 - h) x ratio) peaks, above 0
@@ -403,7 +404,7 @@ class NodeProfile:
         among the layers). Of `ops`, `read_ops` are the bytes the piece `reads` beyond its throughput
         (`cost.extra_reads`) priced as operations (`OpTraits.read_ops` a byte, a constant fitted on
         one CPU); where the node measured `conv_read_Bps` they take that long instead; and nothing
-        for the share of them `kept` in the node's cache from the inference before (`kept`)."""
+        for the share of them `kept` in the node's cache from the inference before (`NodeProfile.kept`)."""
         measured = self.layer_s.get(name)
         if measured is None:
             reordered = math.fsum(self.copy_s(v) for v in reorders)

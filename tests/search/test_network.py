@@ -331,7 +331,7 @@ def test_unknown_planner() -> None:
         plan_network(NetworkCost.__new__(NetworkCost), "annealing")
 
 
-def test_a_node_whose_cache_holds_the_whole_models_weights_and_outputs_prices_its_convolutions_without_filter_reads(tmp_path) -> None:
+def test_the_planner_prices_a_nodes_filter_reads_less_the_share_its_cache_keeps_of_the_whole_models_weights_and_outputs(tmp_path) -> None:
     """The planner judges each node's cache once, from the whole model (every weight, every layer's
     output: a cut along rows reads all the filters), and prices its convolutions as the simulator
     prices a node whose cache keeps that share of its working set."""
