@@ -206,8 +206,13 @@ def test_a_signal_during_a_commit_waits_for_its_end(tmp_path, monkeypatch: pytes
         real_replace(src, dst)
 
     monkeypatch.setattr(plan_module.os, "replace", replace_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        write_tiny(str(plan), nodes=1)
+    # SIGINT as an interactive shell leaves it (a job started in the background with `&` inherits it ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_tiny(str(plan), nodes=1)
+    finally:
+        signal.signal(signal.SIGINT, before)
     monkeypatch.undo()
     assert sent and read_manifest(str(plan)).nodes == 1  # the new plan, whole
     assert sorted(os.listdir(plan)) == ["node0", "plan.json", "sample.npz"]
