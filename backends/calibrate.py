@@ -48,8 +48,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   (`stream_regime`, with NumPy's Add, `one_thread_add`: a process on onnxruntime's process-wide pool
   can make no session of one thread): its threads split the larger Adds, which hides the step (two
   threads on the 2-core machine saw none), and the cache's size does not depend on them. A node
-  whose cache holds its weights and the values it writes in an inference reads its filters from
-  there (`NodeProfile.holds`);
+  reads from its cache the share of its filters it keeps there from one inference to the next
+  (`NodeProfile.kept`: all where its weights and the values it writes in an inference fit);
 * **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
   operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
   convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);
@@ -847,8 +847,8 @@ def describe(profile: ClusterProfile) -> str:
             lines.append(f"  a convolution's filters read from beyond the cache at {p.conv_read_Bps / 1e9:.1f} GB/s")
         if p.cache_bytes:
             beyond = f"; copies of more at {p.stream_ops_per_s / 1e9:.2f} Gop/s" if p.stream_ops_per_s else ""
-            lines.append(f"  a cache of {p.cache_bytes / 2**20:.1f} MB (read and written){beyond}: a node whose weights and "
-                         "values fit reads its filters there")
+            lines.append(f"  a cache of {p.cache_bytes / 2**20:.1f} MB (read and written){beyond}: a node reads its filters "
+                         "there, all where its weights and values fit, a share where they do not")
         if p.layer_s:
             lines.append(f"  {len(p.layer_s)} layers of {os.path.basename(profile.model_path)} measured: "
                          f"{sum(p.layer_s.values()) * 1e3:.3f} ms in all; how {len(p.layer_scaling)} of them scale with a piece")

@@ -644,6 +644,9 @@ def program_steps(graph: Graph, programs: Sequence[NodeProgram], registry: RuleR
     return out
 
 
+VALUE_BYTES = 4  # bytes of a float32 value (`working_set`)
+
+
 def working_set(weights: Iterable[float], written: Iterable[float]) -> float:
     """Bytes a node touches in one inference: the `weights` (bytes) of its pieces, and the values it
     writes (`written`: each piece's, copy's and handed value's count; VALUE_BYTES each), which pass
@@ -658,8 +661,6 @@ def whole_ops(layer: Layer, graph: Graph, registry: RuleRegistry | None = None) 
     share of the layer is its run_ops over these)."""
     return run_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape), registry)
 
-
-VALUE_BYTES = 4  # bytes of a float32 value (`working_set`)
 
 # nodes within this much of the fastest on a model are taken as equal: calibrate's noise between like nodes
 # (two ranks of one host have measured one op kind's throughput 17 % apart, docs/benchmarks.md session 17)
