@@ -18,8 +18,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   weights, in sequence against each alone);
 * **throughput and fixed cost per kind of op** (bbgrap/cluster.py's OP_KINDS): for each kind
   (a 3x3 convolution, a depthwise convolution of 3x3 and of 7x7 kernels, a grouped 3x3 one of
-  FEW_PER_GROUP channels per group, a MatMul of MATMUL_ROWS rows, each of a chain by its own
-  weights; in a quantized model's QDQ pattern, which onnxruntime runs as an integer kernel
+  FEW_PER_GROUP channels per group, a 1x1 one of 8 and of 12 input channels, which onnxruntime
+  runs on its kernel that takes NCHW input (`pointwise_nchw_probe`: side by side on one input,
+  summed), a MatMul of MATMUL_ROWS rows, each of a chain by its own weights; in a quantized model's QDQ pattern, which onnxruntime runs as an integer kernel
   (`quantized_chain`: QLinearConv, QLinearMatMul), a dense convolution of 1x1 and 3x3 kernels on
   its direct kernel, one of 30 input channels (3x3 and 7x7), which it runs as im2col and a GEMM, a
   depthwise one of 3x3 and 5x5 kernels and the MatMul; an Add) probes at three to five sizes each, from
@@ -178,6 +179,21 @@ def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Pro
     """`conv_model`'s convolutions as a `Probe` (no model built until timed)."""
     return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_ops(channels, size, per_group, kernel),
                  float(channels * size * size))
+
+
+def pointwise_nchw_probe(channels: int, outputs: int, size: int) -> Probe:
+    """1x1 convolutions of `channels` (fewer than an NCHWc block) input channels and `outputs` output
+    channels on one size x size input, which onnxruntime's kernel that takes NCHW input runs
+    (`simulate.op_kind`, "pointwise_nchw"): a model of `chain` of them, each on the model's input
+    (it cannot take a convolution's output, of other channels), their outputs summed by one Sum,
+    whose read of each one the kind's time then holds beside the convolution's."""
+    def build(chain: int) -> onnx.ModelProto:
+        filters = {f"w{i}": conv_weights(outputs, channels, 1, seed=i) for i in range(chain)}
+        nodes = [helper.make_node("Conv", ["x", f"w{i}"], [f"y{i}"]) for i in range(chain)]
+        nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(chain)], ["z"]))
+        return float_model(nodes, {"x": (1, channels, size, size)}, {"z": (1, outputs, size, size)}, filters)
+
+    return Probe(build, 2.0 * channels * outputs * size * size, float(outputs * size * size))
 
 
 # a read probe (`read_model`): 3x3 convolutions of READ_CHANNELS channels on a READ_SIZE map (2.4 MB
@@ -451,6 +467,7 @@ def time_model(model: onnx.ModelProto, threads: int, repeat: int = REPEAT, clock
 
 # A tiny op of each kind: what it takes beyond its operations (`op_speed`) is the kind's fixed cost per op
 TINY: dict[str, Probe] = {"conv": conv_probe(8, 4, 8), "depthwise": conv_probe(8, 4, 1), "grouped": conv_probe(16, 4, 8),
+                          "pointwise_nchw": pointwise_nchw_probe(8, 16, 4),
                           "matmul": matmul_probe(1, 16), "qconv": qconv_probe(8, 4), "qconv_gemm": qconv_probe(6, 4), "qdepthwise": qconv_probe(16, 4, 1), "qmatmul": qmatmul_probe(1, 16),
                           "other": add_probe(64)}
 CHAIN = 3  # ops in a probe's longer chain (`marginal_time`)
@@ -735,6 +752,8 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         # two kernel sizes: output values alike, operations 49 / 9 apart
         "depthwise": [conv_probe(128, s, 1, k) for k in (3, 7) for s in sizes],
         "grouped": [conv_probe(128, s, FEW_PER_GROUP) for s in sizes],
+        # (a narrow model's first expansions: 8 and 12 input channels to 4 blocks of output channels)
+        "pointwise_nchw": [pointwise_nchw_probe(c, 64, s) for c in (8, 12) for s in sizes[1:]],
         # a 14 x 14 map's pixels or a ViT's tokens by weights of up to 2.4 MB, beyond a core's L2 cache
         "matmul": [matmul_probe(MATMUL_ROWS, s) for s in (128, 256, 512, 768)],
         # the same in the integer kernels of a quantized model; 1x1 and 3x3 ones write alike output

@@ -13,6 +13,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     depthwise_ops_per_s = 5e9  # ... of a depthwise convolution (one input channel per group)
     depthwise_elements_per_s = 0.0  # ... and output values per second it writes beyond them; 0: not measured
     grouped_ops_per_s = 5e9    # ... of a grouped convolution of a few input channels per group (simulate.FEW_PER_GROUP)
+    pointwise_nchw_ops_per_s = 8e9  # ... of a 1x1 one of fewer input channels than a block (onnxruntime's NCHW-input kernel)
     matmul_ops_per_s = 2.5e10  # ... of Gemm / MatMul
     qconv_ops_per_s = 7.5e10   # ... of a dense convolution in an 8-bit integer kernel (a quantized model's QLinearConv)
     qconv_elements_per_s = 0.0 # ... and output values per second it writes beyond them; 0: not measured
@@ -27,6 +28,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
     depthwise_op_s = 1e-05
     grouped_op_s = 1e-05
+    pointwise_nchw_op_s = 1e-05
     matmul_op_s = 1e-05
     qconv_op_s = 1e-05
     qconv_gemm_op_s = 1e-05
@@ -102,7 +104,7 @@ else:  # pragma: no cover
 from bbgrap.ir import BBGrapError
 from bbgrap.paths import written_whole
 
-OP_KINDS = ("conv", "depthwise", "grouped", "matmul", "qconv", "qconv_gemm", "qdepthwise", "qmatmul", "other")
+OP_KINDS = ("conv", "depthwise", "grouped", "pointwise_nchw", "matmul", "qconv", "qconv_gemm", "qdepthwise", "qmatmul", "other")
 # the kinds of op an integer kernel of a quantized model runs (`simulate.op_kind`), and the float kind
 # a profile written before they were measured prices them as (`_node`)
 INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise", "qmatmul": "matmul"}
@@ -200,6 +202,12 @@ class NodeProfile:
     # depthwise or a dense one, several times slower per operation than either (a profile written
     # before it was measured on its own gives it its depthwise figures: `_node`)
     grouped_ops_per_s: float = 5e9
+    # a dense 1x1 convolution of fewer input channels than an NCHWc block (rules.base.NCHWC_BLOCK:
+    # a narrow model's first expansions) runs on onnxruntime's kernel that takes its input in NCHW,
+    # which does a third or less of the blocked kernel's operations per second and gains little from
+    # more threads (`simulate.op_kind`; a profile written before it was measured on its own gives it
+    # its conv figures: `_node`)
+    pointwise_nchw_ops_per_s: float = 8e9
     matmul_ops_per_s: float = 2.5e10
     # a dense convolution or a MatMul in an 8-bit integer kernel (a quantized model's QLinearConv,
     # QLinearMatMul, QGemm): on a CPU with VNNI about three times the float kernel's operations per
@@ -229,6 +237,7 @@ class NodeProfile:
     conv_op_s: float = 1e-5
     depthwise_op_s: float = 1e-5
     grouped_op_s: float = 1e-5
+    pointwise_nchw_op_s: float = 1e-5
     matmul_op_s: float = 1e-5
     qconv_op_s: float = 1e-5
     qconv_gemm_op_s: float = 1e-5
@@ -497,8 +506,8 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
     rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST, OTHER_OPS)}
-    # written before grouped convolutions or integer kernels were measured: priced as depthwise or as float then
-    for kind, then in (("grouped", "depthwise"), *INTEGER_KINDS.items()):
+    # written before grouped convolutions, 1x1 ones on NCHW input or integer kernels were measured: priced as depthwise or as float then
+    for kind, then in (("grouped", "depthwise"), ("pointwise_nchw", "conv"), *INTEGER_KINDS.items()):
         for field_name in ("ops_per_s", "op_s", *(("elements_per_s",) if kind in ELEMENT_KINDS else ())):
             if f"{kind}_{field_name}" not in rest and f"{then}_{field_name}" in rest:
                 rest[f"{kind}_{field_name}"] = rest[f"{then}_{field_name}"]

@@ -164,7 +164,7 @@ class Prediction:
                 "ranks": [{k: round(getattr(r, k) * 1e3, 4) for k in ("compute", "wait", "total")} for r in self.ranks]}
 
 
-CONVOLUTIONS = ("conv", "depthwise", "grouped")  # the kinds onnxruntime fuses a following activation or Add into
+CONVOLUTIONS = ("conv", "depthwise", "grouped", "pointwise_nchw")  # the kinds onnxruntime fuses a following activation or Add into
 FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a Gemm only a bias or an activation
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
 
@@ -184,7 +184,11 @@ def op_kind(layer: Layer, graph: Graph) -> str:
     one or a matmul onnxruntime runs in an 8-bit integer kernel (`integer_kernel`, a QLinearConv) is
     "qconv", "qdepthwise" or "qmatmul"; a dense or grouped one its direct kernel does not take
     (`rules.conv.direct_integer`: a stem's three input channels; any ConvInteger) runs as im2col
-    and an integer GEMM, "qconv_gemm", several times slower per operation (docs/benchmarks.md, session 40)."""
+    and an integer GEMM, "qconv_gemm", several times slower per operation (docs/benchmarks.md, session 40).
+    A dense float 1x1 convolution of fewer input channels than an NCHWc block (NCHWC_BLOCK) is
+    "pointwise_nchw": onnxruntime runs it on its kernel that takes the input in NCHW, at a third or
+    less of the blocked kernel's operations per second (docs/benchmarks.md, session 46); one of a
+    larger kernel on that kernel (a stem's) runs near the blocked one's speed and stays "conv"."""
     domain = "" if is_default_domain(layer.domain) else layer.domain
     integer = INTEGER_OPS.get((layer.op_type, domain))
     float_op = integer if integer is not None else layer.op_type if not domain else ""
@@ -198,7 +202,8 @@ def op_kind(layer: Layer, graph: Graph) -> str:
         if group > 1 and per_group <= FEW_PER_GROUP:
             return "grouped"
         if integer is None and not integer_kernel(layer, graph):
-            return "conv"
+            pointwise = layer.op_type == "Conv" and all(k == 1 for k in shape[2:])
+            return "pointwise_nchw" if pointwise and group == 1 and per_group < NCHWC_BLOCK else "conv"
         return "qconv" if direct_integer(layer, graph) else "qconv_gemm"
     if float_op in ("Gemm", "MatMul"):
         return "qmatmul" if integer is not None or integer_kernel(layer, graph) else "matmul"

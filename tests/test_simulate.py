@@ -678,6 +678,44 @@ def test_a_convolution_is_depthwise_grouped_or_dense_by_its_input_channels_per_g
     assert op_kind(graph.layers[0], graph) == kind
 
 
+@pytest.mark.parametrize(("cin", "kernel", "group", "kind"), [(8, 1, 1, "pointwise_nchw"), (15, 1, 1, "pointwise_nchw"),
+                                                              (3, 1, 1, "pointwise_nchw"), (16, 1, 1, "conv"), (24, 1, 1, "conv"),
+                                                              (8, 3, 1, "conv"), (3, 7, 1, "conv"), (8, 1, 8, "depthwise")])
+def test_a_1x1_convolution_of_fewer_input_channels_than_a_block_is_priced_as_onnxruntimes_nchw_input_kernel(
+        cin: int, kernel: int, group: int, kind: str) -> None:
+    """A dense 1x1 float convolution of fewer than NCHWC_BLOCK (16) input channels runs on
+    onnxruntime's kernel that takes NCHW input, at a third or less of the blocked kernel's speed:
+    "pointwise_nchw"; one of 16 or more, or of a larger kernel (a stem's, on that kernel too but near
+    the blocked one's speed), is "conv"; a depthwise one is "depthwise" whatever its channels."""
+    w = np.zeros((48, cin // group, kernel, kernel), np.float32)
+    model = build_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[kernel // 2] * 4, group=group)],
+                        {"x": [1, cin, 8, 8]}, {"w": w}, ["y"], 17)
+    graph = import_proto(model).graph
+    assert op_kind(graph.layers[0], graph) == kind
+
+
+def test_a_1x1_convolution_on_nchw_input_takes_its_kinds_time_and_an_older_profile_prices_it_as_a_dense_one(tmp_path) -> None:
+    """A narrow 1x1 convolution's prediction follows `pointwise_nchw_ops_per_s`, not the dense
+    throughput; a profile written before that kind was measured gives it the conv figures."""
+    w = np.ones((64, 8, 1, 1), np.float32)
+    path = save(build_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], {"x": [1, 8, 16, 16]}, {"w": w}, ["y"], 17), str(tmp_path))
+    ops = 2.0 * 8 * 64 * 16 * 16
+
+    def latency(node: NodeProfile) -> float:
+        c = compile_model(path, Config(nodes=1), str(tmp_path / "plan"), profile=ClusterProfile((node,), PROFILE.link), judge=False)
+        return c.compiled.prediction.latency_ms / 1e3
+
+    slow, slower = replace(NODE, pointwise_nchw_ops_per_s=2e7), replace(NODE, pointwise_nchw_ops_per_s=1e7)
+    priced = (latency(slower) - latency(slow)) / (1 / 1e7 - 1 / 2e7)  # its operations (and its filters' reads)
+    assert ops <= priced < 1.2 * ops
+    assert latency(replace(slow, conv_ops_per_s=1e3)) == latency(slow)  # not the dense kernel's throughput
+    (tmp_path / "old.toml").write_text("[[node]]\nconv_ops_per_s = 2e11\nconv_op_s = 1e-6\n")
+    old = read_profile(str(tmp_path / "old.toml")).nodes[0]
+    assert (old.pointwise_nchw_ops_per_s, old.pointwise_nchw_op_s) == (2e11, 1e-6)
+    (tmp_path / "new.toml").write_text("[[node]]\nconv_ops_per_s = 2e11\npointwise_nchw_ops_per_s = 3e10\n")
+    assert read_profile(str(tmp_path / "new.toml")).nodes[0].pointwise_nchw_ops_per_s == 3e10
+
+
 @pytest.mark.parametrize(("cin", "cout", "group", "kind"), [(16, 32, 1, "qconv"), (3, 32, 1, "qconv_gemm"), (16, 8, 1, "qconv_gemm"),
                                                             (16, 18, 1, "qconv_gemm"), (16, 16, 16, "qdepthwise"), (32, 32, 2, "qconv_gemm"),
                                                             (16, 16, 8, "grouped")])

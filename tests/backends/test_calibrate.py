@@ -51,6 +51,7 @@ from bbgrap.backends.calibrate import (
     op_speed,
     other_model,
     other_probe,
+    pointwise_nchw_probe,
     profiler_cost,
     qconv_probe,
     qdq_probe,
@@ -67,7 +68,7 @@ from bbgrap.backends.calibrate import (
 from bbgrap.backends.engine import CPU_TARGET, DeviceValues, HostValues, Target, gpu_present, target_for
 from bbgrap.frontends.onnx import import_model
 from helpers import save
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx_builder import build_model
 
 from bbgrap import zoo
@@ -79,6 +80,7 @@ from bbgrap.cost import layer_ops
 from bbgrap.ir import BBGrapError, ShapeMap
 from bbgrap.plan import file_sha256
 from bbgrap.rules.registry import default_registry
+from bbgrap.simulate import op_kind
 
 
 @pytest.mark.parametrize(("model", "ops"), [
@@ -117,6 +119,25 @@ def _run_and_counted(tmp_path: Any, model: onnx.ModelProto, op_type: str, x: np.
     graph = import_model(path).graph
     layer = next(layer for layer in graph.layers if layer.op_type == op_type)
     return ran, ys, layer_ops(layer, graph, ShapeMap.full(graph.tensors[layer.outputs[0]].shape))
+
+
+def test_the_nchw_input_probe_runs_narrow_1x1_convolutions_side_by_side_on_onnxruntimes_nchw_input_kernel(tmp_path) -> None:
+    """Each of the probe's convolutions takes the model's input of 12 channels (fewer than a block:
+    onnxruntime's blocked Conv on NCHW input, no reorder of it), is priced as "pointwise_nchw" and
+    counted as the probe says; the Sum adds them all."""
+    probe = pointwise_nchw_probe(12, 64, 6)
+    model = probe.build(CHAIN)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == CHAIN and {n.input[0] for n in convs} == {"x"}
+    x = np.random.default_rng(1).standard_normal((1, 12, 6, 6)).astype(np.float32)
+    ran, (y,), counted = _run_and_counted(tmp_path, model, "Conv", x)
+    assert ran.count("Conv") == CHAIN and "ReorderInput" not in ran
+    weights = [numpy_helper.to_array(w)[:, :, 0, 0] for w in model.graph.initializer]
+    assert np.allclose(y[0], sum(np.einsum("oc,chw->ohw", w, x[0]) for w in weights), rtol=1e-4, atol=1e-4)
+    path = str(tmp_path / "m.onnx")
+    graph = import_model(path).graph
+    assert [op_kind(layer, graph) for layer in graph.layers if layer.op_type == "Conv"] == ["pointwise_nchw"] * CHAIN
+    assert counted == probe.ops and probe.elements == y.size
 
 
 @pytest.mark.parametrize("op_type", EIGHT_BIT_TIMED)
