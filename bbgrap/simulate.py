@@ -166,6 +166,9 @@ class Prediction:
 
 CONVOLUTIONS = ("conv", "depthwise", "grouped", "pointwise_nchw")  # the kinds onnxruntime fuses a following activation or Add into
 FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a Gemm only a bias or an activation
+# the kinds onnxruntime's CPU provider runs in its blocked kernels, which apply a fused ReLU or Add
+# as they write each output value (`OpTraits.in_kernel`): at no cost beside the convolution's
+BLOCKED_KERNELS = ("conv", "depthwise", "pointwise_nchw")
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
 
 
@@ -469,8 +472,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
                 i not in convolved and i not in seg.initializers for i in onnx_node.input if i):
             anchor = None  # a residual Add: onnxruntime's Gemm takes only a constant bias
         if anchor is not None:
-            if not traits.folds_into_weights:
-                fused = works[anchor]
+            fused = works[anchor]
+            if not traits.folds_into_weights and not (traits.in_kernel and fused.kind in BLOCKED_KERNELS):
                 works[anchor] = replace(fused, fused_values=fused.fused_values + sum(value_elements(graph, o) for o in outputs))
             convolved.update(dict.fromkeys(outputs, anchor))
             continue

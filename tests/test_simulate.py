@@ -754,7 +754,12 @@ def test_a_convolution_of_an_element_kind_pays_for_its_output_values_beside_its_
     assert getattr(read_profile(path).nodes[0], f"{kind}_elements_per_s") == 1e8
 
 
-def test_an_activation_fused_into_a_convolution_is_priced_on_its_account_and_a_batch_norm_not(tmp_path) -> None:
+@pytest.mark.parametrize(("fused", "group", "priced"), [("Clip", 1, True), ("Relu", 1, False), ("Add", 1, False), ("Relu", 2, True)])
+def test_an_op_fused_into_a_convolution_is_priced_on_its_account_where_its_kernel_makes_a_pass_for_it(fused: str, group: int, priced: bool) -> None:
+    """A Clip fused into a convolution costs a pass over the output on the convolution's account; a
+    ReLU or a residual Add in a blocked convolution's kernel nothing (it applies them as it writes
+    each value), in a grouped one's (no blocked layout) a pass too; a BatchNormalization folds
+    into the weights, no time at all."""
     from bbgrap.backends.lower import lower
 
     from bbgrap.compiler import pipeline
@@ -762,18 +767,21 @@ def test_an_activation_fused_into_a_convolution_is_priced_on_its_account_and_a_b
     from bbgrap.simulate import segment_work, whole_ops
 
     c = 8
-    w = np.ones((c, c, 3, 3), np.float32)
+    w = np.ones((c, c // group, 3, 3), np.float32)
     bn = [np.ones(c, np.float32), np.zeros(c, np.float32), np.zeros(c, np.float32), np.ones(c, np.float32)]
-    model = build_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
-                         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
-                         helper.make_node("Relu", ["n"], ["y"], name="relu")],
-                        {"x": [1, c, 6, 6]}, {"w": w, "s": bn[0], "b": bn[1], "m": bn[2], "v": bn[3]}, ["y"], 17)
+    after = {"Clip": helper.make_node("Clip", ["n", "lo", "hi"], ["y"], name="act"), "Relu": helper.make_node("Relu", ["n"], ["y"], name="act"),
+             "Add": helper.make_node("Add", ["n", "x"], ["y"], name="act")}[fused]
+    model = build_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4, group=group),
+                         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"), after],
+                        {"x": [1, c, 6, 6]}, {"w": w, "s": bn[0], "b": bn[1], "m": bn[2], "v": bn[3], "lo": np.array(0, np.float32),
+                                            "hi": np.array(6, np.float32)}, ["y"], 17)
     graph = PassManager(pipeline(Config(nodes=1, planner="greedy"))).run(import_proto(model).graph)
     programs, _ = lower(graph)
     (seg,) = [s.segment for s in programs[0].steps if s.op == "run"]
     work = segment_work(graph, 0, seg, {layer.name: whole_ops(layer, graph) for layer in graph.layers})
     (conv,) = work.layers
-    assert conv.name == "conv" and conv.fused_values == c * 36  # the Relu's values; the BatchNormalization's none
+    assert conv.name == "conv" and conv.kind == ("conv" if group == 1 else "grouped")
+    assert conv.fused_values == (c * 36 if priced else 0)  # the fused op's values, where priced; the BatchNormalization's none
     assert work.count["other"] == 0  # no op of their own
     node = replace(NODE, other_ops_per_s=1e8)
     assert math.isclose(node.layer_time("conv", "conv", 1e6, 1e6, fused_values=288), 1e6 / 1e9 + 288 / 1e8 + 1e-4)

@@ -128,8 +128,11 @@ class OpTraits:
     (Conv+BatchNormalization into the weights, Conv+activation, Conv+Add in the blocked
     layout), so it has no kernel of its own: no fixed cost, and with `folds_into_weights` (a
     BatchNormalization, whose scale and shift become the convolution's weights and bias) no
-    time at all; else the convolution's kernel spends one "other" operation per value on it
-    (the simulator's cost of a segment: a Clip after a depthwise convolution adds a third to its time).
+    time at all; with `in_kernel` (a ReLU; an Add, whose other input the kernel accumulates its
+    output onto) none in a blocked convolution's kernel either, which applies it to each value as it
+    writes it (`simulate.BLOCKED_KERNELS`); else the convolution's kernel spends one "other"
+    operation per value on it, a pass over its output (the simulator's cost of a segment: a Clip
+    after a depthwise convolution adds a third to its time).
     `channel_block`: its CPU kernel works its output channels in blocks of this many, padding
     the last (the blocked layout's convolution; docs/design.md, "Operations as run"), so a piece is priced by its
     channels rounded up to whole blocks and a cut of its channels prefers whole blocks
@@ -153,6 +156,7 @@ class OpTraits:
     layout: Layout = Layout.PLAIN
     fuses_into_conv: bool = False
     folds_into_weights: bool = False
+    in_kernel: bool = False
     channel_block: int = 0
     read_ops: float = 0.0
     fuses_in_chain: bool = False

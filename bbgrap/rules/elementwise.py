@@ -34,8 +34,8 @@ ACTIVATIONS = (
     "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
     "Sin", "Cos", "Not", "Cast", "Shrink",
 )
-KEEPS_BLOCKED = ("Relu", "Clip")  # onnxruntime's NCHWc layout passes through them, and fuses them into a Conv
-# ... passes through them too, on their own (after a pool or an Add; onnxruntime 1.31); the exporters'
+# onnxruntime's NCHWc layout passes through these too (as through a ReLU and a Clip, which it fuses
+# into a Conv: `register`), on their own (after a pool or an Add; onnxruntime 1.31); the exporters'
 # SiLU, x·sigmoid(x), uses the convolution's output twice, so its Sigmoid is not fused into it
 KEEPS_UNFUSED = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
 ARITHMETIC = ("Sub", "Div", "Pow", "Max", "Min", "Mean", "Where", "Equal", "Greater", "Less", "And", "Or")
@@ -145,11 +145,15 @@ def register(registry: RuleRegistry) -> None:
     # the output is the input (Dropout at inference): lowering binds it instead of emitting a node
     registry.register(["Identity"], activation, OpTraits(alias=True, moves_data=True))
     registry.register(["Dropout"], activation, OpTraits(alias=True))
-    registry.register(KEEPS_BLOCKED, activation, OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, fuses_in_chain=True))
+    # a blocked convolution's kernel applies a ReLU as it writes each value, a Clip in a pass after
+    keeps = OpTraits(layout=Layout.KEEPS, fuses_into_conv=True, fuses_in_chain=True)
+    registry.register(["Relu"], activation, replace(keeps, in_kernel=True))
+    registry.register(["Clip"], activation, keeps)
     registry.register(["LeakyRelu"], activation, OpTraits(fuses_into_conv=True, fuses_in_chain=True))
     registry.register(ARITHMETIC, arithmetic, OpTraits(fuses_in_chain=True))
-    # onnxruntime's NCHWc layout runs Add and Sum blocked, and fuses them into a Conv
-    blocked = OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, fuses_in_chain=True)
+    # onnxruntime's NCHWc layout runs Add and Sum blocked, and fuses them into a Conv, whose kernel
+    # accumulates its output onto the other input
+    blocked = OpTraits(layout=Layout.BLOCKED, fuses_into_conv=True, in_kernel=True, fuses_in_chain=True)
     registry.register(["Add"], arithmetic, replace(blocked, eight_bit=EIGHT_BIT_ARITHMETIC))
     registry.register(["Sum"], arithmetic, blocked)
     registry.register(KEEPS_UNFUSED, activation, OpTraits(layout=Layout.KEEPS, fuses_in_chain=True))
