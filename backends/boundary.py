@@ -41,7 +41,7 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   cache. Chains of segments shaped like a CNN's (some values concatenated, two convolutions
   with their activations, one value out), with their weights together beyond any core's cache,
   run in sequence and each alone as often: the difference per segment, less its weights read at
-  the node's `weight_Bps`, is a fixed part and a part per op and value. Two chains, COLD_CHAIN
+  the node's `cached_weight_Bps` (in sequence from the host's cache, alone from the core's), is a fixed part and a part per op and value. Two chains, COLD_CHAIN
   segments of COLD_VALUES values and FEW_CHAIN of FEW_VALUES, give the line through the two:
   its slope per op or value is `cold_s`, its value at no op or value `cold_segment_s`. The
   weights' reload is left to the layers' own times: a layer measured in the model's run, or

@@ -51,9 +51,11 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   threads on the 2-core machine saw none), and the cache's size does not depend on them. A node
   reads from its cache the share of its filters it keeps there from one inference to the next
   (`NodeProfile.kept`: all where its weights and the values it writes in an inference fit);
-* **how fast weights stream**: a MatMul of one row by 32 MB of weights, all weights and few
-  operations as a classifier's Gemm on one image, gives `weight_Bps` (the simulator prices a
-  convolution or matmul by the longer of its operations and its weights: `NodeProfile.layer_time`);
+* **how fast weights stream**: a MatMul of one row by 64 MB of weights, all weights and few
+  operations as a classifier's Gemm on one image, gives `weight_Bps`, and one by 8 MB, which stay
+  in a host's last-level cache from one run to the next, `cached_weight_Bps` (the simulator prices
+  a convolution or matmul by the longer of its operations and its weights, the share of them the
+  node's cache keeps at the second: `NodeProfile.layer_time`);
 * **what reading filters costs**: a chain of READ_CHAIN convolutions on a small map, each with its
   own filters, more of them than a host's cache holds, gives `conv_read_Bps` (`read_speed`): the
   bytes a piece of a convolution reads beyond its throughput (`cost.extra_reads`) at that speed;
@@ -134,7 +136,11 @@ MODEL_TIMED_S = 0.25  # the model's run without the profiler: the fastest of LAY
 CHAIN_TIMED_S = 0.05  # profiler_cost's chains of tiny Sigmoids without the profiler: runs of a few microseconds, timed this long
 STREAM_SIZES = tuple(2**k for k in range(15, 23))  # values of the Adds that find where copies leave the cache
 STREAM_JUMP = 1.5  # a further value costing this many times the in-cache slope: beyond the cache
-WEIGHT_PROBE_BYTES = 32 * 2**20  # weights_model's: beyond a core's cache, as a model's weights are from one inference to the next
+# weights_model's: beyond a host's last-level cache (twice the 32 MB of the 2-core machine's: a loop
+# of them keeps next to nothing there), as a large model's weights are from one inference to the next
+WEIGHT_PROBE_BYTES = 64 * 2**20
+# ... and as a small model's are, in that cache but beyond a core's own (`cached_weight_Bps`)
+CACHED_WEIGHT_BYTES = 8 * 2**20
 PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 
@@ -776,8 +782,9 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime(
         [timed(add_model(n)[0]) for n in STREAM_SIZES],
         [one_thread_add(n, clock) for n in STREAM_SIZES] if threads > 1 and not target.on_gpu else None)
-    streamed, nbytes = weights_model(WEIGHT_PROBE_BYTES)
-    fields["weight_Bps"] = nbytes / max(timed(streamed) - segment, 1e-9)
+    for name, probe_bytes in (("weight_Bps", WEIGHT_PROBE_BYTES), ("cached_weight_Bps", CACHED_WEIGHT_BYTES)):
+        streamed, nbytes = weights_model(probe_bytes)
+        fields[name] = nbytes / max(timed(streamed) - segment, 1e-9)
     fields["conv_read_Bps"] = read_speed(timed, speeds["conv"])
     layers, scaling = {}, {}
     if model is not None:
@@ -785,7 +792,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         scaling = measure_scaling(model.front.graph, functools.partial(time_piece, threads=threads, clock=clock), layers)
     if boundary.messages:
         fields.update(message_fields(boundary.messages))
-    cold = measure_cold(threads, fields["weight_Bps"], target=target)
+    cold = measure_cold(threads, fields["cached_weight_Bps"], target=target)
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
     if boundary.lockstep:
         fields["wait_share"] = wait_share(boundary.lockstep)
@@ -853,7 +860,7 @@ def describe(profile: ClusterProfile) -> str:
         values = {kind: f" + {1e9 / rate:.2f} ns per output value" for kind in ELEMENT_KINDS if (rate := getattr(p, f"{kind}_elements_per_s"))}
         lines.append(f"node {n}{f' ({p.host})' if p.host else ''}: "
                      + ", ".join(f"{kind} {p.ops_per_s(kind) / 1e9:.2f}{values.get(kind, '')}" for kind in OP_KINDS)
-                     + f" Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s; per op "
+                     + f" Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s ({p.cached_weight_Bps / 1e9:.1f} from the cache); per op "
                      + ", ".join(f"{kind} {p.op_s(kind) * 1e6:.1f}" for kind in OP_KINDS)
                      + f" us; per segment {p.segment_s * 1e6:.1f} us, per value {p.value_s * 1e6:.2f} us, "
                      f"per message sent {p.send_s * 1e6:.1f} us + {p.send_byte_s * 1e12:.0f} ps/B, taken {p.recv_s * 1e6:.1f} us + {p.recv_byte_s * 1e12:.0f} ps/B, a wait {100 * p.wait_share:.1f} % of the segment before it; a segment after others {p.cold_segment_s * 1e6:.1f} us and per op or value {p.cold_s * 1e6:.2f} us")

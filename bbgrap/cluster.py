@@ -24,6 +24,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     qmatmul_ops_per_s = 7.5e10 # ... of a MatMul or Gemm in one (QLinearMatMul, QGemm)
     other_ops_per_s = 2.5e9    # ... of everything else (elementwise, pooling, crops and concats)
     weight_Bps = 4e9           # bytes per second a convolution or matmul streams its weights at
+    cached_weight_Bps = 0.0    # ... the share of them the node's cache keeps (`kept`); 0: not measured, at weight_Bps
     conv_read_Bps = 0.0        # ... a convolution's piece reads its filters at beyond its operations; 0: not measured
     conv_op_s = 1e-05          # fixed cost of one ONNX op of each kind (s)
     depthwise_op_s = 1e-05
@@ -114,7 +115,7 @@ INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise
 ELEMENT_KINDS = ("depthwise", "qconv", "qconv_gemm", "qdepthwise")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; the kinds'
 # elements_per_s and conv_read_Bps: not measured); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps", "cached_weight_Bps")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -224,11 +225,15 @@ class NodeProfile:
     qdepthwise_elements_per_s: float = 0.0
     qmatmul_ops_per_s: float = 7.5e10
     other_ops_per_s: float = 2.5e9
-    # bytes of weights per second a convolution or matmul reads (from beyond the core's cache: the
-    # weights of a model do not stay in it from one inference to the next); the default keeps the
-    # default node's 6 operations per byte, about what a CPU core's matmul throughput and its
-    # share of memory bandwidth give (docs/design.md, "Roofline")
+    # bytes of weights per second a convolution or matmul reads (from beyond the host's cache: the
+    # weights of a model larger than it do not stay there from one inference to the next); the
+    # default keeps the default node's 6 operations per byte, about what a CPU core's matmul
+    # throughput and its share of memory bandwidth give (docs/design.md, "Roofline")
     weight_Bps: float = 4e9
+    # ... and of the share of them the node's cache keeps (`kept`: a small model's whole classifier),
+    # which a matmul of one row still reads at the cache's speed, not its operations'; 0: not
+    # measured (a profile written before), every byte at weight_Bps
+    cached_weight_Bps: float = 0.0
     # bytes per second a piece of a convolution reads beyond what its kind's throughput holds (its
     # filters from beyond the core's cache, `cost.extra_reads`), measured on a chain of convolutions
     # whose filters do not fit in the cache; 0: not measured, the default, and a byte costs
@@ -298,6 +303,13 @@ class NodeProfile:
         if kind != "other":
             return self.ops_per_s(kind)
         return self.other_speeds.get(op_type, self.other_speeds.get(base_op_type(op_type), self.other_ops_per_s))
+
+    def weight_seconds_per_byte(self, kept: float) -> float:
+        """What a byte of weights costs a convolution or matmul to read where the node's cache keeps
+        `kept` of them: that share at `cached_weight_Bps` (where measured), the rest at `weight_Bps`."""
+        if not self.cached_weight_Bps:
+            return 1.0 / self.weight_Bps
+        return (1.0 - kept) / self.weight_Bps + kept / self.cached_weight_Bps
 
     def op_s(self, kind: str) -> float:
         """Fixed cost of one op of one of OP_KINDS."""
@@ -400,8 +412,8 @@ class NodeProfile:
         is one more op in a segment) plus the rest of the measured time scaled by its `Scaling`
         where measured too, else in proportion to the operations. Else a roofline: a convolution
         or matmul takes its operations at its kind's throughput (with what its output values cost
-        beyond them, `element_time`, and its fused ops' values) or its weights at `weight_Bps`,
-        whichever is longer (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
+        beyond them, `element_time`, and its fused ops' values) or its weights, whichever is longer (the
+        share `kept` in the node's cache at `cached_weight_Bps` where measured, the rest at `weight_Bps`) (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
         cutting rows does not), plus its kind's fixed cost; a `chained` op (computed in the kernel of
         the op after it, `simulate.chained_layers`) only its operations, at its kind's throughput:
         inside a fused kernel an erf or a sigmoid is a few vector instructions on values at hand, not
@@ -420,7 +432,7 @@ class NodeProfile:
             if chained:
                 return ops / self.ops_per_s(kind) + reordered
             rate = self.op_rate(kind, op_type)
-            streamed = weight_share * weight_bytes / self.weight_Bps if kind != "other" else 0.0
+            streamed = weight_share * weight_bytes * self.weight_seconds_per_byte(kept) if kind != "other" else 0.0
             read = (1.0 - kept) * (reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate)
             computed = (ops - read_ops) / rate + read + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind) + reordered

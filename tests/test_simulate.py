@@ -644,11 +644,24 @@ def test_a_segment_prices_a_matmul_by_its_weights_where_they_take_longer() -> No
 
 
 def test_weight_bandwidth_round_trips_and_scales_with_a_nodes_speed(tmp_path) -> None:
-    profile = ClusterProfile((replace(NODE, weight_Bps=3e9),), PROFILE.link)
+    profile = ClusterProfile((replace(NODE, weight_Bps=3e9, cached_weight_Bps=9e9),), PROFILE.link)
     path = str(tmp_path / "cluster.toml")
     write_profile(path, profile)
-    assert read_profile(path).nodes[0].weight_Bps == 3e9
-    assert [n.weight_Bps for n in with_speeds(profile, (1.0, 2.0)).nodes] == [3e9, 6e9]
+    assert (read_profile(path).nodes[0].weight_Bps, read_profile(path).nodes[0].cached_weight_Bps) == (3e9, 9e9)
+    assert [(n.weight_Bps, n.cached_weight_Bps) for n in with_speeds(profile, (1.0, 2.0)).nodes] == [(3e9, 9e9), (6e9, 1.8e10)]
+    (tmp_path / "old.toml").write_text("[[node]]\nweight_Bps = 3e9\n")
+    assert read_profile(str(tmp_path / "old.toml")).nodes[0].cached_weight_Bps == 0.0  # written before: not measured
+
+
+def test_the_share_of_weights_a_nodes_cache_keeps_streams_at_the_caches_speed() -> None:
+    """A matmul whose weights the node's cache keeps (`kept`) reads them at `cached_weight_Bps`, the
+    rest at `weight_Bps`; a profile that did not measure the first reads all at the second."""
+    node = replace(NODE, weight_Bps=1e8, cached_weight_Bps=1e9)
+    assert math.isclose(node.layer_time("fc", "matmul", 1e5, 1e5, 1.0, 1e6, kept=0.0), 1e6 / 1e8 + 1e-4)
+    assert math.isclose(node.layer_time("fc", "matmul", 1e5, 1e5, 1.0, 1e6, kept=1.0), 1e6 / 1e9 + 1e-4)
+    assert math.isclose(node.layer_time("fc", "matmul", 1e5, 1e5, 1.0, 1e6, kept=0.25), 0.75e6 / 1e8 + 0.25e6 / 1e9 + 1e-4)
+    unmeasured = replace(node, cached_weight_Bps=0.0)
+    assert math.isclose(unmeasured.layer_time("fc", "matmul", 1e5, 1e5, 1.0, 1e6, kept=1.0), 1e6 / 1e8 + 1e-4)
 
 
 def test_the_streaming_regime_round_trips_scales_with_speed_and_may_be_absent(tmp_path) -> None:

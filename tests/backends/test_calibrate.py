@@ -313,6 +313,7 @@ def test_calibrate_one_node_measures_every_kind_of_op() -> None:
     assert all(getattr(node, f) == getattr(NodeProfile(), f) for f in ("send_s", "send_byte_s", "recv_s", "recv_byte_s"))
     assert node.cold_s >= 0 and node.cold_segment_s >= 0
     assert node.weight_Bps > 0 and node.weight_Bps != NodeProfile().weight_Bps  # measured
+    assert node.cached_weight_Bps > 0  # measured (0: not)
     assert node.stream_ops_per_s >= 0 and node.cache_bytes >= 0  # 0 and 0 where no slower regime showed
 
 
