@@ -406,8 +406,9 @@ class NodeProfile:
                    kept: float = 0.0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
-        output values, and `fused_values` for the ops onnxruntime fuses into it (an activation, a
-        residual Add: one "other" operation each, in its kernel). Where the layer was measured
+        output values, and `fused_values` for the ops onnxruntime fuses into it that take a pass
+        over its output (a Clip; not a ReLU or a residual Add in a blocked kernel, `OpTraits.in_kernel`):
+        one "other" operation each. Where the layer was measured
         (its time holds its fused ops'): its kind's fixed cost (at most the measured time: a piece
         is one more op in a segment) plus the rest of the measured time scaled by its `Scaling`
         where measured too, else in proportion to the operations. Else a roofline: a convolution

@@ -75,7 +75,7 @@ class LayerWork:
     weight_share: float = 1.0
     weight_bytes: float = 0.0
     elements: float = 0.0
-    fused_values: float = 0.0  # values of the ops onnxruntime fuses into it that its kernel computes (`OpTraits.fuses_into_conv`)
+    fused_values: float = 0.0  # values of the ops onnxruntime fuses into it that take a pass over its output (`OpTraits.fuses_into_conv`, `in_kernel`)
     chained: bool = False  # computed in the kernel of the op after it (`chained_layers`): no fixed cost, its values not written out
     op_type: str = ""  # its ONNX op: an "other" op a node timed apart runs at that speed (`NodeProfile.op_rate`)
     reorders: tuple[float, ...] = ()  # values of each layout reorder onnxruntime adds for it (`layout_reorders`)
@@ -445,7 +445,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
     the values each crop, concat or other op of lowering's writes (`SegmentWork.copies`), for an op onnxruntime fuses into
     the convolution before it (`OpTraits.fuses_into_conv`; into a matmul only a bias, a constant
     operand, or an activation: its Gemm) none of its own but the values it writes on that
-    convolution's account (`LayerWork.fused_values`; none where it folds into the weights), for a
+    convolution's account (`LayerWork.fused_values`; none where it folds into the weights, nor where
+    a blocked kernel applies it as it writes each value, `OpTraits.in_kernel`), for a
     layer in `chained` (`chained_layers`) whose output stays in the segment its operations only
     (`LayerWork.chained`), each layout reorder onnxruntime adds inside it (`layout_reorders`) on
     the account of the layer that causes it (`LayerWork.reorders`), or where an op of lowering's
