@@ -40,8 +40,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   BatchNormalization on NCHW values (IN_NCHW_TIMED), its own kernel, not the blocked one; and a
   quantized model's DequantizeLinear and QuantizeLinear (QDQ_TIMED, `qdq_probe`). Each at the
   node's threads: some of these kernels use one thread however many the rank has. A node of
-  several threads times all of them twice, at the start and after the rest, each probe at the
-  faster (`FastestTimes`): a host may slow a process of several threads for seconds at a time
+  several threads times all of them, and the copies below, twice, at the start and after the
+  rest, each probe at the faster (`FastestTimes`): a host may slow a process of several threads for seconds at a time
   (a shared VM's; the NCHW-input kernel by half or more), and a plan's runs, too, count their fastest;
 * **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
   takes between one size and the next (the slope) jumps once an op's input and output no longer
@@ -793,18 +793,21 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         "other": [add_probe(s * s * 64) for s in (7, 14, 21, 28)],
     }
     fastest = FastestTimes(timed)
+    several = threads > 1 and not target.on_gpu
 
-    def time_kinds() -> tuple[dict[str, KindSpeed], dict[str, float]]:
-        # each kind's speeds, and those of the "other" op types timed apart
+    def time_kinds() -> tuple[dict[str, KindSpeed], dict[str, float], list[float]]:
+        # each kind's speeds, those of the "other" op types timed apart, and the Adds over STREAM_SIZES
         return ({kind: op_speed(p, TINY[kind], fastest, elements=kind in ELEMENT_KINDS) for kind, p in probes.items()},
                 {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], fastest)[0]
-                 for apart in TIMED_APART for op in apart.op_types})
+                 for apart in TIMED_APART for op in apart.op_types},
+                [fastest(add_model(n)[0]) for n in STREAM_SIZES])
 
-    speeds, other_speeds = time_kinds()
+    def one_thread_adds() -> list[float]:
+        return [one_thread_add(n, clock) for n in STREAM_SIZES]
+
+    speeds, other_speeds, adds = time_kinds()
+    ones = one_thread_adds() if several else None
     fields: dict[str, Any] = {}
-    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime(
-        [timed(add_model(n)[0]) for n in STREAM_SIZES],
-        [one_thread_add(n, clock) for n in STREAM_SIZES] if threads > 1 and not target.on_gpu else None)
     for name, probe_bytes in (("weight_Bps", WEIGHT_PROBE_BYTES), ("cached_weight_Bps", CACHED_WEIGHT_BYTES)):
         streamed, nbytes = weights_model(probe_bytes)
         fields[name] = nbytes / max(timed(streamed) - segment, 1e-9)
@@ -819,10 +822,13 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields["cold_s"], fields["cold_segment_s"] = cold.per_object_s, cold.segment_s
     if boundary.lockstep:
         fields["wait_share"] = wait_share(boundary.lockstep)
-    if threads > 1 and not target.on_gpu:
+    if several and ones is not None:
         # timed again, seconds later, each probe at the faster of the two: a host's spell that slows a
-        # process of several threads for seconds (a kernel that takes NCHW input by half or more) falls on one
-        speeds, other_speeds = time_kinds()
+        # process of several threads for seconds (a kernel that takes NCHW input by half or more; the
+        # sweep that finds the cache's size, which it can halve) falls on one
+        speeds, other_speeds, adds = time_kinds()
+        ones = [min(a, b) for a, b in zip(ones, one_thread_adds())]
+    fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime(adds, ones)
     fields.update({f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()})
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
