@@ -40,7 +40,9 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   inference) the others have pushed its session's kernels, buffers and weights out of the
   cache. Chains of segments shaped like a CNN's (some values concatenated, two convolutions
   with their activations, one value out), with their weights together beyond any core's cache,
-  run in sequence and each alone as often: the difference per segment, less its weights read at
+  run in sequence and each alone as often (COLD_TRIES times, the chains in turn, the median of each
+  chain's: one such difference of a chain varies by half from one try to the next): the
+  difference per segment, less its weights read at
   the node's `cached_weight_Bps` (in sequence from the host's cache, alone from the core's), is a fixed part and a part per op and value. Two chains, COLD_CHAIN
   segments of COLD_VALUES values and FEW_CHAIN of FEW_VALUES, give the line through the two:
   its slope per op or value is `cold_s`, its value at no op or value `cold_segment_s`. The
@@ -75,6 +77,7 @@ REPEAT = 15
 COLD_CHAIN = 64  # segments of the cold chain: 6.6 MB of weights in all
 COLD_VALUES = 16  # values each of its segments concatenates (DenseNet's and Inception's concats take 4 to 30)
 FEW_CHAIN, FEW_VALUES = 128, 2  # the second cold chain: 5.8 MB of weights, about as far beyond the cache
+COLD_TRIES = 5  # times each cold chain's extra is measured, the two chains in turn; the median counts
 COLD_CHANNELS, COLD_SIDE = 16, 8  # each value: COLD_CHANNELS x COLD_SIDE x COLD_SIDE
 # float32 values of the messages timed: 4 B to 512 KB (a CNN's halos and pieces at 224 px)
 MESSAGE_ELEMENTS = (1, 4096, 32768, 131072)
@@ -398,7 +401,8 @@ def measure_cold(threads: int, weight_Bps: float, many: ColdChain | None = None,
     a test's smaller ones); both at least 0."""
     many = many or cold_chain(threads, target=target)
     few = few or cold_chain(threads, FEW_CHAIN, FEW_VALUES, target)
-    return cold_line(*((c.objects, cold_extra(c, weight_Bps)) for c in (few, many)))
+    tries = [[cold_extra(c, weight_Bps) for c in (few, many)] for _ in range(COLD_TRIES)]
+    return cold_line(*((c.objects, float(np.median([t[k] for t in tries]))) for k, c in enumerate((few, many))))
 
 
 def cold_line(few: tuple[int, float], many: tuple[int, float]) -> Cold:
