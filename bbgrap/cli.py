@@ -96,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
                        "links between nodes (ping-pong); write them as a cluster profile (TOML). Run it as bbgrap-run runs a "
                        "plan: mpirun -n N bbgrap calibrate -o cluster.toml (one rank per node), or alone for one node. A rank "
                        "under a CPU quota (a container's CPU limit) times its runs without the quota's stops and slows every "
-                       "figure by the share of its threads' time the quota leaves (cpu_share). compile --profile cuts each layer "
+                       "figure by the share of its threads' time the quota leaves (cpu_share). A rank of several threads times its "
+                       "kinds of op twice, at the start and at the end, and keeps the faster of each (a host that slows a process "
+                       "of several threads for seconds at a time). compile --profile cuts each layer "
                        "in proportion to the nodes' speeds on the model where they differ. With --refine RUN.json --profile FILE it "
                        "measures nothing: it corrects FILE by runs of plans compiled with it (bbgrap-run --json), each "
                        "node's figures by its segments' measured times against the predicted ones.")
