@@ -42,10 +42,11 @@ sessions as the executor runs them (`execute`, the node's transport, a `Profile`
   with their activations, one value out), with their weights together beyond any core's cache,
   run in sequence and each alone as often (COLD_TRIES times, the chains in turn, the median of each
   chain's: one such difference of a chain varies by half from one try to the next): the
-  difference per segment, less its weights read at
-  the node's `cached_weight_Bps` (in sequence from the host's cache, alone from the core's), is a fixed part and a part per op and value. Two chains, COLD_CHAIN
-  segments of COLD_VALUES values and FEW_CHAIN of FEW_VALUES, give the line through the two:
-  its slope per op or value is `cold_s`, its value at no op or value `cold_segment_s`. The
+  difference per segment, less its weights read at the node's `cached_weight_Bps` (in sequence
+  from the host's cache, alone from the core's), is a fixed part and a part per op and value.
+  Two chains, COLD_CHAIN segments of COLD_VALUES values and FEW_CHAIN of FEW_VALUES, give the
+  line through the two: its slope per op or value is `cold_s`, its value at no op or value
+  `cold_segment_s`. The
   weights' reload is left to the layers' own times: a layer measured in the model's run, or
   priced by its weights streamed, holds it; a layer priced by its kind's throughput does not yet
   (docs/design.md, "Segments after others").

@@ -20,8 +20,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   (a 3x3 convolution, a depthwise convolution of 3x3 and of 7x7 kernels, a grouped 3x3 one of
   FEW_PER_GROUP channels per group, a 1x1 one of 8 and of 12 input channels, which onnxruntime
   runs on its kernel that takes NCHW input (`pointwise_nchw_probe`: side by side on one input,
-  summed), a MatMul of MATMUL_ROWS rows, each of a chain by its own weights; in a quantized model's QDQ pattern, which onnxruntime runs as an integer kernel
-  (`quantized_chain`: QLinearConv, QLinearMatMul), a dense convolution of 1x1 and 3x3 kernels on
+  summed), a MatMul of MATMUL_ROWS rows, each of a chain by its own weights; in a quantized
+  model's QDQ pattern, which onnxruntime runs as an integer kernel (`quantized_chain`: QLinearConv, QLinearMatMul), a dense convolution of 1x1 and 3x3 kernels on
   its direct kernel, one of 30 input channels (3x3 and 7x7), which it runs as im2col and a GEMM, a
   depthwise one of 3x3 and 5x5 kernels and the MatMul; an Add) probes at three to five sizes each, from
   small feature maps to large, each timed as one op and as a chain of CHAIN: one op's share of
@@ -41,8 +41,9 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   quantized model's DequantizeLinear and QuantizeLinear (QDQ_TIMED, `qdq_probe`). Each at the
   node's threads: some of these kernels use one thread however many the rank has. A node of
   several threads times all of them, and the copies below, twice, at the start and after the
-  rest, each probe at the faster (`FastestTimes`): a host may slow a process of several threads for seconds at a time
-  (a shared VM's; the NCHW-input kernel by half or more), and a plan's runs, too, count their fastest;
+  rest, each probe at the faster (`FastestTimes`): a host may slow a process of several threads
+  for seconds at a time (a shared VM's; the NCHW-input kernel by half or more), and a plan's
+  runs, too, count their fastest;
 * **copies beyond the cache**: an Add over 2^15 to 2^22 values; the time each further value
   takes between one size and the next (the slope) jumps once an op's input and output no longer
   fit in the core's cache. Where it reaches STREAM_JUMP times the smaller sizes' slope, the last

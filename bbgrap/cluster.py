@@ -413,8 +413,9 @@ class NodeProfile:
         is one more op in a segment) plus the rest of the measured time scaled by its `Scaling`
         where measured too, else in proportion to the operations. Else a roofline: a convolution
         or matmul takes its operations at its kind's throughput (with what its output values cost
-        beyond them, `element_time`, and its fused ops' values) or its weights, whichever is longer (the
-        share `kept` in the node's cache at `cached_weight_Bps` where measured, the rest at `weight_Bps`) (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
+        beyond them, `element_time`, and its fused ops' values) or its weights (`weight_seconds_per_byte`:
+        the share `kept` in the node's cache at `cached_weight_Bps`, the rest at `weight_Bps`), whichever is
+        longer (a classifier's Gemm on one image is all weights: cutting its output channels halves them,
         cutting rows does not), plus its kind's fixed cost; a `chained` op (computed in the kernel of
         the op after it, `simulate.chained_layers`) only its operations, at its kind's throughput:
         inside a fused kernel an erf or a sigmoid is a few vector instructions on values at hand, not
