@@ -3,6 +3,7 @@ the profile it writes, and bad flags (the run under mpirun -n 2 is in test_mpi.p
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -311,6 +312,38 @@ def test_the_wait_share_is_the_slope_of_the_waits_over_the_segments_and_never_ne
     busy = [1e-5, 1e-4, 4e-4, 8e-4]
     assert math.isclose(wait_share([Lockstep(b, 1.2e-6 + 0.012 * b) for b in busy]), 0.012)
     assert wait_share([Lockstep(b, 5e-6 - 0.001 * b) for b in busy]) == 0.0
+
+
+TWO_PASSES = """
+import json
+import bbgrap.backends.calibrate as calibrate
+
+timings = {}
+
+class Counted(calibrate.FastestTimes):
+    def __call__(self, model):
+        got = super().__call__(model)
+        timings.setdefault(model.SerializeToString(), []).append(got)
+        return got
+
+sweeps = []
+one_thread = calibrate.one_thread_add
+calibrate.FastestTimes = Counted
+calibrate.one_thread_add = lambda n, clock: sweeps.append(n) or one_thread(n, clock, repeat=3)
+node = calibrate.calibrate_one(2, process_pool=True).nodes[0]
+print(json.dumps({"timings": list(timings.values()), "sweeps": sweeps, "speeds": [node.ops_per_s(k) for k in calibrate.OP_KINDS]}))
+"""
+
+
+def test_a_node_of_several_threads_times_its_kinds_and_the_cache_sweep_twice_and_keeps_the_faster() -> None:
+    """At two threads (on the process's one pool, as the command runs: its own process) every probe
+    of the kinds, of the op types timed apart and of the cache's sweep is timed twice, each answer
+    the fastest so far, and the one-thread sweep twice too."""
+    done = subprocess.run([sys.executable, "-c", TWO_PASSES], capture_output=True, text=True, timeout=600, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["timings"] and all(len(t) >= 2 and t[-1] == min(t) for t in got["timings"])
+    assert sorted(got["sweeps"]) == sorted(list(STREAM_SIZES) * 2)
+    assert all(speed > 0 for speed in got["speeds"])
 
 
 def test_calibrate_one_node_measures_every_kind_of_op() -> None:

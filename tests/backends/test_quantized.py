@@ -528,7 +528,8 @@ def test_custom_sizes_inside_a_channel_block_are_refused_in_one_line(tmp_path) -
 def test_a_layer_is_priced_as_the_kernel_onnxruntime_runs_it_in(tmp_path, name: str, activations: QuantType) -> None:
     """The simulator prices a convolution or matmul onnxruntime fuses into an integer kernel as
     "qconv" (a stem of three input channels "qconv_gemm"), "qdepthwise" or "qmatmul", and one it
-    runs in float as "conv", "depthwise" or "matmul": every convolution of a quantized zoo model is
+    runs in float as "conv", "depthwise", "pointwise_nchw" (a 1x1 one of fewer input channels than a
+    block) or "matmul": every convolution of a quantized zoo model is
     of a float kind exactly where the optimised whole model has a float Conv of its name (16-bit
     activations: all of them; int8: those whose input or output has more than one reader, a residual
     block's first, densenet's second of each layer, which the concatenations read)."""
@@ -536,7 +537,7 @@ def test_a_layer_is_priced_as_the_kernel_onnxruntime_runs_it_in(tmp_path, name: 
     in_float = float_kernels(onnx.load(path))
     graph = import_model(path).graph
     convs = [layer for layer in graph.layers if layer.op_type == "Conv"]
-    assert convs and all((op_kind(layer, graph) in ("conv", "depthwise")) == (layer.name in in_float) for layer in convs), \
+    assert convs and all((op_kind(layer, graph) in ("conv", "depthwise", "pointwise_nchw")) == (layer.name in in_float) for layer in convs), \
         [(layer.name, op_kind(layer, graph), layer.name in in_float) for layer in convs]
     dense = [layer for layer in convs if op_kind(layer, graph) in ("conv", "qconv", "qconv_gemm")]
     # an integer convolution of the image's three channels (the stem) runs as im2col and a GEMM, the rest on the direct kernel

@@ -55,7 +55,7 @@ def test_the_compiler_keeps_the_planners_plan_only_where_predicted_clearly_faste
     assert_exact(str(tmp_path / "plan"))
 
 
-@pytest.mark.parametrize(("name", "resolution", "width", "kept"), [("mobilenet_v2", 96, 0.5, "greedy"), ("mobilenet_v2", 48, 0.125, "dp")])
+@pytest.mark.parametrize(("name", "resolution", "width", "kept"), [("resnet18", 96, 0.25, "greedy"), ("mobilenet_v2", 48, 0.125, "dp")])
 def test_the_per_layer_plan_predicted_in_a_child_process_is_predicted_as_here(tmp_path, monkeypatch: pytest.MonkeyPatch, name: str,
                                                                               resolution: int, width: float, kept: str) -> None:
     """compile predicts the per-layer search's plan in a forked child where it has two cores:
