@@ -50,7 +50,7 @@ import numpy as np
 from bbgrap.cluster import EIGHT_BIT_NCHW, IN_NCHW, OP_KINDS, ClusterProfile, NodeProfile
 from bbgrap.cost import bytes_read, ops_and_reads, run_ops, weight_bytes, weight_share
 from bbgrap.ir import BBGrapError, Graph, Layer, LayerPartition, ShapeMap
-from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, integer_kernel, is_default_domain
+from bbgrap.rules.base import MS_DOMAIN, NCHWC_BLOCK, Layout, OpTraits, integer_kernel, is_default_domain
 from bbgrap.rules.conv import direct_integer, direct_outputs, integer_conv
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.rules.window import WEIGHTS
@@ -232,6 +232,27 @@ def fusion_anchor(layer: Layer, graph: Graph, registry: RuleRegistry, depth: int
 
     got = steps(layer, depth)
     return got[1] if got is not None else layer.name
+
+
+def fused_pass(traits: OpTraits, anchor_kind: str) -> bool:
+    """Whether an op onnxruntime fuses into a convolution or Gemm of `anchor_kind` takes a pass over
+    its output there, one "other" operation a value on its account: not where it folds into the
+    weights (a BatchNormalization), nor where a blocked kernel applies it as it writes each value
+    (`OpTraits.in_kernel`: a ReLU, a residual Add; `BLOCKED_KERNELS`)."""
+    return not traits.folds_into_weights and not (traits.in_kernel and anchor_kind in BLOCKED_KERNELS)
+
+
+def fused_into(layer: Layer, graph: Graph, registry: RuleRegistry) -> str | None:
+    """The kind of the convolution or Gemm onnxruntime fuses `layer` into where the two run in one
+    segment (`fusion_anchor`; a Gemm takes a bias, a constant operand or an activation, not a
+    residual Add of two activations, as `segment_work` has it), or None: a kernel of its own."""
+    anchor = fusion_anchor(layer, graph, registry)
+    if anchor == layer.name:
+        return None
+    kind = op_kind(graph.layer(anchor), graph)
+    if kind == "matmul" and sum(graph.is_activation(t) for t in layer.inputs if t) > 1:
+        return None
+    return kind
 
 
 def chained_layers(graph: Graph, registry: RuleRegistry | None = None) -> frozenset[str]:
@@ -474,7 +495,7 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             anchor = None  # a residual Add: onnxruntime's Gemm takes only a constant bias
         if anchor is not None:
             fused = works[anchor]
-            if not traits.folds_into_weights and not (traits.in_kernel and fused.kind in BLOCKED_KERNELS):
+            if fused_pass(traits, fused.kind):
                 works[anchor] = replace(fused, fused_values=fused.fused_values + sum(value_elements(graph, o) for o in outputs))
             convolved.update(dict.fromkeys(outputs, anchor))
             continue

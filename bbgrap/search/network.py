@@ -17,7 +17,9 @@ one it has; a layer too short to cut still has its placements.
 takes `ops_n / throughput_kind(n) + op_s_kind(n)` (bbgrap/cost.py's operations of what it
 computes, the profile's throughput for the op's kind; a depthwise convolution's output values
 at the node's `depthwise_elements_per_s` too, an "other" op's beyond the cache at its
-`stream_ops_per_s`; an op of a fused activation, `simulate.chained_layers`, its operations only),
+`stream_ops_per_s`; an op of a fused activation, `simulate.chained_layers`, its operations only;
+an op onnxruntime fuses into the convolution or Gemm before it, `simulate.fused_into`, nothing or a
+pass over its output as the simulator prices it where the two share a cut, `simulate.fused_pass`),
 or where the profile measured L on n
 (`calibrate --model`) the kind's fixed cost plus the rest of L's measured time scaled to the
 piece by L's measured rows and channels slopes, else in proportion to `ops_n`
@@ -80,7 +82,7 @@ from bbgrap.ir import Graph, Layer, LayerPartition, ShapeMap
 from bbgrap.movement import OUTPUT_NODE
 from bbgrap.passes.naive_partition import axis_sizes, fastest_node, partition_layer, replicated, shared_axes
 from bbgrap.rules.registry import RuleRegistry
-from bbgrap.simulate import chained_layers, layer_work, op_kind, whole_ops, work_seconds, working_set
+from bbgrap.simulate import chained_layers, fused_into, fused_pass, layer_work, op_kind, whole_ops, work_seconds, working_set
 
 Choice = tuple[int, ...]  # one candidate index per layer, in the graph's layer order
 REPLICATE_MAX_ELEMENTS = 1 << 14  # largest output (elements) of a layer offered whole on every node
@@ -253,6 +255,12 @@ class NetworkCost:
         self.kinds = [op_kind(layer, graph) for layer in graph.layers]
         self.whole = [whole_ops(layer, graph, self.registry) for layer in graph.layers]
         self.chained = chained_layers(graph, self.registry)
+        # per layer fused into the convolution or Gemm before it: whether it takes a pass over the output
+        # there (`simulate.fused_pass`); None: a kernel of its own
+        self.fused: list[bool | None] = []
+        for layer in graph.layers:
+            anchor_kind = fused_into(layer, graph, self.registry)
+            self.fused.append(None if anchor_kind is None else fused_pass(self.registry.traits(layer.op_type, layer.domain), anchor_kind))
         # a node may read all of the model's weights (a cut along rows does) and write every layer's output:
         # its convolutions read from its cache the share of their filters it keeps (`simulate.working_set`)
         whole_set = working_set((weight_bytes(layer, graph) for layer in graph.layers),
@@ -268,6 +276,9 @@ class NetworkCost:
             layer, part = self.graph.layers[i], self.candidates[i][c]
             times = [0.0] * self.nodes
             for n in part.active_nodes():
+                if self.fused[i] is not None:  # in the convolution's kernel, as the simulator has it where they share a cut
+                    times[n] = part.emitted(n).volume / self.profile.node(n).other_ops_per_s if self.fused[i] else 0.0
+                    continue
                 work = layer_work(layer, self.graph, part, n, self.kinds[i], self.whole[i], self.registry, self.chained, layer.name in self.chained)
                 times[n] = work_seconds(self.profile.node(n), work, self.kept[n])
             got = self._compute[key] = tuple(times)

@@ -350,3 +350,24 @@ def test_the_planner_prices_a_nodes_filter_reads_less_the_share_its_cache_keeps_
     assert held.kept == (1.0, 1.0) and short.kept == pytest.approx((cache_hits(2.0),) * 2) and none.kept == (0.0, 0.0)
     convs = [i for i, layer in enumerate(graph.layers) if layer.op_type == "Conv"]
     assert convs and all(sum(held.compute(i, 0)) < sum(short.compute(i, 0)) < sum(none.compute(i, 0)) for i in convs)
+
+
+def test_the_planner_prices_an_op_fused_into_a_convolution_as_the_simulator_does(tmp_path) -> None:
+    """A ReLU and a residual Add fused into a blocked convolution cost the planner nothing (their
+    kernel applies them as it writes each value), a Clip a pass over its values without an op's
+    fixed cost; a ReLU after a pool, which runs alone, an op of its own."""
+    (c1, w1), (c2, w2), (c3, w3) = conv("c1", "x", "a", 16, 16), conv("c2", "r", "b", 16, 16), conv("c3", "p", "d", 16, 16)
+    nodes = [c1, helper.make_node("Relu", ["a"], ["r"], name="relu"), c2, helper.make_node("Add", ["b", "r"], ["s"], name="add"),
+             helper.make_node("Clip", ["s", "lo", "hi"], ["k"], name="clip"),
+             helper.make_node("MaxPool", ["k"], ["m"], name="pool", kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["m"], ["p"], name="alone"), c3]
+    consts = {**w1, **w2, **w3}
+    consts.update({"lo": np.array(0, np.float32), "hi": np.array(6, np.float32)})
+    graph = partitioned(build_model(nodes, {"x": [1, 16, 16, 16]}, consts, ["d"], 13), 2, tmp_path)
+    node = NodeProfile(other_ops_per_s=1e9, other_op_s=1e-5)
+    cost = network_cost(graph, ClusterProfile((node, node)))
+    at = {layer.name: i for i, layer in enumerate(graph.layers)}
+    assert sum(cost.compute(at["relu"], 0)) == 0.0 and sum(cost.compute(at["add"], 0)) == 0.0
+    clip = cost.candidates[at["clip"]][0]
+    assert cost.compute(at["clip"], 0) == pytest.approx(tuple(clip.emitted(n).volume / 1e9 for n in range(2)))
+    assert all(t > node.other_op_s for t in cost.compute(at["alone"], 0) if t)  # its own kernel: an op's fixed cost and more
