@@ -38,7 +38,8 @@ them, `engine.Target`; layer times, `--model`, only on the CPU, whose profiler t
   several times an Add's speed and a LayerNormalization a fraction of it; a MaxPool on 8-bit
   values in NCHW (EIGHT_BIT_TIMED, `eight_bit_probe`), onnxruntime's generic kernel; a
   BatchNormalization on NCHW values (IN_NCHW_TIMED), its own kernel, not the blocked one; and a
-  quantized model's DequantizeLinear and QuantizeLinear (QDQ_TIMED, `qdq_probe`). Each at the
+  quantized model's DequantizeLinear and QuantizeLinear (QDQ_TIMED, `qdq_probe`); a Concat,
+  its values and apart what each value it joins costs (`concat_speed`, `concat_input_s`). Each at the
   node's threads: some of these kernels use one thread however many the rank has. A node of
   several threads times all of them, and the copies below, twice, at the start and after the
   rest, each probe at the faster (`FastestTimes`): a host may slow a process of several threads
@@ -408,6 +409,52 @@ def qdq_probe(op_type: str, size: int) -> Probe:
     return Probe(build, values, values)
 
 
+CONCAT_CHANNELS = 16  # channels of each value a Concat probe joins: one block, a DenseNet's growth (`concat_probe`)
+# (values joined, map size) of the Concat probes: 3 to 24 values (an Inception block's 4, a DenseNet
+# block's up to 25), in a core's cache and beyond its L2 (`concat_speed`)
+CONCAT_PROBES = tuple((k, s) for k in (3, 8, 24) for s in (7, 14, 28))
+
+
+def concat_probe(joined: int, size: int) -> Probe:
+    """Concats of `joined` values of CONCAT_CHANNELS x size x size along the channels, side by side,
+    each of the same `joined` inputs in an order of its own (rotated: onnxruntime merges ops of
+    the same inputs in the same order into one) and its own output; one Concat's operations (one
+    per value written, as bbgrap/cost.py counts them) and values."""
+    shape = (1, CONCAT_CHANNELS, size, size)
+
+    def build(chain: int) -> onnx.ModelProto:
+        names = [f"x{i}" for i in range(joined)]
+        nodes = [helper.make_node("Concat", names[c:] + names[:c], [f"y{c}"], axis=1) for c in range(chain)]
+        return float_model(nodes, dict.fromkeys(names, shape), {f"y{c}": None for c in range(chain)}, {})
+
+    values = float(joined * math.prod(shape))
+    return Probe(build, values, values)
+
+
+def concat_speed(timed: Callable[[onnx.ModelProto], float], probes: Sequence[tuple[int, int]] = CONCAT_PROBES) -> tuple[float, float]:
+    """A Concat's operations (values written) per second and seconds per value it joins
+    (`NodeProfile.concat_input_s`), from the `marginal_time`s of `concat_probe`s of `probes`
+    (values joined, size): least squares of time = values x the first's inverse + joined x the
+    second + a constant (the op's fixed cost, which the "other" kind's tiny probe gives). onnxruntime
+    copies a Concat's inputs one after another on one thread whatever the node's threads, each
+    with a cost of its own: a DenseNet's Concats, which join up to 25 values, took about twice
+    what their values alone priced them at (docs/benchmarks.md, session 47). Where noise leaves the
+    joins' term below 0, none, and the values' the line through (values, time); where that slope
+    too is no larger than 0, the largest of the probes' times over their values (as `seconds_per`)."""
+    built = [concat_probe(k, s) for k, s in probes]
+    times = [marginal_time(p, timed) for p in built]
+    design = np.array([[p.ops, k, 1.0] for p, (k, _) in zip(built, probes)])
+    (per_value, per_join, _), *_ = np.linalg.lstsq(design, np.array(times), rcond=None)
+    if per_join <= 0 or per_value <= 0:
+        per_join = 0.0
+        _, per_value = fit_line([p.ops for p in built], times)
+    if per_value <= 0:
+        per_value = max(t / p.ops for t, p in zip(times, built))
+    if per_value <= 0:  # every chain as fast as its one op: the largest probe's whole chain over its values
+        per_value = timed(built[-1].build(CHAIN)) / (CHAIN * built[-1].ops)
+    return 1.0 / float(per_value), max(0.0, float(per_join))
+
+
 def other_probe(op_type: str, size: int) -> Probe:
     """`other_model`'s ops as a `Probe` (no model built until timed)."""
     return Probe(lambda chain: other_model(op_type, size, chain)[0], other_ops(op_type, size), float(64 * size * size))
@@ -665,45 +712,65 @@ def plain_run(model: bytes, feeds: Mapping[str, np.ndarray], threads: int, runs:
     return fastest_run(CPU_TARGET.runner(sess, mine), runs, seconds, clock)
 
 
-PROFILER_CHAIN = 64  # tiny ops of the chain that gives the profiler's own cost per kernel (`profiler_cost`)
+PROFILER_CHAIN = 64  # tiny ops of the chains that give the profiler's own cost per kernel (`profiler_cost`)
+PROFILER_INPUTS = 16  # inputs of each Sum of the chain that gives its cost per input (`profiler_cost`)
 
 
 @dataclass(frozen=True)
 class ProfilerCost:
-    """What onnxruntime's profiler adds to each kernel's reported time (`per_kernel_s`), and the
-    least a kernel takes without it (`least_s`: a tiny op's): what is left of a kernel's reported
-    time is never less, so a kernel that ran is never priced at nothing."""
+    """What onnxruntime's profiler adds to each kernel's reported time: `per_kernel_s` for a kernel
+    of one input and `per_input_s` for each further input (`of`); and the least a kernel takes
+    without it (`least_s`: a tiny op's): what is left of a kernel's reported time is never less,
+    so a kernel that ran is never priced at nothing."""
 
     per_kernel_s: float = 0.0
     least_s: float = 0.0
+    per_input_s: float = 0.0
+
+    def of(self, inputs: int) -> float:
+        """Seconds the profiler adds to a kernel of `inputs` inputs."""
+        return self.per_kernel_s + max(0, inputs - 1) * self.per_input_s
+
+
+def profiled_extra(model: onnx.ModelProto, one: onnx.ModelProto, threads: int, runs: int, clock: BusyClock = WALL) -> tuple[float, float]:
+    """Seconds the profiler adds to each kernel of `model`, a chain of PROFILER_CHAIN alike tiny ops
+    on an input x of 16 values, and the time per op without it: the mean of its kernels' reported
+    times over `runs` runs less the time per op (the chain's fastest run less `one`'s, its first op
+    alone, over the ops between)."""
+    feeds = {"x": np.zeros((1, 16), np.float32)}
+    whole, alone = (plain_run(m.SerializeToString(), feeds, threads, runs, CHAIN_TIMED_S, clock) for m in (model, one))
+    per_op = max(0.0, whole - alone) / (PROFILER_CHAIN - 1)
+    events = profiled_runs(model.SerializeToString(), feeds, threads, runs)
+    reported = [1e-6 * e["dur"] for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    return (max(0.0, math.fsum(reported) / len(reported) - per_op) if reported else 0.0), per_op
 
 
 def profiler_cost(threads: int, runs: int = LAYER_RUNS, clock: BusyClock = WALL) -> ProfilerCost:
-    """Seconds onnxruntime's profiler adds to the time it reports for each kernel: a chain of
-    PROFILER_CHAIN Sigmoids of 16 values, each a fraction of a microsecond's work, profiled (the
-    mean of its kernels' reported times over `runs` runs) against the same chain run without the
-    profiler (the time per op: the chain's fastest run less one Sigmoid's, over the ops between).
-    The profiler's cost is about the same for every kernel, large or small (it reports a kernel of
-    0.2 us as about 2 us), so scaling a model's kernel times to its run without the profiler
-    would leave its small kernels several times their time and take it from its large ones; the
-    profiler reports whole microseconds, cut down, as it does the model's kernels. A tiny
-    Sigmoid's time per op is the least a kernel takes: a model's kernel reported at 1 us may be
-    left with less than nothing after the cost comes off."""
+    """Seconds onnxruntime's profiler adds to the time it reports for each kernel (`profiled_extra`):
+    on a chain of PROFILER_CHAIN Sigmoids of 16 values, each a fraction of a microsecond's work,
+    and on a chain of as many Sums of PROFILER_INPUTS such values (the one before's and constants),
+    whose extra beyond the Sigmoids' is the cost of each further input: the profiler records every
+    input's type and shape, about a tenth of a microsecond each, so a Concat of 25 values is
+    reported at several times its time (docs/benchmarks.md, session 47). The cost is otherwise
+    about the same for every kernel, large or small (it reports a kernel of 0.2 us as about 2 us),
+    so scaling a model's kernel times to its run without the profiler would leave its small
+    kernels several times their time and take it from its large ones; the profiler reports whole
+    microseconds, cut down, as it does the model's kernels. A tiny Sigmoid's time per op is the
+    least a kernel takes: a model's kernel reported at 1 us may be left with less than nothing
+    after the cost comes off."""
+    def extra(op: str, constants: Mapping[str, np.ndarray]) -> tuple[float, float]:
+        return profiled_extra(_chain(op, (1, 16), constants, PROFILER_CHAIN), _chain(op, (1, 16), constants, 1), threads, runs, clock)
 
-    chain, one = (_chain("Sigmoid", (1, 16), {}, n) for n in (PROFILER_CHAIN, 1))
-    feeds = {"x": np.zeros((1, 16), np.float32)}
-    whole, alone = (plain_run(m.SerializeToString(), feeds, threads, runs, CHAIN_TIMED_S, clock) for m in (chain, one))
-    per_op = max(0.0, whole - alone) / (PROFILER_CHAIN - 1)
-    events = profiled_runs(chain.SerializeToString(), feeds, threads, runs)
-    reported = [1e-6 * e["dur"] for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
-    return ProfilerCost(max(0.0, math.fsum(reported) / len(reported) - per_op) if reported else 0.0, per_op)
+    per_kernel, per_op = extra("Sigmoid", {})
+    summed, _ = extra("Sum", {f"c{i}": np.ones((1, 16), np.float32) for i in range(PROFILER_INPUTS - 1)})
+    return ProfilerCost(per_kernel, per_op, max(0.0, summed - per_kernel) / (PROFILER_INPUTS - 1))
 
 
 def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: RuleRegistry, profiler: ProfilerCost,
                 run_s: float) -> dict[str, float]:
     """Seconds of each layer of `graph` from onnxruntime's profile `events` of the model's runs
-    (the first a warm-up): each kernel's reported time less the `profiler`'s own cost (at least
-    its `least_s`), given to the layer it is named after or that layer's `fusion_anchor`;
+    (the first a warm-up): each kernel's reported time less the `profiler`'s own cost for a kernel
+    of its inputs (`ProfilerCost.of`; at least its `least_s`), given to the layer it is named after or that layer's `fusion_anchor`;
     per layer the least over the runs, all scaled to add up to `run_s` (the model's run without
     the profiler, less a run's fixed cost). A layer of no kernel costs 0."""
     layers = {layer.name: layer for layer in graph.layers}
@@ -721,7 +788,8 @@ def layer_times(events: Sequence[Mapping[str, Any]], graph: Graph, registry: Rul
         if name not in anchors:
             anchors[name] = fusion_anchor(layers[name], graph, registry)
         anchor = anchors[name]
-        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + max(profiler.least_s, 1e-6 * e["dur"] - profiler.per_kernel_s)
+        inputs = len(e.get("args", {}).get("input_type_shape", ())) or 1
+        per_run[run][anchor] = per_run[run].get(anchor, 0.0) + max(profiler.least_s, 1e-6 * e["dur"] - profiler.of(inputs))
     timed = per_run[1:]  # the first run warms up
     times = {name: min(r.get(name, 0.0) for r in timed) for name in set().union(*timed)} if timed else {}
     # what is left of the profiler's own cost: the layers' times add up to the model's run without it
@@ -795,20 +863,22 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     }
     fastest = FastestTimes(timed)
     several = threads > 1 and not target.on_gpu
+    fields: dict[str, Any] = {}
 
-    def time_kinds() -> tuple[dict[str, KindSpeed], dict[str, float], list[float]]:
-        # each kind's speeds, those of the "other" op types timed apart, and the Adds over STREAM_SIZES
+    def time_kinds() -> tuple[dict[str, KindSpeed], dict[str, float], list[float], float]:
+        # each kind's speeds, those of the "other" op types timed apart (and a Concat's per value it
+        # joins), and the Adds over STREAM_SIZES
+        others = {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], fastest)[0]
+                  for apart in TIMED_APART for op in apart.op_types}
+        others["Concat"], joins = concat_speed(fastest)
         return ({kind: op_speed(p, TINY[kind], fastest, elements=kind in ELEMENT_KINDS) for kind, p in probes.items()},
-                {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], fastest)[0]
-                 for apart in TIMED_APART for op in apart.op_types},
-                [fastest(add_model(n)[0]) for n in STREAM_SIZES])
+                others, [fastest(add_model(n)[0]) for n in STREAM_SIZES], joins)
 
     def one_thread_adds() -> list[float]:
         return [one_thread_add(n, clock) for n in STREAM_SIZES]
 
-    speeds, other_speeds, adds = time_kinds()
+    speeds, other_speeds, adds, fields["concat_input_s"] = time_kinds()
     ones = one_thread_adds() if several else None
-    fields: dict[str, Any] = {}
     for name, probe_bytes in (("weight_Bps", WEIGHT_PROBE_BYTES), ("cached_weight_Bps", CACHED_WEIGHT_BYTES)):
         streamed, nbytes = weights_model(probe_bytes)
         fields[name] = nbytes / max(timed(streamed) - segment, 1e-9)
@@ -827,7 +897,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         # timed again, seconds later, each probe at the faster of the two: a host's spell that slows a
         # process of several threads for seconds (a kernel that takes NCHW input by half or more; the
         # sweep that finds the cache's size, which it can halve) falls on one
-        speeds, other_speeds, adds = time_kinds()
+        speeds, other_speeds, adds, fields["concat_input_s"] = time_kinds()
         ones = [min(a, b) for a, b in zip(ones, one_thread_adds())]
     fields["stream_ops_per_s"], fields["cache_bytes"] = stream_regime(adds, ones)
     fields.update({f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()})
@@ -905,7 +975,8 @@ def describe(profile: ClusterProfile) -> str:
             lines.append(f"  under a CPU quota: {p.cpu_share:.0%} of its threads' time, every figure above slowed by it")
         if p.other_speeds:
             lines.append("  other ops timed apart: " + ", ".join(f"{op} {v / 1e9:.2f}" for op, v in p.other_speeds.items())
-                         + f" Gop/s (the rest {p.other_ops_per_s / 1e9:.2f})")
+                         + f" Gop/s (the rest {p.other_ops_per_s / 1e9:.2f})"
+                         + (f"; a Concat {p.concat_input_s * 1e6:.2f} us per value it joins" if p.concat_input_s else ""))
         if p.conv_read_Bps:
             lines.append(f"  a convolution's filters read from beyond the cache at {p.conv_read_Bps / 1e9:.1f} GB/s")
         if p.cache_bytes:

@@ -115,7 +115,7 @@ INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise
 ELEMENT_KINDS = ("depthwise", "qconv", "qconv_gemm", "qdepthwise")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; the kinds'
 # elements_per_s and conv_read_Bps: not measured); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps", "cached_weight_Bps")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps", "cached_weight_Bps", "concat_input_s")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
@@ -249,6 +249,10 @@ class NodeProfile:
     qdepthwise_op_s: float = 1e-5
     qmatmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
+    # a Concat pays for each value it joins beside its fixed cost and the values it writes: onnxruntime
+    # copies its inputs one after another, each with a cost of its own (a DenseNet block's Concat of
+    # 25 inputs takes several times one of two that writes as much); 0: not measured, the default
+    concat_input_s: float = 0.0
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
     # moves the values beyond them at `stream_ops_per_s`, the core's cache no longer holding its
     # input and output (`streamed_s`); 0: every one at other_ops_per_s (calibrate saw no slower
@@ -349,10 +353,11 @@ class NodeProfile:
 
     def boundary_s(self, pieces: int) -> float:
         """Fixed seconds of a segment boundary where a node takes `pieces` values and concatenates
-        them: `segment_s` and `cold_segment_s`, `value_s` and `cold_s` for each piece, and `cold_s`
-        for the concat (the planners' price of a receive; the simulator prices a lowered plan's
-        segments one by one)."""
-        return self.segment_s + self.cold_segment_s + pieces * (self.value_s + self.cold_s) + self.cold_s
+        them with its own: `segment_s` and `cold_segment_s`, `value_s` and `cold_s` for each piece,
+        and `cold_s` and `concat_input_s` for each value the concat joins (the planners' price of a
+        receive; the simulator prices a lowered plan's segments one by one)."""
+        return self.segment_s + self.cold_segment_s + pieces * (self.value_s + self.cold_s) + self.cold_s \
+            + (pieces + 1) * self.concat_input_s
 
     def streamed_s(self, values: float) -> float:
         """Seconds beyond its "other" operations' an op that writes `values` values (a crop, a concat,
@@ -382,11 +387,12 @@ class NodeProfile:
         handed from one segment's session to the next)."""
         return values / self.op_rate("other", op_type) + self.streamed_s(values)
 
-    def copy_s(self, values: float, op_type: str = "") -> float:
-        """Seconds of an op that copies `values` values (a crop, a concat, a layout reorder; a
-        quantized model's DequantizeLinear or QuantizeLinear of lowering's, `op_type`, at its
-        own speed where timed): an "other" op's fixed cost and `moved_s`."""
-        return self.other_op_s + self.moved_s(values, op_type)
+    def copy_s(self, values: float, op_type: str = "", joined: int = 0) -> float:
+        """Seconds of an op that copies `values` values (a crop, a concat of `joined` values, a
+        layout reorder; a quantized model's DequantizeLinear or QuantizeLinear of lowering's,
+        `op_type`, at its own speed where timed): an "other" op's fixed cost, `moved_s` and
+        `concat_input_s` for each value it joins."""
+        return self.other_op_s + self.moved_s(values, op_type) + joined * self.concat_input_s
 
     def element_time(self, kind: str, elements: float) -> float:
         """Seconds an op of `kind` takes to write `elements` output values beyond its operations: for
@@ -403,7 +409,7 @@ class NodeProfile:
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
                    op_type: str = "", reorders: Sequence[float] = (), reads: float = 0.0, read_ops: float = 0.0,
-                   kept: float = 0.0) -> float:
+                   kept: float = 0.0, joined: int = 0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it that take a pass
@@ -427,7 +433,8 @@ class NodeProfile:
         among the layers). Of `ops`, `read_ops` are the bytes the piece `reads` beyond its throughput
         (`cost.extra_reads`) priced as operations (`OpTraits.read_ops` a byte, a constant fitted on
         one CPU); where the node measured `conv_read_Bps` they take that long instead; and nothing
-        for the share of them `kept` in the node's cache from the inference before (`NodeProfile.kept`)."""
+        for the share of them `kept` in the node's cache from the inference before (`NodeProfile.kept`).
+        A Concat that joins `joined` values pays `concat_input_s` for each beside its operations."""
         measured = self.layer_s.get(name)
         if measured is None:
             reordered = math.fsum(self.copy_s(v) for v in reorders)
@@ -437,7 +444,7 @@ class NodeProfile:
             streamed = weight_share * weight_bytes * self.weight_seconds_per_byte(kept) if kind != "other" else 0.0
             read = (1.0 - kept) * (reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate)
             computed = (ops - read_ops) / rate + read + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
-            return max(computed, streamed) + self.op_s(kind) + reordered
+            return max(computed, streamed) + self.op_s(kind) + reordered + joined * self.concat_input_s
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
         fixed = min(self.op_s(kind), measured)

@@ -200,8 +200,9 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = Tr
     receiver's of taking it, and the boundary's two pieces (`NodeProfile.boundary_s`: the rows
     the segment before it gives, the halo the one after it takes, and the concat; the simulator
     prices each, bbgrap/simulate.py); per byte the sender's, the link's time for it or the
-    receiver's take where that is longer (`NodeProfile.taken`), and the concat's and the session
-    hand-over's (an "other" operation per element each). Not `NodeProfile.wait_share`: a wait's
+    receiver's take where that is longer (`NodeProfile.taken`), and the concat's (an operation per
+    element at a Concat's speed, `NodeProfile.op_rate`) and the session hand-over's (an "other"
+    operation per element). Not `NodeProfile.wait_share`: a wait's
     jitter is that share of the segment before it, and a receive more splits a segment rather than
     adding one (the next wait's jitter loses what the new one's gains; only a node's last wait
     adds its segment's), so it prices candidates alike; the simulator, which judges the
@@ -209,7 +210,7 @@ def receive_cost(profile: ClusterProfile, itemsize: int = 4, boundary: bool = Tr
     slowest = pricing_node(profile)
     ops_per_s = slowest.conv_ops_per_s
     per_byte = (slowest.send_byte_s + max(1.0 / profile.link.bandwidth_Bps, slowest.recv_byte_s)
-                + 2.0 / itemsize / slowest.other_ops_per_s)
+                + (1.0 / slowest.other_ops_per_s + 1.0 / slowest.op_rate("other", "Concat")) / itemsize)
     sync_s = profile.link.latency_s + (slowest.send_s + slowest.recv_s + slowest.boundary_s(2) if boundary else slowest.segment_s)
     return ReceiveCost(sync_ops=sync_s * ops_per_s, byte_ops=per_byte * ops_per_s)
 

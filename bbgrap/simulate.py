@@ -66,7 +66,8 @@ class LayerWork:
     """One layer's share of a segment: its kind (OP_KINDS), its operations here and for its whole
     output, the share of its weights it reads here and their bytes (all of them), the values it
     moves here (`values_moved`: its output's; for an "other" op the mean of those it reads and
-    writes), and those the ops fused into it write (`NodeProfile.layer_time`)."""
+    writes), and those the ops fused into it write (`NodeProfile.layer_time`); for a Concat the values
+    its piece joins (`joined`: each costs `NodeProfile.concat_input_s`)."""
 
     name: str
     kind: str
@@ -81,16 +82,19 @@ class LayerWork:
     reorders: tuple[float, ...] = ()  # values of each layout reorder onnxruntime adds for it (`layout_reorders`)
     reads: float = 0.0  # bytes it reads beyond its kind's throughput (`cost.priced_reads`) ...
     read_ops: float = 0.0  # ... and the operations of `ops` they are priced as (`NodeProfile.layer_time`)
+    joined: int = 0  # values a Concat's piece joins (`concat_joins`)
 
 
 @dataclass(frozen=True)
 class Copy:
     """An op of a segment that is no layer's (`SegmentWork.copies`): the values it writes, and its
     ONNX op type where the node may have timed it apart (a quantized model's DequantizeLinear or
-    QuantizeLinear around a layer run in float: `NodeProfile.copy_s`); "" for a layout reorder."""
+    QuantizeLinear around a layer run in float: `NodeProfile.copy_s`); "" for a layout reorder; and
+    the values it joins where it is a Concat (`NodeProfile.concat_input_s` each)."""
 
     values: float
     op_type: str = ""
+    joined: int = 0
 
 
 @dataclass(frozen=True)
@@ -446,9 +450,16 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     output stays in its segment (`values_moved`)."""
     region = part.emitted(node)
     priced = ops_and_reads(layer, graph, region, registry, by_kind=True)
+    joined = concat_joins(layer.op_type, layer.domain, [need for need in part.needs[node] if need is not None])
     return LayerWork(layer.name, piece_kind(kind, region), priced.ops, whole,
                      weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
-                     op_type=layer.op_type, reads=priced.reads, read_ops=priced.read_ops)
+                     op_type=layer.op_type, reads=priced.reads, read_ops=priced.read_ops, joined=joined)
+
+
+def concat_joins(op_type: str, domain: str, inputs: Sequence[object]) -> int:
+    """How many values an op of `op_type` joins, each at `NodeProfile.concat_input_s`: a Concat
+    (the model's, of the `inputs` its piece keeps, or one of lowering's) all of them; any other op none."""
+    return len(inputs) if op_type == "Concat" and is_default_domain(domain) else 0
 
 
 def piece_kind(kind: str, region: ShapeMap) -> str:
@@ -507,7 +518,8 @@ def segment_work(graph: Graph, node: int, seg: Segment, whole: Mapping[str, floa
             if kind in FUSING:
                 convolved.update(dict.fromkeys(outputs, len(works) - 1))
         else:  # a crop, concat, select convolution or binding lowering added: it writes its output
-            copies.append(Copy(float(sum(value_elements(graph, o) for o in outputs)), onnx_node.op_type))
+            copies.append(Copy(float(sum(value_elements(graph, o) for o in outputs)), onnx_node.op_type,
+                               concat_joins(onnx_node.op_type, onnx_node.domain, [i for i in onnx_node.input if i])))
     quantized = quantized_layouts(graph, seg, layers, inside, registry)
     layouts = layout_reorders(graph, seg, registry, chained)
     works = [replace(w, op_type=w.op_type + EIGHT_BIT_NCHW) if w.name in quantized.eight_bit_nchw
@@ -714,7 +726,7 @@ def work_seconds(p: NodeProfile, w: LayerWork, kept: float = 0.0) -> float:
     """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`; `kept`: the
     share of its weights the node's cache keeps between inferences, `NodeProfile.kept`)."""
     return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type,
-                        w.reorders, w.reads, w.read_ops, kept)
+                        w.reorders, w.reads, w.read_ops, kept, w.joined)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:
@@ -729,7 +741,7 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
     cold = p.cold_segment_s + (work.op_count + work.values) * p.cold_s if work.after_others else 0.0
     kept = p.kept(work.working_set)
     return p.segment_s + work.values * p.value_s + cold + math.fsum([*(work_seconds(p, w, kept) for w in work.layers),
-                                                                    *(p.copy_s(c.values, c.op_type) for c in work.copies),
+                                                                    *(p.copy_s(c.values, c.op_type, c.joined) for c in work.copies),
                                                                     *(p.moved_s(h) for h in work.handed)])
 
 

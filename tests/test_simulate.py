@@ -1116,3 +1116,38 @@ def test_a_batch_norm_is_priced_in_nchw_where_onnxruntime_runs_its_own_kernel(bl
     model = build_model(nodes, {"x": [1, 3, 6, 6]}, consts, ["y"], 17)
     layouts, _, ran = _reorders_as_run(model, block)
     assert ("norm" in layouts.in_nchw) == ("BatchNormalization" in ran) == (not blocked_input)
+
+
+def test_a_concat_pays_for_each_value_its_piece_joins_and_the_cost_round_trips(tmp_path) -> None:
+    """onnxruntime copies a Concat's inputs one after another, each at a cost of its own: a piece of
+    the model's Concat pays `concat_input_s` for each value it keeps (a cut along channels drops
+    the others), one of lowering's for each piece, and a planner's receive for its pieces and the
+    node's own."""
+    from bbgrap.config import Direction
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.rules.registry import default_registry
+    from bbgrap.simulate import layer_work, whole_ops
+
+    nodes = [helper.make_node("Relu", ["x"], [f"r{i}"], name=f"relu{i}") for i in range(4)]
+    nodes.append(helper.make_node("Concat", ["r0", "r1", "r2", "r3"], ["y"], name="cat", axis=1))
+    model = build_model(nodes, {"x": [1, 16, 8, 8]}, {}, ["y"], 17)
+    for direction, joined in ((Direction.H, [4, 4]), (Direction.C, [2, 2])):  # 64 channels cut 32 and 32
+        config = Config(nodes=2, planner="greedy", direction=direction)
+        graph = PassManager(pipeline(config, search=False, recompute=False)).run(import_proto(model).graph)
+        cat = graph.layer("cat")
+        works = [layer_work(cat, graph, graph.partitions["cat"], n, "other", whole_ops(cat, graph), default_registry()) for n in range(2)]
+        assert [w.joined for w in works] == joined, direction
+    assert layer_work(graph.layer("relu0"), graph, graph.partitions["relu0"], 0, "other", 1.0, default_registry()).joined == 0
+    node = replace(NODE, concat_input_s=2e-7, other_speeds={"Concat": 5e7})
+    priced = node.layer_time("cat", "other", 1e4, 1e4, op_type="Concat", joined=3)
+    assert priced == pytest.approx(1e4 / 5e7 + node.other_op_s + 3 * 2e-7)
+    assert node.copy_s(1e4, "Concat", 2) - node.copy_s(1e4, "Concat") == pytest.approx(2 * 2e-7)
+    assert node.boundary_s(2) - NODE.boundary_s(2) == pytest.approx(3 * 2e-7)  # two pieces taken and its own
+    # in a segment: a copy of lowering's that joins pieces
+    work = SegmentWork(copies=(Copy(1e4, "Concat", 2),))
+    assert simulate([[SimStep("run", work=work)]], replace(PROFILE, nodes=(node,))).latency == pytest.approx(
+        1e-3 + node.other_op_s + 1e4 / 5e7 + 2 * 2e-7)
+    assert node.faster(2.0).concat_input_s == pytest.approx(1e-7)
+    path = str(tmp_path / "cluster.toml")
+    write_profile(path, ClusterProfile((node,)))
+    assert read_profile(path).nodes[0] == node and NodeProfile().concat_input_s == 0.0  # 0: not measured

@@ -30,7 +30,7 @@ does not hold; each message costs its sender `send_s + bytes x send_byte_s` and 
 (`NodeProfile.taken`: `recv_s + bytes x recv_byte_s` from when it asks, and no sooner than
 `recv_s` after the arrival), one message after another; a node that receives anything for the layer pays one segment
 boundary with a piece per sender (`NodeProfile.boundary_s`) and the concat of what it received
-(one "other" operation per element). The model's outputs are gathered on node 0.
+(one operation per element at a Concat's speed, `NodeProfile.op_rate`). The model's outputs are gathered on node 0.
 
 Two evaluations of a whole choice `x` (one candidate per layer):
 
@@ -303,7 +303,7 @@ class NetworkCost:
         for n, got_n in enumerate(per_node):
             if got_n:
                 p = self.profile.node(n)
-                extra.append(p.boundary_s(len(got_n)) + sum(b for _, b in got_n) / itemsize / p.ops_per_s("other"))
+                extra.append(p.boundary_s(len(got_n)) + sum(b for _, b in got_n) / itemsize / p.op_rate("other", "Concat"))
                 ready = arrival = 0.0
                 for s, b in got_n:
                     arrival += self.message_seconds(s, b)

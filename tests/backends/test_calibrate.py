@@ -35,6 +35,8 @@ from bbgrap.backends.calibrate import (
     ProfilerCost,
     add_model,
     calibrate_one,
+    concat_probe,
+    concat_speed,
     conv_model,
     conv_ops,
     conv_probe,
@@ -454,6 +456,54 @@ def test_the_profilers_own_cost_comes_off_every_kernel_before_the_times_are_scal
 def test_the_profilers_own_cost_is_measured_on_a_chain_of_tiny_kernels() -> None:
     cost = profiler_cost(1, runs=3)
     assert 0.0 <= cost.per_kernel_s < 1e-4 and 0.0 < cost.least_s < 1e-4  # whole microseconds, cut down: a fraction of a microsecond may read as none
+    assert 0.0 <= cost.per_input_s < 1e-5 and cost.of(1) == cost.per_kernel_s
+
+
+def test_the_profilers_cost_per_input_comes_off_a_kernel_of_many_inputs(tmp_path) -> None:
+    """The profiler records each input's type and shape: a Concat of many values is reported at
+    several times its time, and that cost per input comes off it as the fixed one does."""
+    nodes = [helper.make_node("Relu", ["x"], [f"r{i}"], name=f"relu{i}") for i in range(25)]
+    nodes.append(helper.make_node("Concat", [f"r{i}" for i in range(25)], ["y"], name="cat", axis=1))
+    front = import_model(save(build_model(nodes, {"x": [1, 16, 4, 4]}, {}, ["y"], 17), str(tmp_path)))
+
+    def events() -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for start in (0, 1000):
+            out.append({"cat": "Session", "name": "model_run", "ts": start, "dur": 500})
+            out.append({"cat": "Node", "name": "relu0_kernel_time", "ts": start + 10, "dur": 3, "args": {"input_type_shape": [{}]}})
+            out.append({"cat": "Node", "name": "cat_kernel_time", "ts": start + 20, "dur": 9, "args": {"input_type_shape": [{}] * 25}})
+        return out
+
+    cost = ProfilerCost(2e-6, 0.1e-6, 0.25e-6)
+    assert cost.of(25) == pytest.approx(2e-6 + 24 * 0.25e-6)
+    times = layer_times(events(), front.graph, default_registry(), cost, run_s=2e-6)
+    assert times["relu0"] == pytest.approx(1e-6) and times["cat"] == pytest.approx(1e-6)
+    # without it, the Concat would take all but a fifth of the run
+    assert layer_times(events(), front.graph, default_registry(), ProfilerCost(2e-6, 0.1e-6), run_s=2e-6)["cat"] > 1.6e-6
+
+
+def test_a_concats_speed_and_its_cost_per_value_joined_come_from_probes_of_unlike_joins() -> None:
+    """concat_speed fits time = values / speed + joined x concat_input_s + a constant through the
+    probes' marginal times; its probes' Concats take their inputs in orders of their own (onnxruntime
+    would merge alike ones) and each writes its own output."""
+    model = concat_probe(3, 7).build(3)
+    orders = [tuple(n.input) for n in model.graph.node]
+    assert len(set(orders)) == 3 and all(sorted(o) == ["x0", "x1", "x2"] for o in orders) and len(model.graph.output) == 3
+    assert concat_probe(3, 7).ops == 3 * 16 * 49
+
+    def timed(m: onnx.ModelProto) -> float:  # a session's 10 us, each Concat 1 us + 0.1 ns a value + 0.3 us a value joined
+        return 1e-5 + sum(1e-6 + 1e-10 * 16 * len(n.input) * m.graph.input[0].type.tensor_type.shape.dim[2].dim_value ** 2
+                          + 3e-7 * len(n.input) for n in m.graph.node)
+
+    speed, per_join = concat_speed(timed)
+    assert speed == pytest.approx(1e10) and per_join == pytest.approx(3e-7)
+    # noise that makes joining pay back: no term for it, the values' line alone
+    def noisy(m: onnx.ModelProto) -> float:
+        return 1e-5 + sum(1e-10 * 16 * len(n.input) * m.graph.input[0].type.tensor_type.shape.dim[2].dim_value ** 2
+                          - 1e-9 * len(n.input) for n in m.graph.node)
+
+    speed, per_join = concat_speed(noisy)
+    assert per_join == 0.0 and 0.9e10 < speed < 1.1e10
 
 
 def exporter_named_convs() -> onnx.ModelProto:
