@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("calibrate", help="measure this cluster's nodes and links into a profile for compile --profile",
                        description="Measure each node's speed per kind of op (and of a few common op types apart: pools, LayerNormalization, Softmax, "
-                       "Sigmoid, Erf, Mul), its fixed costs per op, its segment boundary's costs "
+                       "Sigmoid, Erf, Mul, LRN, and a Concat with what each value it joins costs), its fixed costs per op, its segment boundary's costs "
                        "(per segment, per value a segment takes or gives, per message and per byte sent and taken, and what a segment "
                        "and each of its ops and values cost more after other segments: chains of segments run through the "
                        "executor, as bbgrap-run runs them), and the "
@@ -110,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
                    "CUDA when usable, each rank on its local rank's GPU as bbgrap-run picks it); plan with the profile of the "
                    "provider the plan will run on")
     k.add_argument("--model", metavar="FILE.onnx",
-                   help="also time every layer of this model on each node, in the model run whole (a few seconds more), and "
+                   help="also time every layer of this model on each node, in the model run whole under onnxruntime's profiler "
+                   "(its own cost per kernel and per input taken off; a few seconds more), and "
                    "how each convolution's and matmul's time scales on half its rows and half its channels: compile "
                    "--profile then prices that model's layers and their pieces by these times, not their kind's (the "
                    "profile records the file's hash; for another model it falls back to the kinds)")

@@ -36,6 +36,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     qdepthwise_op_s = 1e-05
     qmatmul_op_s = 1e-05
     other_op_s = 5e-06
+    concat_input_s = 0.0       # what a Concat costs for each value it joins, beside its op's and its values' (s); 0: not measured
     stream_ops_per_s = 0.0     # "other" operations per second of an op that reads and writes more than
     cache_bytes = 0.0          # ... this many bytes (beyond the core's cache); 0: no such regime measured
     segment_s = 5e-05          # fixed cost of one segment: an onnxruntime run through the executor (s)
@@ -65,7 +66,7 @@ this one: compile says so and falls back to the kinds' throughputs):
     "layer1.0.conv1" = [0.85, 0.7]
 
 `bbgrap calibrate` also times a few "other" ops of their own (pooling, normalisation, activations,
-a Mul, a quantized model's DequantizeLinear and QuantizeLinear) and writes their throughputs apart,
+a Mul, a Concat, a quantized model's DequantizeLinear and QuantizeLinear) and writes their throughputs apart,
 each at the node's threads (some of onnxruntime's kernels use one thread however many the rank has);
 an "other" op not listed runs at `other_ops_per_s`:
 
@@ -77,6 +78,7 @@ an "other" op not listed runs at `other_ops_per_s`:
     "MaxPool on 8-bit NCHW" = 1.2e9  # a MaxPool on a quantized model's 8-bit values in NCHW (EIGHT_BIT_NCHW)
     "BatchNormalization in NCHW" = 9e9  # one onnxruntime runs on NCHW values, not blocked (IN_NCHW)
     DequantizeLinear = 9e9     # ... one of lowering's (around a layer run in float), per value it writes
+    Concat = 1e10              # per value a Concat writes (onnxruntime copies on one thread)
 
 A plan for more nodes than the profile lists uses the profile's last node for the rest
 (a profile calibrated on one node describes a cluster of nodes like it).
