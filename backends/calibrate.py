@@ -436,9 +436,10 @@ def concat_speed(timed: Callable[[onnx.ModelProto], float], probes: Sequence[tup
     (`NodeProfile.concat_input_s`), from the `marginal_time`s of `concat_probe`s of `probes`
     (values joined, size): least squares of time = values x the first's inverse + joined x the
     second + a constant (the op's fixed cost, which the "other" kind's tiny probe gives). onnxruntime
-    copies a Concat's inputs one after another on one thread whatever the node's threads, each
-    with a cost of its own: a DenseNet's Concats, which join up to 25 values, took about twice
-    what their values alone priced them at (docs/benchmarks.md, session 47). Where noise leaves the
+    copies a Concat's inputs one after another on one thread whatever the node's threads (a
+    DenseNet's Concats ran no faster at two threads than at one, docs/benchmarks.md, session 47),
+    and each input has a small cost of its own beside its values (a DenseNet's Concat joins up to
+    25: about 0.1 us each on the development machine). Where noise leaves the
     joins' term below 0, none, and the values' the line through (values, time); where that slope
     too is no larger than 0, the largest of the probes' times over their values (as `seconds_per`)."""
     built = [concat_probe(k, s) for k, s in probes]

@@ -252,8 +252,8 @@ class NodeProfile:
     qmatmul_op_s: float = 1e-5
     other_op_s: float = 5e-6
     # a Concat pays for each value it joins beside its fixed cost and the values it writes: onnxruntime
-    # copies its inputs one after another, each with a cost of its own (a DenseNet block's Concat of
-    # 25 inputs takes several times one of two that writes as much); 0: not measured, the default
+    # copies its inputs one after another, each with a cost of its own (a DenseNet block's Concat joins
+    # up to 25); 0: not measured, the default
     concat_input_s: float = 0.0
     # an "other" op that reads and writes more than `cache_bytes` (BYTES_MOVED per value it writes)
     # moves the values beyond them at `stream_ops_per_s`, the core's cache no longer holding its
