@@ -19,6 +19,7 @@ the classifier's bias whatever the backbone computes, and a check of the logits 
   python benchmarks/exporters.py                               # the default models, nodes 2 and 4
   python benchmarks/exporters.py --models all --nodes 2 4 16   # every torchvision model
   python benchmarks/exporters.py --models resnet18 --nodes 2 4 16 --json
+  python benchmarks/exporters.py --models all --keep-exports exported   # ... and keep each export as exported/MODEL-EXPORTER.onnx
   python benchmarks/exporters.py --files exported/*.onnx --nodes 2 4 16   # files exported before (no torch)
   python benchmarks/exporters.py --files exported/*.onnx --nodes 3 --direction c --planner heft
   python benchmarks/exporters.py --exporters torchscript --opset 11   # an older opset, as older exports have
@@ -346,8 +347,13 @@ def main() -> int:
     p.add_argument("--files", nargs="+", default=None, metavar="ONNX",
                    help="compile these ONNX files (exported before, named MODEL-EXPORTER.onnx or any name) "
                         "instead of exporting models: needs no torch")
+    p.add_argument("--keep-exports", metavar="DIR",
+                   help="export into DIR, a new or empty directory, and keep the files there as MODEL-EXPORTER.onnx, "
+                        "which --files reads back (default: a temporary directory, deleted at the end)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.keep_exports and os.path.exists(args.keep_exports) and (not os.path.isdir(args.keep_exports) or os.listdir(args.keep_exports)):
+        p.error(f"--keep-exports {args.keep_exports}: not a new or empty directory; name another one")
     table = Table([("model", "<28"), ("exporter", "<13"), ("nodes", ">6"), ("compile s", ">10"), ("max rel err", ">12"),
                    ("exact", ">6"), ("flops max/min", ">14"), ("whole flops", ">12"), ("largest", ">8"), ("whole layers", ">13"), ("  note", "<")])
     emit: Callable[..., None] = (lambda *v: None) if args.json else table.row
@@ -370,11 +376,13 @@ def main() -> int:
     models = (list(TORCHVISION_ALL) if args.models == ["all"] else args.models
               or (list(TORCHVISION_DEFAULT) if torchvision is not None else list(HANDWRITTEN)))
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+    if args.keep_exports:
+        os.makedirs(args.keep_exports, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bbgrap-exporters-") as work:
         for name in models:
             model, resolution = build(name, torchvision, args.resolution)
             for exporter in args.exporters:
-                path = os.path.join(work, f"{name}-{exporter}.onnx")
+                path = os.path.join(args.keep_exports or work, f"{name}-{exporter}.onnx")
                 base = {"model": name, "exporter": exporter, "resolution": resolution, "opset": args.opset}
                 try:
                     t0 = time.perf_counter()
