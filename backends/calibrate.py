@@ -440,20 +440,15 @@ def concat_speed(timed: Callable[[onnx.ModelProto], float], probes: Sequence[tup
     DenseNet's Concats ran no faster at two threads than at one, docs/benchmarks.md, session 47),
     and each input has a small cost of its own beside its values (a DenseNet's Concat joins up to
     25: about 0.1 us each on the development machine). Where noise leaves the
-    joins' term below 0, none, and the values' the line through (values, time); where that slope
-    too is no larger than 0, the largest of the probes' times over their values (as `seconds_per`)."""
+    joins' term below 0, none, and the values' the line through (values, time) (`line_per_op`, as
+    `seconds_per`)."""
     built = [concat_probe(k, s) for k, s in probes]
     times = [marginal_time(p, timed) for p in built]
     design = np.array([[p.ops, k, 1.0] for p, (k, _) in zip(built, probes)])
     (per_value, per_join, _), *_ = np.linalg.lstsq(design, np.array(times), rcond=None)
     if per_join <= 0 or per_value <= 0:
-        per_join = 0.0
-        _, per_value = fit_line([p.ops for p in built], times)
-    if per_value <= 0:
-        per_value = max(t / p.ops for t, p in zip(times, built))
-    if per_value <= 0:  # every chain as fast as its one op: the largest probe's whole chain over its values
-        per_value = timed(built[-1].build(CHAIN)) / (CHAIN * built[-1].ops)
-    return 1.0 / float(per_value), max(0.0, float(per_join))
+        per_value, per_join = line_per_op(built, times, timed), 0.0
+    return 1.0 / float(per_value), float(per_join)
 
 
 def other_probe(op_type: str, size: int) -> Probe:
@@ -567,7 +562,6 @@ def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], floa
     not infinitely fast); where the values take under SMALL_TERM of the largest probe's time
     (rounding, noise), no term for them either."""
     times = [marginal_time(p, timed) for p in probes]
-    ops = [p.ops for p in probes]
     per_op = per_value = 0.0
     if elements:
         design = np.array([[p.ops, p.elements, 1.0] for p in probes])
@@ -575,13 +569,22 @@ def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], floa
         if per_value * max(p.elements for p in probes) <= SMALL_TERM * max(times):
             per_op = per_value = 0.0
     if per_op <= 0:
-        _, per_op = fit_line(ops, times)
-        per_value = 0.0
+        per_op, per_value = line_per_op(probes, times, timed), 0.0
+    return float(per_op), float(per_value)
+
+
+def line_per_op(probes: Sequence[Probe], times: Sequence[float], timed: Callable[[onnx.ModelProto], float]) -> float:
+    """Seconds per operation of the line through the `probes`' (operations, marginal `times`): its
+    slope; where noise leaves that no larger than 0, the largest of the times over their operations;
+    where every chain ran as fast as its one op, the largest probe's whole chain over its operations
+    (`seconds_per`)."""
+    ops = [p.ops for p in probes]
+    _, per_op = fit_line(ops, times)
     if per_op <= 0:
         per_op = max(t / n for t, n in zip(times, ops))
     if per_op <= 0:
         per_op = timed(probes[-1].build(CHAIN)) / (CHAIN * ops[-1])
-    return float(per_op), float(per_value)
+    return float(per_op)
 
 
 def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> KindSpeed:
