@@ -129,12 +129,14 @@ from bbgrap.cluster import (
     LinkProfile,
     NodeProfile,
     fit_line,
+    thread_stretch,
     write_profile,
 )
 from bbgrap.ir import BBGrapError, Graph, Layer
 from bbgrap.plan import file_sha256
+from bbgrap.rules.base import NCHWC_BLOCK
 from bbgrap.rules.registry import RuleRegistry, default_registry
-from bbgrap.simulate import FEW_PER_GROUP, fusion_anchor
+from bbgrap.simulate import FEW_PER_GROUP, blocked_units, fusion_anchor
 
 REPEAT = 15
 LAYER_RUNS = 12  # profiled runs of a model (calibrate --model) after a warm-up; each layer's time: its fastest
@@ -154,11 +156,19 @@ PING_BYTES = (8, 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
 class Probe:
     """A probe of one kind of op: `build(chain)` makes a model of `chain` such ops (in sequence, each
     on the one before's output, but for `eight_bit_probe`); `ops` and `elements` are one op's
-    operations (bbgrap/cost.py's count) and output values."""
+    operations (bbgrap/cost.py's count) and output values; `units` the work units its kernel deals
+    among the node's threads (`simulate.conv_work_units`; 0: not known)."""
 
     build: Callable[[int], onnx.ModelProto]
     ops: float
     elements: float
+    units: int = 0
+
+    def priced_ops(self, threads: int) -> float:
+        """Its operations as `threads` threads run them: stretched by the idle threads' share of its
+        last units (`cluster.thread_stretch`), as the simulator prices a piece (a probe of 7 rows of one
+        filter set keeps 9 of 16 threads idle: its time says 16 threads' speed only once so stretched)."""
+        return self.ops * thread_stretch(self.units, threads)
 
 
 def _chain(op: str, shape: tuple[int, ...], constants: Mapping[str, np.ndarray], chain: int, opset: int = 13, **attrs: Any) -> onnx.ModelProto:
@@ -189,8 +199,9 @@ def conv_weights(channels: int, per_group: int, kernel: int = 3, seed: int = 0) 
 
 def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Probe:
     """`conv_model`'s convolutions as a `Probe` (no model built until timed)."""
+    dense = per_group == channels and channels % NCHWC_BLOCK == 0  # a blocked kernel's ("conv", `simulate.conv_work_units`)
     return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_ops(channels, size, per_group, kernel),
-                 float(channels * size * size))
+                 float(channels * size * size), blocked_units(1, 1, channels, size) if dense else 0)
 
 
 def pointwise_nchw_probe(channels: int, outputs: int, size: int) -> Probe:
@@ -205,7 +216,8 @@ def pointwise_nchw_probe(channels: int, outputs: int, size: int) -> Probe:
         nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(chain)], ["z"]))
         return float_model(nodes, {"x": (1, channels, size, size)}, {"z": (1, outputs, size, size)}, filters)
 
-    return Probe(build, 2.0 * channels * outputs * size * size, float(outputs * size * size))
+    return Probe(build, 2.0 * channels * outputs * size * size, float(outputs * size * size),
+                 blocked_units(1, 1, outputs, size) if outputs % NCHWC_BLOCK == 0 else 0)
 
 
 # a read probe (`read_model`): 3x3 convolutions of READ_CHANNELS channels on a READ_SIZE map (2.4 MB
@@ -550,7 +562,8 @@ class KindSpeed:
     elements_per_s: float = 0.0
 
 
-def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> tuple[float, float]:
+def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], float], elements: bool = False,
+                threads: int = 1) -> tuple[float, float]:
     """Seconds per operation and per output value (0: no term) of one kind of op, from the
     `marginal_time`s of its `probes` (least squares): with `elements`, time = operations x the first
     + output values x the second + a constant (for a depthwise convolution, whose probes of two
@@ -560,25 +573,26 @@ def seconds_per(probes: Sequence[Probe], timed: Callable[[onnx.ModelProto], floa
     chain ran as fast as its one op (ops too small for the timer on a noisy host), the largest
     probe's whole chain over its operations (its session's run included: slower than the op,
     not infinitely fast); where the values take under SMALL_TERM of the largest probe's time
-    (rounding, noise), no term for them either."""
+    (rounding, noise), no term for them either. Operations count as `threads` threads run them
+    (`Probe.priced_ops`)."""
     times = [marginal_time(p, timed) for p in probes]
     per_op = per_value = 0.0
     if elements:
-        design = np.array([[p.ops, p.elements, 1.0] for p in probes])
+        design = np.array([[p.priced_ops(threads), p.elements, 1.0] for p in probes])
         (per_op, per_value, _), *_ = np.linalg.lstsq(design, np.array(times), rcond=None)
         if per_value * max(p.elements for p in probes) <= SMALL_TERM * max(times):
             per_op = per_value = 0.0
     if per_op <= 0:
-        per_op, per_value = line_per_op(probes, times, timed), 0.0
+        per_op, per_value = line_per_op(probes, times, timed, threads), 0.0
     return float(per_op), float(per_value)
 
 
-def line_per_op(probes: Sequence[Probe], times: Sequence[float], timed: Callable[[onnx.ModelProto], float]) -> float:
+def line_per_op(probes: Sequence[Probe], times: Sequence[float], timed: Callable[[onnx.ModelProto], float], threads: int = 1) -> float:
     """Seconds per operation of the line through the `probes`' (operations, marginal `times`): its
     slope; where noise leaves that no larger than 0, the largest of the times over their operations;
     where every chain ran as fast as its one op, the largest probe's whole chain over its operations
-    (`seconds_per`)."""
-    ops = [p.ops for p in probes]
+    (`seconds_per`; operations as `threads` threads run them, `Probe.priced_ops`)."""
+    ops = [p.priced_ops(threads) for p in probes]
     _, per_op = fit_line(ops, times)
     if per_op <= 0:
         per_op = max(t / n for t, n in zip(times, ops))
@@ -587,12 +601,14 @@ def line_per_op(probes: Sequence[Probe], times: Sequence[float], timed: Callable
     return float(per_op)
 
 
-def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelProto], float], elements: bool = False) -> KindSpeed:
+def op_speed(probes: Sequence[Probe], tiny: Probe, timed: Callable[[onnx.ModelProto], float], elements: bool = False,
+             threads: int = 1) -> KindSpeed:
     """One kind of op's figures: its speeds from its `probes` (`seconds_per`), and as its fixed cost
     what the `tiny` probe's marginal time leaves beyond its operations and values at those speeds
-    (not the fit's constant, which one noisy large probe moves by far more than the fixed cost)."""
-    per_op, per_value = seconds_per(probes, timed, elements)
-    fixed = max(0.0, marginal_time(tiny, timed) - tiny.ops * per_op - tiny.elements * per_value)
+    (not the fit's constant, which one noisy large probe moves by far more than the fixed cost);
+    operations as `threads` threads run them (`Probe.priced_ops`)."""
+    per_op, per_value = seconds_per(probes, timed, elements, threads)
+    fixed = max(0.0, marginal_time(tiny, timed) - tiny.priced_ops(threads) * per_op - tiny.elements * per_value)
     return KindSpeed(1.0 / per_op, fixed, 1.0 / per_value if per_value > 0 else 0.0)
 
 
@@ -867,6 +883,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     }
     fastest = FastestTimes(timed)
     several = threads > 1 and not target.on_gpu
+    dealt = 1 if target.on_gpu else threads  # the threads a blocked convolution's units are dealt to (`NodeProfile.threads`)
     fields: dict[str, Any] = {}
 
     def time_kinds() -> tuple[dict[str, KindSpeed], dict[str, float], list[float], float]:
@@ -875,7 +892,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
         others = {op + apart.suffix: 1.0 / seconds_per([apart.probe(op, s) for s in apart.sizes], fastest)[0]
                   for apart in TIMED_APART for op in apart.op_types}
         others["Concat"], joins = concat_speed(fastest)
-        return ({kind: op_speed(p, TINY[kind], fastest, elements=kind in ELEMENT_KINDS) for kind, p in probes.items()},
+        return ({kind: op_speed(p, TINY[kind], fastest, elements=kind in ELEMENT_KINDS, threads=dealt) for kind, p in probes.items()},
                 others, [fastest(add_model(n)[0]) for n in STREAM_SIZES], joins)
 
     def one_thread_adds() -> list[float]:
@@ -907,7 +924,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields.update({f"{kind}_ops_per_s": speed.ops_per_s for kind, speed in speeds.items()})
     fields.update({f"{kind}_op_s": speed.op_s for kind, speed in speeds.items()})
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
-    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s,
+    node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, threads=dealt,
                        host=os.uname().nodename, layer_s=layers, layer_scaling=scaling, other_speeds=other_speeds)
     return node.slowed(quota.share(threads)) if quota is not None else node
 
@@ -969,7 +986,7 @@ def describe(profile: ClusterProfile) -> str:
     lines = []
     for n, p in enumerate(profile.nodes):
         values = {kind: f" + {1e9 / rate:.2f} ns per output value" for kind in ELEMENT_KINDS if (rate := getattr(p, f"{kind}_elements_per_s"))}
-        lines.append(f"node {n}{f' ({p.host})' if p.host else ''}: "
+        lines.append(f"node {n}{f' ({p.host})' if p.host else ''}, {p.threads} thread{'s' if p.threads > 1 else ''}: "
                      + ", ".join(f"{kind} {p.ops_per_s(kind) / 1e9:.2f}{values.get(kind, '')}" for kind in OP_KINDS)
                      + f" Gop/s, weights {p.weight_Bps / 1e9:.1f} GB/s ({p.cached_weight_Bps / 1e9:.1f} from the cache); per op "
                      + ", ".join(f"{kind} {p.op_s(kind) * 1e6:.1f}" for kind in OP_KINDS)

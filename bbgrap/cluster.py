@@ -49,6 +49,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     recv_byte_s = 0.0          # ... and each of its bytes (s: on one host, the copy MPI makes when it is taken); 0: not measured
     wait_share = 0.0           # what each wait costs more, as a share of the segment the node ran before it (ranks' jitter); 0: not measured
     cpu_share = 1.0            # the share of its threads' time a CPU quota leaves the node; the figures above are slowed by it already
+    threads = 1                # the threads of the node's onnxruntime sessions, among which a blocked convolution's rows are dealt (`thread_stretch`)
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
 model's own layers, and which file it was (a profile of another model's layers is not used for
@@ -123,6 +124,19 @@ LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 HOST = "host"  # a node's host name (NodeProfile.host)
 OTHER_OPS = "other_ops"  # a node's table of "other" op types timed apart (NodeProfile.other_speeds)
+THREADS = "threads"  # a node's threads (NodeProfile.threads): an integer, not a figure
+
+
+def thread_stretch(units: int, threads: int) -> float:
+    """How much longer than its operations at the node's full speed a kernel takes whose work
+    onnxruntime's MLAS deals out as `units` equal units, as evenly as whole units go, to `threads`
+    threads (`simulate.conv_work_units`; MlasPartitionWork): the busiest thread's units over the
+    average, threads x ceil(units / threads) / units; 1 where the units are not known (0) or one
+    thread runs them all. On two threads a 3x3 convolution of one filter set over 7 output rows
+    takes as long as over 8; on 16, over 7 rows it runs at 7/16 of the threads' speed."""
+    if units <= 0 or threads <= 1:
+        return 1.0
+    return threads * math.ceil(units / threads) / units
 # an op type's suffix in that table for the op on a quantized model's 8-bit values in NCHW, where
 # onnxruntime runs a generic kernel (a MaxPool after a float op: many times its float speed); a
 # table without it prices such an op as the op type
@@ -287,6 +301,11 @@ class NodeProfile:
     # the share of its threads' time a CPU quota (a container's CPU limit) leaves the node, which
     # every time here is already divided by (`slowed`; 1: no quota)
     cpu_share: float = 1.0
+    # the threads of the node's onnxruntime sessions as calibrated (a CPU's; 1 on a GPU, or not
+    # recorded): MLAS deals a blocked convolution's output rows to them in whole units, so a piece of
+    # few rows keeps some of them idle (`thread_stretch`; the throughputs above are those of work
+    # that keeps all of them busy)
+    threads: int = 1
     # the host name the node was calibrated on (compile names the hosts a plan for fewer nodes runs on); "": not recorded
     host: str = ""
     # seconds of each layer of the calibrated model, whole (`bbgrap calibrate --model`); empty without
@@ -411,7 +430,7 @@ class NodeProfile:
     def layer_time(self, name: str, kind: str, ops: float, whole_ops: float, weight_share: float = 1.0,
                    weight_bytes: float = 0.0, elements: float = 0.0, fused_values: float = 0.0, chained: bool = False,
                    op_type: str = "", reorders: Sequence[float] = (), reads: float = 0.0, read_ops: float = 0.0,
-                   kept: float = 0.0, joined: int = 0) -> float:
+                   kept: float = 0.0, joined: int = 0, units: int = 0, whole_units: int = 0) -> float:
         """Seconds for `ops` operations of layer `name` (of OP_KINDS `kind`; `whole_ops` for its whole
         output), reading `weight_share` of its `weight_bytes` of weights and writing `elements`
         output values, and `fused_values` for the ops onnxruntime fuses into it that take a pass
@@ -436,7 +455,11 @@ class NodeProfile:
         (`cost.extra_reads`) priced as operations (`OpTraits.read_ops` a byte, a constant fitted on
         one CPU); where the node measured `conv_read_Bps` they take that long instead; and nothing
         for the share of them `kept` in the node's cache from the inference before (`NodeProfile.kept`).
-        A Concat that joins `joined` values pays `concat_input_s` for each beside its operations."""
+        A Concat that joins `joined` values pays `concat_input_s` for each beside its operations.
+        A blocked convolution whose piece MLAS deals to the node's threads as `units` work units
+        (`simulate.conv_work_units`; `whole_units` for the whole layer) takes its operations
+        `thread_stretch` times as long as the throughput gives, the busiest thread's share; a measured
+        layer's piece scaled in proportion to its operations by its stretch over the whole layer's."""
         measured = self.layer_s.get(name)
         if measured is None:
             reordered = math.fsum(self.copy_s(v) for v in reorders)
@@ -445,12 +468,15 @@ class NodeProfile:
             rate = self.op_rate(kind, op_type)
             streamed = weight_share * weight_bytes * self.weight_seconds_per_byte(kept) if kind != "other" else 0.0
             read = (1.0 - kept) * (reads / self.conv_read_Bps if self.conv_read_Bps and read_ops else read_ops / rate)
-            computed = (ops - read_ops) / rate + read + self.element_time(kind, elements) + fused_values / self.other_ops_per_s
+            computed = (ops - read_ops) / rate * thread_stretch(units, self.threads) + read + self.element_time(kind, elements) \
+                + fused_values / self.other_ops_per_s
             return max(computed, streamed) + self.op_s(kind) + reordered + joined * self.concat_input_s
         ops_share = ops / whole_ops if whole_ops > 0 else 1.0
         scaling = self.layer_scaling.get(name)
         fixed = min(self.op_s(kind), measured)
-        return fixed + (measured - fixed) * (scaling.share(weight_share, ops_share) if scaling is not None else ops_share)
+        if scaling is not None:
+            return fixed + (measured - fixed) * scaling.share(weight_share, ops_share)
+        return fixed + (measured - fixed) * ops_share * thread_stretch(units, self.threads) / thread_stretch(whole_units, self.threads)
 
 
 @dataclass(frozen=True)
@@ -528,12 +554,15 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     where = f"node[{k}]"
     if not isinstance(table, dict):
         raise BBGrapError(f"{source}: '{where}' must be a table")
-    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST, OTHER_OPS)}
+    rest = {key: v for key, v in table.items() if key not in (LAYERS, SCALING, HOST, OTHER_OPS, THREADS)}
     # written before grouped convolutions, 1x1 ones on NCHW input or integer kernels were measured: priced as depthwise or as float then
     for kind, then in (("grouped", "depthwise"), ("pointwise_nchw", "conv"), *INTEGER_KINDS.items()):
         for field_name in ("ops_per_s", "op_s", *(("elements_per_s",) if kind in ELEMENT_KINDS else ())):
             if f"{kind}_{field_name}" not in rest and f"{then}_{field_name}" in rest:
                 rest[f"{kind}_{field_name}"] = rest[f"{then}_{field_name}"]
+    threads = table.get(THREADS, 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise BBGrapError(f"{source}: '{where}.{THREADS}' must be a whole number of at least 1, the node's threads (calibrate writes it)")
     host = table.get(HOST, "")
     if not isinstance(host, str):
         raise BBGrapError(f"{source}: '{where}.{HOST}' must be a string, the node's host name")
@@ -545,7 +574,7 @@ def _node(source: str, k: int, table: Any) -> NodeProfile:
     if not isinstance(others, dict):
         raise BBGrapError(f"{source}: '{where}.{OTHER_OPS}' must be a table of op type = operations per second")
     speeds = {op: _number(source, f"{where}.{OTHER_OPS}", op, v, positive=True) for op, v in others.items()}
-    return NodeProfile(**_table(source, where, rest, NodeProfile), host=host, layer_s=times,
+    return NodeProfile(**_table(source, where, rest, NodeProfile), threads=threads, host=host, layer_s=times,
                        layer_scaling=_scaling(source, f"{where}.{SCALING}", table.get(SCALING, {}), times), other_speeds=speeds)
 
 

@@ -83,6 +83,8 @@ class LayerWork:
     reads: float = 0.0  # bytes it reads beyond its kind's throughput (`cost.priced_reads`) ...
     read_ops: float = 0.0  # ... and the operations of `ops` they are priced as (`NodeProfile.layer_time`)
     joined: int = 0  # values a Concat's piece joins (`concat_joins`)
+    units: int = 0  # work units its kernel deals among the node's threads (`conv_work_units`; 0: not known) ...
+    whole_units: int = 0  # ... and the whole layer's
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,32 @@ FUSING = (*CONVOLUTIONS, "matmul")  # ... and those it fuses one into at all: a 
 # as they write each output value (`OpTraits.in_kernel`): at no cost beside the convolution's
 BLOCKED_KERNELS = ("conv", "depthwise", "pointwise_nchw")
 FEW_PER_GROUP = 8  # input channels per group up to which a grouped convolution is priced as "grouped", not a dense one
+FILTER_SET = 4 * NCHWC_BLOCK  # output channels MLAS's blocked convolution kernel computes in one pass over an output row
+
+
+def blocked_units(batch: int, groups: int, per_group: int, rows: int) -> int:
+    """The work units onnxruntime's MLAS deals a blocked convolution out in among a node's threads
+    (MlasNchwcConv: batch x groups x filter sets of FILTER_SET output channels x output rows, split
+    as evenly as whole units go, `cluster.thread_stretch`), for `per_group` output channels a group."""
+    return batch * groups * math.ceil(per_group / FILTER_SET) * rows
+
+
+def conv_work_units(layer: Layer, graph: Graph, kind: str, region: ShapeMap) -> int:
+    """`blocked_units` of the piece `region` of a float 2-D convolution (of kind "conv" or
+    "pointwise_nchw", the NCHW-input kernel's, which deals its rows alike) that onnxruntime runs in
+    its blocked layout: output channels, and for a grouped one input channels too, whole NCHWc blocks
+    a group. 0 (not known) for any other piece: a depthwise convolution's and a pool's units (channel
+    blocks x rows) are not what their times on two threads show (docs/benchmarks.md, session 48), and
+    a GEMM's threads follow its size."""
+    if kind not in ("conv", "pointwise_nchw") or layer.op_type != "Conv" or region.rank != 4 or region.empty:
+        return 0
+    groups = int(layer.attrs.get("group", 1))
+    shape = graph.tensors[layer.inputs[1]].shape
+    per_group = shape[0] // groups
+    if per_group % NCHWC_BLOCK or (groups > 1 and shape[1] % NCHWC_BLOCK):
+        return 0
+    batch, channels, rows, _ = region.bounding_box().shape
+    return blocked_units(batch, max(1, channels // per_group), min(channels, per_group), rows)
 
 
 # the QOperator ops onnxruntime runs in an integer kernel of a dense convolution or matmul, each
@@ -451,9 +479,11 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     region = part.emitted(node)
     priced = ops_and_reads(layer, graph, region, registry, by_kind=True)
     joined = concat_joins(layer.op_type, layer.domain, [need for need in part.needs[node] if need is not None])
+    full = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
     return LayerWork(layer.name, piece_kind(kind, region), priced.ops, whole,
                      weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
-                     op_type=layer.op_type, reads=priced.reads, read_ops=priced.read_ops, joined=joined)
+                     op_type=layer.op_type, reads=priced.reads, read_ops=priced.read_ops, joined=joined,
+                     units=conv_work_units(layer, graph, kind, region), whole_units=conv_work_units(layer, graph, kind, full))
 
 
 def concat_joins(op_type: str, domain: str, inputs: Sequence[object]) -> int:
@@ -726,7 +756,7 @@ def work_seconds(p: NodeProfile, w: LayerWork, kept: float = 0.0) -> float:
     """Seconds of one layer's share of a segment on node `p` (`NodeProfile.layer_time`; `kept`: the
     share of its weights the node's cache keeps between inferences, `NodeProfile.kept`)."""
     return p.layer_time(w.name, w.kind, w.ops, w.whole_ops, w.weight_share, w.weight_bytes, w.elements, w.fused_values, w.chained, w.op_type,
-                        w.reorders, w.reads, w.read_ops, kept, w.joined)
+                        w.reorders, w.reads, w.read_ops, kept, w.joined, w.units, w.whole_units)
 
 
 def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> float:

@@ -1151,3 +1151,87 @@ def test_a_concat_pays_for_each_value_its_piece_joins_and_the_cost_round_trips(t
     path = str(tmp_path / "cluster.toml")
     write_profile(path, ClusterProfile((node,)))
     assert read_profile(path).nodes[0] == node and NodeProfile().concat_input_s == 0.0  # 0: not measured
+
+
+@pytest.mark.parametrize(("units", "threads", "stretch"), [
+    (7, 2, 8 / 7), (8, 2, 1.0), (3, 2, 4 / 3), (7, 16, 16 / 7), (56, 16, 64 / 56), (112, 16, 1.0), (0, 16, 1.0), (5, 1, 1.0)])
+def test_a_kernel_dealt_in_whole_units_runs_as_long_as_its_busiest_thread(units: int, threads: int, stretch: float) -> None:
+    from bbgrap.cluster import thread_stretch
+
+    assert thread_stretch(units, threads) == pytest.approx(stretch)
+
+
+def _conv_layer(out_channels: int, in_channels: int, rows: int, group: int = 1) -> tuple[Graph, str]:
+    from bbgrap.pass_manager import PassManager
+
+    w = np.zeros((out_channels, in_channels // group, 3, 3), np.float32)
+    model = build_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4, group=group)],
+                        {"x": [1, in_channels, rows, 9]}, {"w": w}, ["y"], 17)
+    graph = PassManager(pipeline(Config(nodes=1), search=False, recompute=False)).run(import_proto(model).graph)
+    return graph, "conv"
+
+
+def test_a_blocked_convolutions_work_units_are_its_filter_sets_times_its_output_rows() -> None:
+    """MLAS deals a blocked convolution's output among the threads as filter sets of 64 output
+    channels (4 blocks of 16) times output rows (times groups and images); a piece has its own rows
+    and channels. Depthwise convolutions and convolutions of channels not in whole blocks: not known (0)."""
+    from bbgrap.ir import Interval, ShapeMap
+    from bbgrap.simulate import conv_work_units
+
+    graph, name = _conv_layer(128, 64, 7)
+    layer = graph.layer(name)
+    full = ShapeMap.full((1, 128, 7, 9))
+    assert conv_work_units(layer, graph, "conv", full) == 2 * 7
+    assert conv_work_units(layer, graph, "conv", full.with_axis(2, Interval(0, 4))) == 2 * 4  # a piece of rows
+    assert conv_work_units(layer, graph, "conv", full.with_axis(1, Interval(64, 128))) == 7  # of one filter set
+    assert conv_work_units(layer, graph, "conv", full.with_axis(1, Interval(0, 16))) == 7  # a block is a set's pass still
+    assert conv_work_units(layer, graph, "depthwise", full) == 0
+    grouped, name = _conv_layer(128, 128, 5, group=4)  # 32 output and input channels a group
+    assert conv_work_units(grouped.layer(name), grouped, "conv", ShapeMap.full((1, 128, 5, 9))) == 4 * 5
+    assert conv_work_units(grouped.layer(name), grouped, "conv", ShapeMap.full((1, 128, 5, 9)).with_axis(1, Interval(0, 64))) == 2 * 5
+    narrow, name = _conv_layer(24, 16, 7)  # 24 output channels: not whole blocks, not blocked
+    assert conv_work_units(narrow.layer(name), narrow, "conv", ShapeMap.full((1, 24, 7, 9))) == 0
+
+
+def test_a_piece_of_few_rows_keeps_some_of_the_nodes_threads_idle() -> None:
+    """A convolution's operations take `thread_stretch` times as long as the throughput gives; a
+    measured layer's piece its share of the time by its stretch over the whole layer's; one thread,
+    or units not known, as before."""
+    two = replace(NODE, threads=2)
+    assert two.layer_time("c", "conv", 7e6, 7e6, units=7) == pytest.approx(7e6 / 1e9 * 8 / 7 + 1e-4)
+    assert two.layer_time("c", "conv", 8e6, 8e6, units=8) == pytest.approx(8e6 / 1e9 + 1e-4)
+    assert two.layer_time("c", "conv", 7e6, 7e6) == pytest.approx(7e6 / 1e9 + 1e-4)
+    assert NODE.layer_time("c", "conv", 7e6, 7e6, units=7) == pytest.approx(7e6 / 1e9 + 1e-4)
+    measured = replace(two, layer_s={"c": 2.1e-3})  # whole: 14 rows, 14 units, no idle thread
+    assert measured.layer_time("c", "conv", 0.5e6, 1e6, units=7, whole_units=14) == pytest.approx(1e-4 + 2e-3 * 0.5 * 8 / 7)
+
+
+def test_the_threads_round_trip_and_a_bad_count_is_one_line(tmp_path) -> None:
+    path = str(tmp_path / "p.toml")
+    write_profile(path, ClusterProfile((replace(NODE, threads=8), NODE)))
+    assert [n.threads for n in read_profile(path).nodes] == [8, 1]
+    assert replace(NODE, threads=8).faster(2.0).threads == 8
+    for bad in ("0", "1.5", "true", '"8"'):
+        (tmp_path / "bad.toml").write_text(f"[[node]]\nthreads = {bad}\n")
+        with pytest.raises(BBGrapError, match="'node\\[0\\].threads' must be a whole number") as err:
+            read_profile(str(tmp_path / "bad.toml"))
+        assert "\n" not in str(err.value)
+
+
+def test_a_plan_cut_into_rows_prices_each_pieces_units_on_the_nodes_threads() -> None:
+    """The simulator and the planners price a piece by its own units: on 2 threads a 7-row
+    convolution cut 4 + 3 rows costs its second node as much as its first."""
+    from bbgrap.config import Direction
+    from bbgrap.pass_manager import PassManager
+    from bbgrap.rules.registry import default_registry
+    from bbgrap.simulate import layer_work, whole_ops, work_seconds
+
+    w = np.zeros((64, 64, 3, 3), np.float32)
+    model = build_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], {"x": [1, 64, 7, 28]}, {"w": w}, ["y"], 17)
+    graph = PassManager(pipeline(Config(nodes=2, planner="greedy", direction=Direction.H), search=False, recompute=False)).run(import_proto(model).graph)
+    conv = graph.layer("conv")
+    works = [layer_work(conv, graph, graph.partitions["conv"], n, "conv", whole_ops(conv, graph), default_registry()) for n in range(2)]
+    assert sorted(w.units for w in works) == [3, 4] and {w.whole_units for w in works} == {7}
+    two = replace(NODE, threads=2)
+    assert work_seconds(two, works[0]) == pytest.approx(work_seconds(two, works[1]))
+    assert work_seconds(NODE, works[0]) != pytest.approx(work_seconds(NODE, works[1]))

@@ -296,6 +296,24 @@ def test_a_depthwise_convolutions_operations_and_output_values_are_priced_apart(
     assert flat.elements_per_s == 0.0 and flat.ops_per_s == pytest.approx(1e11, rel=1e-6)
 
 
+def test_a_convolution_probe_of_few_rows_is_priced_as_the_threads_run_it() -> None:
+    """MLAS deals a blocked convolution's filter sets x output rows among the threads: on 16 threads
+    the 7-row probe keeps 9 idle, the 56-row one runs 4 rounds of 14 units' worth. Timings made so
+    are fitted back to the speed of threads all busy (and the fixed cost) where the fit knows the
+    threads, and to a slower one where it does not."""
+    from bbgrap.cluster import thread_stretch
+
+    probes = [conv_probe(64, s, 64) for s in (7, 14, 28, 56)]
+    assert [p.units for p in probes] == [7, 14, 28, 56]
+    assert conv_probe(128, 7, 1).units == 0 and conv_probe(8, 4, 8).units == 0  # depthwise; not whole blocks
+    # the units of a probe of 64 channels (one filter set) are its rows; the tiny probe's 8 channels are not blocked
+    units = lambda m: m.graph.input[0].type.tensor_type.shape.dim[2].dim_value if m.graph.initializer[0].dims[0] == 64 else 0  # noqa: E731
+    clock = _chain_clock(4e-5, lambda m: 3e-6 + _work(m)[0] * thread_stretch(units(m), 16) / 1e11)
+    speed = op_speed(probes, conv_probe(8, 4, 8), clock, threads=16)
+    assert speed.ops_per_s == pytest.approx(1e11) and speed.op_s == pytest.approx(3e-6)
+    assert op_speed(probes, conv_probe(8, 4, 8), clock).ops_per_s < 0.9e11
+
+
 def test_fit_line_recovers_a_line() -> None:
     intercept, slope = fit_line([1.0, 2.0, 4.0], [3.0, 5.0, 9.0])
     assert math.isclose(intercept, 1.0, abs_tol=1e-9) and math.isclose(slope, 2.0)
