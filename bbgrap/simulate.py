@@ -479,11 +479,12 @@ def layer_work(layer: Layer, graph: Graph, part: LayerPartition, node: int, kind
     region = part.emitted(node)
     priced = ops_and_reads(layer, graph, region, registry, by_kind=True)
     joined = concat_joins(layer.op_type, layer.domain, [need for need in part.needs[node] if need is not None])
-    full = ShapeMap.full(graph.tensors[layer.outputs[0]].shape)
+    units = conv_work_units(layer, graph, kind, region)
+    whole_units = conv_work_units(layer, graph, kind, ShapeMap.full(graph.tensors[layer.outputs[0]].shape)) if units else 0
     return LayerWork(layer.name, piece_kind(kind, region), priced.ops, whole,
                      weight_share(layer, graph, part.needs[node]), weight_bytes(layer, graph), values_moved(layer, graph, region, registry, chained, in_chain), chained=in_chain,
                      op_type=layer.op_type, reads=priced.reads, read_ops=priced.read_ops, joined=joined,
-                     units=conv_work_units(layer, graph, kind, region), whole_units=conv_work_units(layer, graph, kind, full))
+                     units=units, whole_units=whole_units)
 
 
 def concat_joins(op_type: str, domain: str, inputs: Sequence[object]) -> int:
