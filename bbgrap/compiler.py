@@ -32,6 +32,15 @@ if TYPE_CHECKING:
 # mobilenet_v3_small on 2 nodes, predicted 2 % faster than one, measured 7 % slower).
 PLANNER_MARGIN = 0.03
 
+# Nodes of different speeds: the cut's proportions are the profile's speeds on the model, then up
+# to BALANCE_ROUNDS times moved by the ranks' predicted compute (`balanced_speeds`) where it differs
+# by more than BALANCE_TOLERANCE: a segment's and a message's fixed costs do not shrink with a node's
+# share, so a slow node given its speed's share of the operations finishes last (a 1:3:1 cluster
+# under CPU quotas: the end ranks' work over their shares 1.14-1.18 times the middle rank's,
+# docs/benchmarks.md, session 48).
+BALANCE_ROUNDS = 2
+BALANCE_TOLERANCE = 0.05
+
 # Seconds the compile waits for the per-layer plan's prediction from its forked child beyond four
 # times what the planner's branch took here (the child's branch does less): a child stuck past that
 # is stopped and its work redone in this process.
@@ -150,6 +159,21 @@ def model_speeds(graph: Graph, profile: ClusterProfile, nodes: int, registry: Ru
     (`simulate.profile_speeds`): its one-node plan (`one_node_work`), priced on every node as the
     simulator prices a plan."""
     return profile_speeds(one_node_work(graph, registry)[1], profile, nodes)
+
+
+def balanced_speeds(speeds: Sequence[float], prediction: Prediction) -> tuple[float, ...] | None:
+    """The cut's speeds that would give every rank of a plan cut by `speeds` the same predicted
+    compute: each speed times the ranks' mean compute over its rank's (a rank predicted to compute
+    longer than the others gets a smaller share), relative to the slowest and to two decimals as
+    `simulate.profile_speeds` gives them; None where the ranks' compute is within BALANCE_TOLERANCE
+    of each other, or the new speeds round to the old."""
+    compute = [r.compute for r in prediction.ranks]
+    if len(compute) != len(speeds) or min(compute) <= 0 or max(compute) <= (1 + BALANCE_TOLERANCE) * min(compute):
+        return None
+    mean = sum(compute) / len(compute)
+    moved = [s * mean / c for s, c in zip(speeds, compute)]
+    new = tuple(round(m / min(moved), 2) for m in moved)
+    return None if new == tuple(speeds) else new
 
 
 def fastest_nodes(speeds: Sequence[float], count: int) -> tuple[int, ...]:
@@ -278,10 +302,12 @@ def compile_model(
     front = import_model(model, input_shapes, registry=registry)
     step("import", 1, 1)
     check_node_count(front.graph, cfg.nodes, cfg.direction)
+    speeds_from_profile = False
     if profile is not None and not cfg.speeds and cfg.nodes > 1:
         speeds = model_speeds(front.graph, profile, cfg.nodes, registry)
         if len(set(speeds)) > 1:
             cfg = replace(cfg, speeds=speeds)
+            speeds_from_profile = True
             log(f"node speeds from {profile.source}: {','.join(f'{s:g}' for s in speeds)} (each node's time for this model's "
                 "layers; --speeds sets them instead)")
     requested = cfg.nodes
@@ -395,6 +421,21 @@ def compile_model(
 
     plans = {cfg.nodes: partitioned(cfg, profile, dump_after)}
     chosen = tuple(range(cfg.nodes))  # the profile's nodes the plan runs on
+    cut = cfg  # the config the plan for all the nodes was cut by (speeds balanced by its prediction)
+    for _ in range(BALANCE_ROUNDS if speeds_from_profile else 0):
+        prediction = plans[cfg.nodes].prediction
+        assert prediction is not None and profile is not None  # speeds from the profile: the plan was predicted
+        new = balanced_speeds(cut.node_speeds(), prediction)
+        if new is None:
+            break
+        candidate = partitioned(replace(cut, speeds=new), profile, dump_after)
+        if candidate.latency >= plans[cfg.nodes].latency:
+            if dump_after:  # the IR dumped is the plan's that is kept
+                partitioned(cut, profile, dump_after)
+            break
+        log(f"node speeds balanced by the ranks' predicted compute ({' / '.join(f'{r.compute * 1e3:.2f}' for r in prediction.ranks)} ms): "
+            f"{','.join(f'{s:g}' for s in new)}, predicted {candidate.latency * 1e3:.3f} ms against {plans[cfg.nodes].latency * 1e3:.3f}")
+        cut, plans[cfg.nodes] = replace(cut, speeds=new), candidate
 
     def fewer(n: int) -> Partitioned:
         """The plan for the `n` fastest nodes (`fastest_nodes`)."""
@@ -411,6 +452,8 @@ def compile_model(
             chosen = fastest_nodes(cfg.node_speeds(), choose_nodes({n: p.latency for n, p in plans.items()}))
         if len(chosen) != cfg.nodes:
             cfg = for_nodes(cfg, chosen)
+    if len(chosen) == cut.nodes:
+        cfg = cut
     kept = plans[len(chosen)]
     graph, manager, programs, messages = kept.graph, kept.manager, kept.programs, kept.messages
     compiled = CompileRecord(

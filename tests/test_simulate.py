@@ -493,8 +493,11 @@ def test_compile_cuts_in_proportion_to_the_profiles_speeds_unless_speeds_are_giv
     plan = compile_model(small_model, Config(nodes=3, planner="greedy"), str(tmp_path / "plan"), profile=profile, force_nodes=True,
                          recompute=False, log=said.append)
     speeds = plan.compiled.speeds
-    assert speeds == (1.0, 3.0, 1.0)
-    assert any(line.startswith("node speeds from") for line in said)
+    assert any(line.startswith("node speeds from <default>: 1,3,1") for line in said)
+    # then moved by the ranks' predicted compute where that is predicted faster (`balanced_speeds`):
+    # this small model's ranks pay the default profile's fixed costs, which do not shrink with a share
+    balanced = [line for line in said if line.startswith("node speeds balanced")]
+    assert speeds == (1.0, 3.0, 1.0) if not balanced else speeds[1] > 3.0 and f"{speeds[1]:g}" in balanced[-1]
     flops = [n.flops for n in plan.stats.per_node]
     assert flops[1] > 2 * flops[0] and flops[1] > 2 * flops[2]
     assert_exact(str(tmp_path / "plan"))
@@ -1235,3 +1238,41 @@ def test_a_plan_cut_into_rows_prices_each_pieces_units_on_the_nodes_threads() ->
     two = replace(NODE, threads=2)
     assert work_seconds(two, works[0]) == pytest.approx(work_seconds(two, works[1]))
     assert work_seconds(NODE, works[0]) != pytest.approx(work_seconds(NODE, works[1]))
+
+
+def test_balanced_speeds_give_a_rank_predicted_to_compute_longer_a_smaller_share() -> None:
+    """The cut's speeds moved so every rank would compute alike: each times the ranks' mean compute
+    over its own, relative to the slowest; none where the ranks are within BALANCE_TOLERANCE."""
+    from bbgrap.compiler import BALANCE_TOLERANCE, balanced_speeds
+    from bbgrap.simulate import Prediction, RankTime
+
+    def predicted(*compute: float) -> Prediction:
+        return Prediction(len(compute), tuple(RankTime(c, 0.0, c) for c in compute))
+
+    assert balanced_speeds((1.0, 3.0, 1.0), predicted(4.0, 2.0, 4.0)) == (1.0, 6.0, 1.0)
+    assert balanced_speeds((1.0, 1.0), predicted(3.0, 2.0)) == (1.0, 1.5)
+    assert balanced_speeds((1.0, 3.0), predicted(2.0, 2.0 * (1 + BALANCE_TOLERANCE))) is None
+    assert balanced_speeds((1.0, 3.0), predicted(0.0, 2.0)) is None  # a rank with nothing to compute: nothing to move
+
+
+def test_a_cluster_of_unlike_nodes_is_cut_so_its_ranks_compute_alike_where_predicted_faster(tmp_path) -> None:
+    """A 1:3:1 cluster: the cut by the profile's speeds leaves the end ranks computing longer (a
+    segment's fixed costs do not shrink with their share); compile moves the speeds by the ranks'
+    predicted compute, keeps that plan where it is predicted faster, says so, and the plan is exact."""
+    from helpers import assert_exact
+
+    model = save(zoo.build("resnet18", resolution=64, width=0.5), str(tmp_path))
+    base = replace(NodeProfile(), segment_s=2e-4)
+    profile = ClusterProfile((base, base.faster(3.0), base), LinkProfile(latency_s=1e-5, bandwidth_Bps=1e10))
+    said: list[str] = []
+    plan = compile_model(model, Config(nodes=3, planner="greedy"), str(tmp_path / "plan"), profile=profile, force_nodes=True,
+                         recompute=False, log=said.append)
+    even = compile_model(model, Config(nodes=3, planner="greedy", speeds=(1.0, 3.0, 1.0)), str(tmp_path / "fixed"), profile=profile,
+                         force_nodes=True, recompute=False)
+    assert any(line.startswith("node speeds balanced") for line in said)
+    got, fixed = plan.compiled.prediction, even.compiled.prediction
+    assert got is not None and fixed is not None
+    spread = [max(r.compute for r in p.ranks) / min(r.compute for r in p.ranks) for p in (got, fixed)]
+    assert spread[0] < spread[1] and got.latency_ms < fixed.latency_ms
+    assert plan.compiled.speeds != (1.0, 3.0, 1.0)
+    assert_exact(str(tmp_path / "plan"))
