@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-optimize", action="store_true",
                    help="keep the naive gather-everything plan (implies --no-search and --no-recompute)")
     c.add_argument("--profile", metavar="FILE",
-                   help="cluster profile (TOML, from bbgrap calibrate): cut in proportion to its nodes' speeds, print each rank's "
+                   help="cluster profile (TOML, from bbgrap calibrate): cut in proportion to its nodes' speeds (where they differ, "
+                   "moved so every rank's predicted compute is alike where that is predicted faster), print each rank's "
                    "predicted time and the speed-up over the fastest node alone; where N nodes are predicted no faster than one, "
                    "compile for the fastest predicted count below N, on the profile's fastest nodes (named, with their hosts)")
     c.add_argument("--force-nodes", action="store_true",

@@ -274,7 +274,9 @@ def compile_model(
 
     With a cluster `profile` of nodes of different speeds and no speeds in `cfg`, the cuts take
     their proportions from the profile (`model_speeds`): the speeds come from calibrate's
-    measurement, not a flag. With a `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
+    measurement, not a flag; where the plan cut so leaves its ranks' predicted compute more than
+    BALANCE_TOLERANCE apart, the speeds are moved by it (`balanced_speeds`) and the plan kept where
+    predicted faster, up to BALANCE_ROUNDS times. With a `profile`, the plan is simulated (bbgrap/simulate.py) beside the plan for one
     node, and the plan's compile record holds the prediction. Where the plan is not predicted at
     least PLANNER_MARGIN faster than one node, the counts in between are simulated too and the plan
     is compiled for the fastest predicted count, a count replacing a smaller one only where
