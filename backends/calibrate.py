@@ -926,7 +926,7 @@ def measure_node(threads: int, model: ModelToTime | None = None, comm: Any = Non
     fields.update({f"{kind}_elements_per_s": speeds[kind].elements_per_s for kind in ELEMENT_KINDS})
     node = NodeProfile(**fields, segment_s=boundary.segment_s, value_s=boundary.value_s, threads=dealt,
                        host=os.uname().nodename, layer_s=layers, layer_scaling=scaling, other_speeds=other_speeds)
-    return node.slowed(quota.share(threads)) if quota is not None else node
+    return replace(node.slowed(quota.share(threads)), quota_period_ms=quota.period_s * 1e3) if quota is not None else node
 
 
 def message_fields(messages: Sequence[Message]) -> dict[str, float]:

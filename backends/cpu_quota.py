@@ -34,11 +34,13 @@ WAIT_NAP_S = 1e-5  # a rank under a quota sleeps this long between two tests of 
 
 @dataclass(frozen=True)
 class CpuQuota:
-    """A cgroup's CPU limit: `cores` (quota over period) and where its statistics are."""
+    """A cgroup's CPU limit: `cores` (quota over period), where its statistics are, and its
+    period (within which a group that waited may still run its whole quota)."""
 
     cores: float
     group: str  # the directory of the cgroup that sets the limit
     version: int  # 1 or 2
+    period_s: float = 0.1  # the CFS period (Linux's default: 100 ms)
 
     def threads(self, ranks: int = 1) -> int:
         """The most threads each of `ranks` ranks under the quota keeps busy: their share of its
@@ -89,8 +91,8 @@ def _hierarchies(mountinfo: str) -> list[_Hierarchy]:
     return found
 
 
-def _limit(directory: str, version: int) -> float | None:
-    """The cores one cgroup's own quota allows; None where it sets none."""
+def _limit(directory: str, version: int) -> tuple[float, float] | None:
+    """The cores one cgroup's own quota allows and its period (s); None where it sets none."""
     try:
         if version == 1:
             with open(os.path.join(directory, "cpu.cfs_quota_us"), encoding="ascii") as fh:
@@ -105,7 +107,7 @@ def _limit(directory: str, version: int) -> float | None:
             quota, period = int(text), int(rest or 100000)
     except (OSError, ValueError):
         return None
-    return quota / period if quota > 0 and period > 0 else None
+    return (quota / period, period / 1e6) if quota > 0 and period > 0 else None
 
 
 def cpu_quota(proc: str = "/proc/self") -> CpuQuota | None:
@@ -128,9 +130,9 @@ def cpu_quota(proc: str = "/proc/self") -> CpuQuota | None:
                 best: CpuQuota | None = None
                 at = directory
                 while True:
-                    cores = _limit(at, version)
-                    if cores is not None and (best is None or cores < best.cores):
-                        best = CpuQuota(cores, at, version)
+                    limit = _limit(at, version)
+                    if limit is not None and (best is None or limit[0] < best.cores):
+                        best = CpuQuota(limit[0], at, version, limit[1])
                     if at == os.path.normpath(h.mount) or not at.startswith(os.path.normpath(h.mount)):
                         break
                     at = os.path.dirname(at)

@@ -49,6 +49,7 @@ The simulator (`bbgrap/simulate.py`) turns a plan into predicted time with it, a
     recv_byte_s = 0.0          # ... and each of its bytes (s: on one host, the copy MPI makes when it is taken); 0: not measured
     wait_share = 0.0           # what each wait costs more, as a share of the segment the node ran before it (ranks' jitter); 0: not measured
     cpu_share = 1.0            # the share of its threads' time a CPU quota leaves the node; the figures above are slowed by it already
+    quota_period_ms = 0.0      # ... and the quota's period, within which a rank that waited runs on (`quota_absorbs`); 0: Linux's 100 ms
     threads = 1                # the threads of the node's onnxruntime sessions, among which a blocked convolution's rows are dealt (`thread_stretch`)
 
 With `bbgrap calibrate --model FILE`, the profile also holds what each node measured of that
@@ -118,13 +119,14 @@ INTEGER_KINDS = {"qconv": "conv", "qconv_gemm": "conv", "qdepthwise": "depthwise
 ELEMENT_KINDS = ("depthwise", "qconv", "qconv_gemm", "qdepthwise")
 # may be 0 (stream_ops_per_s and cache_bytes: 0 where calibrate saw no slower regime; the kinds'
 # elements_per_s and conv_read_Bps: not measured); every other throughput must be positive
-MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps", "cached_weight_Bps", "concat_input_s")
+MAY_BE_ZERO = (*(f"{k}_op_s" for k in OP_KINDS), *(f"{k}_elements_per_s" for k in ELEMENT_KINDS), "segment_s", "value_s", "cold_segment_s", "cold_s", "send_s", "send_byte_s", "recv_s", "recv_byte_s", "wait_share", "latency_s", "stream_ops_per_s", "cache_bytes", "conv_read_Bps", "cached_weight_Bps", "concat_input_s", "quota_period_ms")
 BYTES_MOVED = 8  # bytes an op that copies float32 values reads and writes per value (4 in, 4 out)
 LAYERS = "layers"  # a node's table of measured layer times (NodeProfile.layer_s)
 SCALING = "scaling"  # a node's table of how those times scale with a piece (NodeProfile.layer_scaling)
 HOST = "host"  # a node's host name (NodeProfile.host)
 OTHER_OPS = "other_ops"  # a node's table of "other" op types timed apart (NodeProfile.other_speeds)
 THREADS = "threads"  # a node's threads (NodeProfile.threads): an integer, not a figure
+DEFAULT_QUOTA_PERIOD_MS = 100.0  # Linux's CFS period, where a profile did not record its quota's
 
 
 def thread_stretch(units: int, threads: int) -> float:
@@ -301,6 +303,10 @@ class NodeProfile:
     # the share of its threads' time a CPU quota (a container's CPU limit) leaves the node, which
     # every time here is already divided by (`slowed`; 1: no quota)
     cpu_share: float = 1.0
+    # ... and the quota's period (ms; 0: not recorded, Linux's default 100 ms): a rank that waits for
+    # a message spends none of its quota, and may then run at its threads' full speed until the
+    # period's share is spent, so a wait takes the place of some of the stops (`quota_absorbs`)
+    quota_period_ms: float = 0.0
     # the threads of the node's onnxruntime sessions as calibrated (a CPU's; 1 on a GPU, or not
     # recorded): MLAS deals a blocked convolution's output rows to them in whole units, so a piece of
     # few rows keeps some of them idle (`thread_stretch`; the throughputs above are those of work
@@ -355,6 +361,15 @@ class NodeProfile:
         """This node with `share` of its time (a CPU quota's): every throughput and time as
         `faster(share)` makes them; `cpu_share` records it."""
         return replace(self.faster(share), cpu_share=self.cpu_share * share)
+
+    def quota_absorbs(self) -> float:
+        """The most waiting a CPU quota lets this node carry into its next segments as time not
+        stopped: in one period a rank may run `cpu_share` of it, so it is stopped for the rest, unless
+        it waited for part of it (then it ran at full speed for that much longer): the period's
+        stopped share, (1 - cpu_share) x the period; 0 without a quota."""
+        if self.cpu_share >= 1.0:
+            return 0.0
+        return (1.0 - self.cpu_share) * (self.quota_period_ms or DEFAULT_QUOTA_PERIOD_MS) * 1e-3
 
     def send_time(self, nbytes: int) -> float:
         """Seconds this node spends sending a message of `nbytes`."""

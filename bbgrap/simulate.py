@@ -146,7 +146,9 @@ class SegmentWork:
 @dataclass(frozen=True)
 class RankTime:
     """One rank's predicted time per inference (s): in its segments, waiting for messages, and its end;
-    and each of its segments' (in program order)."""
+    and each of its segments' (in program order). Under a CPU quota a segment's time is its threads'
+    over the quota's share, and the end comes before their sum where waits took the place of stops
+    (`simulate`)."""
 
     compute: float
     wait: float
@@ -779,9 +781,13 @@ def segment_seconds(work: SegmentWork, node: int, profile: ClusterProfile) -> fl
 def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
              seconds: Callable[[SegmentWork, int, ClusterProfile], float] = segment_seconds) -> Prediction:
     """Every rank's program played on its own clock (module docstring); raises BBGrapError where
-    ranks wait for messages nobody sends."""
+    ranks wait for messages nobody sends. A node under a CPU quota (`NodeProfile.cpu_share`, whose
+    times are its threads' divided by it) carries the time it waits into its next segments, which
+    run that much faster, down to its threads' full speed, as far as the quota's period allows
+    (`NodeProfile.quota_absorbs`): a rank that waits spends none of its quota."""
     n = len(steps)
     clock = [0.0] * n
+    banked = [0.0] * n  # waiting a quota node carries into its next segments
     compute = [0.0] * n
     wait = [0.0] * n
     segments: list[list[float]] = [[] for _ in range(n)]
@@ -796,7 +802,11 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                 if step.op == "run":
                     assert step.work is not None
                     dt = seconds(step.work, r, profile)
-                    clock[r] += dt
+                    absorbed = 0.0
+                    if banked[r]:  # the stopped share of the segment, as far as the rank waited before it
+                        absorbed = min(banked[r], dt * (1.0 - profile.node(r).cpu_share))
+                        banked[r] -= absorbed
+                    clock[r] += dt - absorbed
                     compute[r] += dt
                     segments[r].append(dt)
                 elif step.op == "send":
@@ -809,6 +819,7 @@ def simulate(steps: Sequence[Sequence[SimStep]], profile: ClusterProfile,
                     node = profile.node(r)
                     latest = segments[r][-1] if segments[r] else 0.0  # a wait's jitter is a share of the rank's latest segment
                     ready = node.taken(clock[r], arrival[step.message], step.nbytes) + node.wait_share * latest
+                    banked[r] = min(banked[r] + ready - clock[r], node.quota_absorbs())
                     wait[r] += ready - clock[r]
                     clock[r] = ready
                 else:

@@ -1276,3 +1276,27 @@ def test_a_cluster_of_unlike_nodes_is_cut_so_its_ranks_compute_alike_where_predi
     assert spread[0] < spread[1] and got.latency_ms < fixed.latency_ms
     assert plan.compiled.speeds != (1.0, 3.0, 1.0)
     assert_exact(str(tmp_path / "plan"))
+
+
+def test_a_node_under_a_cpu_quota_runs_its_stopped_share_while_it_waited() -> None:
+    """A rank under a quota spends none of it while it waits: its next segments take the place of
+    the stops, down to its threads' full speed and as far as the quota's period allows."""
+    quota = replace(NODE, segment_s=0.0, cpu_share=0.5, quota_period_ms=4.0)  # a wait carries at most 2 ms
+    steps = [[run(conv=2e6, convs=1), send(0, 0, 1, 0)], [wait(0, 0, 1, 0), run(conv=2e6, convs=1)]]
+    fast = replace(NODE, segment_s=0.0, conv_op_s=0.0)
+    pred = simulate(steps, ClusterProfile((fast, replace(quota, conv_op_s=0.0)), LinkProfile(latency_s=1e-3, bandwidth_Bps=1e9)))
+    # rank 1 waited 3 ms (2 ms of rank 0's segment and 1 ms of link); its 2 ms segment at half its threads' time is 1 ms of them
+    assert pred.ranks[1].wait == pytest.approx(3e-3) and pred.ranks[1].compute == pytest.approx(2e-3)
+    assert pred.ranks[1].total == pytest.approx(3e-3 + 1e-3)
+    assert quota.quota_absorbs() == pytest.approx(2e-3) and NODE.quota_absorbs() == 0.0
+    assert replace(NODE, cpu_share=0.25).quota_absorbs() == pytest.approx(0.075)  # not recorded: Linux's 100 ms period
+    unlimited = simulate(steps, ClusterProfile((fast, replace(NODE, segment_s=0.0, conv_op_s=0.0)), LinkProfile(latency_s=1e-3, bandwidth_Bps=1e9)))
+    assert unlimited.ranks[1].total == pytest.approx(3e-3 + 2e-3)  # no quota: the wait is lost
+
+
+def test_the_quotas_period_round_trips(tmp_path) -> None:
+    path = str(tmp_path / "p.toml")
+    write_profile(path, ClusterProfile((replace(NODE, cpu_share=0.3, quota_period_ms=5.0),)))
+    node = read_profile(path).node(0)
+    assert node.quota_period_ms == 5.0 and node.quota_absorbs() == pytest.approx(0.7 * 5e-3)
+    assert replace(NODE, cpu_share=0.3, quota_period_ms=5.0).faster(2.0).quota_period_ms == 5.0  # a period, not a cost

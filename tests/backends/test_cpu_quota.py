@@ -30,13 +30,13 @@ def write(path: Path, **files: str) -> None:
 def test_v1_the_tightest_limit_of_the_group_and_its_ancestors(tmp_path: Path) -> None:
     root = tmp_path / "cg" / "cpu"
     write(root, cpu__cfs_quota_us="-1\n", cpu__cfs_period_us="100000\n")
-    write(root / "pod", cpu__cfs_quota_us="150000\n", cpu__cfs_period_us="100000\n", cpu__stat="nr_periods 9\nthrottled_time 2500000000\n")
+    write(root / "pod", cpu__cfs_quota_us="7500\n", cpu__cfs_period_us="5000\n", cpu__stat="nr_periods 9\nthrottled_time 2500000000\n")
     write(root / "pod" / "rank", cpu__cfs_quota_us="-1\n", cpu__cfs_period_us="100000\n")
     proc = fake_proc(tmp_path, f"30 25 0:26 / {root} rw,nosuid - cgroup cgroup rw,cpu\n"
                                f"31 25 0:27 / {tmp_path}/cg/unified rw - cgroup2 cgroup2 rw\n",
                      "4:memory:/pod/rank\n1:cpu:/pod/rank\n0::/\n")
     quota = cpu_quota(proc)
-    assert quota == CpuQuota(1.5, str(root / "pod"), 1)
+    assert quota == CpuQuota(1.5, str(root / "pod"), 1, period_s=0.005)  # its own period, which a wait may fill
     assert quota.threads() == 1 and quota.share(1) == 1.0 and quota.share(3) == 0.5
     assert quota.throttled_s() == pytest.approx(2.5)
 
