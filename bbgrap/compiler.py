@@ -35,9 +35,8 @@ PLANNER_MARGIN = 0.03
 # Nodes of different speeds: the cut's proportions are the profile's speeds on the model, then up
 # to BALANCE_ROUNDS times moved by the ranks' predicted compute (`balanced_speeds`) where it differs
 # by more than BALANCE_TOLERANCE: a segment's and a message's fixed costs do not shrink with a node's
-# share, so a slow node given its speed's share of the operations finishes last (a 1:3:1 cluster
-# under CPU quotas: the end ranks' work over their shares 1.14-1.18 times the middle rank's,
-# docs/benchmarks.md, session 48).
+# share, so a slow node given its speed's share of the operations finishes last (docs/design.md,
+# "Nodes of different speeds from the profile").
 BALANCE_ROUNDS = 2
 BALANCE_TOLERANCE = 0.05
 
