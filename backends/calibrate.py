@@ -178,17 +178,19 @@ def _chain(op: str, shape: tuple[int, ...], constants: Mapping[str, np.ndarray],
     return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, constants, opset=opset)
 
 
-def conv_ops(channels: int, size: int, per_group: int, kernel: int = 3) -> float:
+def conv_ops(channels: int, size: int, per_group: int, kernel: int = 3, width: int | None = None) -> float:
     """Operations of one of `conv_model`'s convolutions (bbgrap/cost.py's count)."""
-    return 2.0 * per_group * kernel * kernel * channels * size * size
+    return 2.0 * per_group * kernel * kernel * channels * size * (size if width is None else width)
 
 
-def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain: int = 1) -> tuple[onnx.ModelProto, float]:
+def conv_model(channels: int, size: int, per_group: int, kernel: int = 3, chain: int = 1,
+               width: int | None = None) -> tuple[onnx.ModelProto, float]:
     """`chain` kernel x kernel convolutions of `per_group` input channels per group (1: depthwise;
-    `channels`: dense), padded, so every output is size x size; and one's operations."""
-    model = _chain("Conv", (1, channels, size, size), {"w": conv_weights(channels, per_group, kernel)}, chain,
+    `channels`: dense), padded, so every output is size x size (size x `width` where given); and
+    one's operations."""
+    model = _chain("Conv", (1, channels, size, size if width is None else width), {"w": conv_weights(channels, per_group, kernel)}, chain,
                    pads=[kernel // 2] * 4, group=channels // per_group)
-    return model, conv_ops(channels, size, per_group, kernel)
+    return model, conv_ops(channels, size, per_group, kernel, width)
 
 
 def conv_weights(channels: int, per_group: int, kernel: int = 3, seed: int = 0) -> np.ndarray:
@@ -197,11 +199,12 @@ def conv_weights(channels: int, per_group: int, kernel: int = 3, seed: int = 0) 
     return (rng.standard_normal((channels, per_group, kernel, kernel)) / math.sqrt(per_group * kernel * kernel)).astype(np.float32)
 
 
-def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3) -> Probe:
-    """`conv_model`'s convolutions as a `Probe` (no model built until timed)."""
+def conv_probe(channels: int, size: int, per_group: int, kernel: int = 3, width: int | None = None) -> Probe:
+    """`conv_model`'s convolutions as a `Probe` (no model built until timed): maps of size rows
+    and `width` columns (default: size)."""
     dense = per_group == channels and channels % NCHWC_BLOCK == 0  # a blocked kernel's ("conv", `simulate.conv_work_units`)
-    return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain)[0], conv_ops(channels, size, per_group, kernel),
-                 float(channels * size * size), blocked_units(1, 1, channels, size) if dense else 0)
+    return Probe(lambda chain: conv_model(channels, size, per_group, kernel, chain, width)[0], conv_ops(channels, size, per_group, kernel, width),
+                 float(channels * size * (size if width is None else width)), blocked_units(1, 1, channels, size) if dense else 0)
 
 
 def pointwise_nchw_probe(channels: int, outputs: int, size: int) -> Probe:

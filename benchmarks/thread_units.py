@@ -21,26 +21,10 @@ import json
 import os
 import sys
 
-import onnx
-from bbgrap.backends.calibrate import Probe, conv_weights, marginal_time, time_model
-from bbgrap.backends.probe_models import float_model
-from onnx import helper
+from bbgrap.backends.calibrate import conv_probe, marginal_time, time_model
 from table import Table  # noqa: E402  # benchmarks/table.py, beside this script
 
 from bbgrap.cluster import thread_stretch
-from bbgrap.simulate import blocked_units
-
-
-def conv_rows_probe(channels: int, rows: int, width: int) -> Probe:
-    """A chain of padded 3x3 convolutions of `channels` channels on a map of `rows` x `width`, each
-    with the same filters (calibrate's conv probe, on a map that need not be square)."""
-    shape = (1, channels, rows, width)
-
-    def build(chain: int) -> onnx.ModelProto:
-        nodes = [helper.make_node("Conv", ["x" if i == 0 else f"y{i - 1}", "w"], [f"y{i}"], pads=[1, 1, 1, 1]) for i in range(chain)]
-        return float_model(nodes, {"x": shape}, {f"y{chain - 1}": shape}, {"w": conv_weights(channels, channels)})
-
-    return Probe(build, 18.0 * channels * channels * rows * width, float(channels * rows * width), blocked_units(1, 1, channels, rows))
 
 
 def main() -> int:
@@ -60,7 +44,7 @@ def main() -> int:
     rows = []
     for channels in args.channels:
         for r in args.rows:
-            probe = conv_rows_probe(channels, r, args.width)
+            probe = conv_probe(channels, r, channels, width=args.width)  # r rows of --width columns
             times = {t: min(marginal_time(probe, lambda m, t=t: time_model(m, t)) for _ in range(args.rounds)) for t in args.threads}
             one = times.get(1)
             for t in args.threads:
