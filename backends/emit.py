@@ -152,16 +152,34 @@ def emit(graph: Graph, programs: list[NodeProgram], messages: list[Message], com
     return plan, files
 
 
+QUANTIZING = ("QuantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat",
+              "DynamicQuantizeMatMul", "QGemm")  # with every QLinear* op: integer results, rounded as the kernels do
+
+
+def quantizing(op_type: str) -> bool:
+    """Whether an op's result is rounded to integers (a quantized model's), where onnxruntime's
+    CPU kernels and its CUDA provider round differently."""
+    return op_type in QUANTIZING or op_type.startswith("QLinear")
+
+
 def cpu_only(nodes: Iterable[onnx.NodeProto]) -> str:
-    """Why only onnxruntime's CPU provider computes a segment of these ops exactly, or "". A Resize in
-    tf_crop_and_resize mode (how rules/indexing.py's ResizeRule lowers a piece of a Resize whose output
-    rows do not map to whole input blocks; or the model's own) is computed exactly by the CPU provider
-    and wrongly by onnxruntime-gpu's CUDA Resize (docs/benchmarks.md, session 23;
-    benchmarks/provider_check.py compares a plan's segments on both)."""
+    """Why only onnxruntime's CPU provider computes a segment of these ops exactly, or "".
+    * A Resize in tf_crop_and_resize mode (how rules/indexing.py's ResizeRule lowers a piece of a
+      Resize whose output rows do not map to whole input blocks; or the model's own) is computed
+      exactly by the CPU provider and wrongly by onnxruntime-gpu's CUDA Resize (docs/benchmarks.md,
+      session 23; benchmarks/provider_check.py compares a plan's segments on both).
+    * An op that quantizes (`quantizing`): the plan's reference is the CPU's, whose integer kernels
+      (QLinearConv, or a Conv between DequantizeLinear and QuantizeLinear fused into one) a plan on
+      the CPU matches to the bit; the CUDA provider computes such a Conv in float and rounds it on
+      its own, a quantization step off the reference here and there (0.6 % of the output's range
+      on an H200, docs/benchmarks.md, session 49)."""
     for op in nodes:
         if op.op_type == "Resize" and any(a.name == "coordinate_transformation_mode" and a.s == b"tf_crop_and_resize"
                                           for a in op.attribute):
             return f"computes {op.name or 'a Resize'} as a tf_crop_and_resize, which onnxruntime's CUDA provider computes wrong"
+        if quantizing(op.op_type):
+            return (f"quantizes ({op.op_type} {op.name or ''}), which onnxruntime's CUDA provider rounds otherwise than the CPU's "
+                    "integer kernels that computed the reference").replace(" )", ")")
     return ""
 
 
