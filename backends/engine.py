@@ -100,13 +100,11 @@ class DeviceValues:
         return binding.get_outputs()
 
 
-def session_options(threads: int, spin: bool = True, shared_arena: bool = True, prepack: bool = True,
-                    gpu: int | None = None) -> Any:
+def session_options(threads: int, spin: bool = True, shared_arena: bool = True, prepack: bool = True) -> Any:
     """Sessions of one process: on the process's one intra-op thread pool where bbgrap-run
     started it (backends/threads.py), else each with a pool of `threads` threads (`spin=False`
-    where several nodes share this process's cores). `shared_arena` for CPU-only sessions;
-    `gpu`, a CUDA device's id, for sessions on that GPU: they allocate from one CUDA arena of
-    the process (shared_gpu_arena). Without `prepack` (a plan fitted to its nodes'
+    where several nodes share this process's cores). `shared_arena` for CPU-only sessions
+    (the GPU path keeps onnxruntime's defaults). Without `prepack` (a plan fitted to its nodes'
     memory that way, fit-memory) the kernels read the weights mapped from the plan's weights
     file instead of keeping a copy of them in their own layout (prepacked, or reordered for
     the blocked NCHWc convolutions), at some cost in speed."""
@@ -123,8 +121,6 @@ def session_options(threads: int, spin: bool = True, shared_arena: bool = True, 
     if shared_arena:
         shared_cpu_arena()
         opts.add_session_config_entry("session.use_env_allocators", "1")
-    elif gpu is not None and shared_gpu_arena(gpu):
-        opts.add_session_config_entry("session.use_env_allocators", "1")
     if not prepack:  # no second copy of the weights: neither prepacked nor reordered into NCHWc by the level-3 optimiser
         opts.add_session_config_entry("session.disable_prepacking", "1")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -140,23 +136,6 @@ def shared_cpu_arena() -> None:
 
     info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
     ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
-
-
-@functools.cache
-def shared_gpu_arena(device_id: int) -> bool:
-    """Register one CUDA arena of GPU `device_id` with onnxruntime's environment (once per
-    process); whether it could. Without it every CUDA session grows an arena of its own and
-    keeps what its largest run took (cuDNN's workspace included), so a process of a few
-    hundred segments runs out of device memory where their activations would fit many times."""
-    import onnxruntime as ort
-
-    info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, device_id, ort.OrtMemType.DEFAULT)
-    try:
-        ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": str(device_id)},
-                                             ort.OrtArenaCfg(0, -1, -1, -1))
-    except Exception:  # an onnxruntime without the CUDA provider's library, or no usable GPU: sessions keep their own
-        return False
-    return True
 
 
 def gpu_present() -> bool:
@@ -205,8 +184,7 @@ class Target:
 
     def options(self, threads: int) -> Any:
         """Session options as load_runner gives a segment on this provider."""
-        gpu = self.values.device_id if isinstance(self.values, DeviceValues) and self.on_gpu else None
-        return session_options(threads, shared_arena=not self.on_gpu, gpu=gpu)
+        return session_options(threads, shared_arena=not self.on_gpu)
 
     def session(self, model: bytes, opts: Any) -> Any:
         """An onnxruntime session of `model` on this provider (one that would fall back to the
@@ -399,7 +377,7 @@ def load_runner(plan_dir: str, plan: Plan, node: int, threads: int, provider: st
         providers, kept_on_cpu = ["CPUExecutionProvider"], prog.cpu_only  # auto: this node on the CPU, where it is exact
     on_cpu = providers == ["CPUExecutionProvider"]
     given, layout = layout, layout if on_cpu else None
-    opts = session_options(threads, spin, shared_arena=on_cpu, prepack=plan.compiled.prepack, gpu=None if on_cpu else device_id)
+    opts = session_options(threads, spin, shared_arena=on_cpu, prepack=plan.compiled.prepack)
     plain = session_options(threads, spin, prepack=plan.compiled.prepack)
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # blocked segments come optimised
     sessions = []
