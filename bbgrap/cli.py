@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
                    "genetic algorithm on that timeline seeded with the others; map-elites: MAP-Elites on that timeline, the fastest "
                    "plan per kind of plan (share of work on one node, number of boundaries) kept, seeded with the others. Costs come from --profile (else the default "
                    "profile scaled by --speeds); the planner's plan is kept where predicted at least 3%% faster than greedy's, else greedy's")
+    c.add_argument("--balance", type=float, metavar="R",
+                   help="keep every node's FLOPs within R times any other's (max/min, e.g. 1.3): where the fastest predicted "
+                        "plan leaves them further apart (a planner that places small layers whole on one node, a map too short "
+                        "to cut evenly), the fastest predicted of the plans within R is kept, from the per-layer search's and "
+                        "the even cuts along h, w and c; an error where none is (default 0: no bound)")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")
     c.add_argument("-o", "--output", default="bbgrap-plan", metavar="DIR", help="plan directory (default ./bbgrap-plan)")
@@ -184,7 +189,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.planner is not None and args.planner not in PLANNERS:
         raise BBGrapError(f"--planner '{args.planner}' is not one of {', '.join(PLANNERS)}")
     cfg = base.with_overrides(nodes=nodes, threshold=args.threshold, direction=args.direction, speeds=speeds, search=args.search,
-                              planner=args.planner, memory_mb=memory)
+                              planner=args.planner, memory_mb=memory, balance=args.balance)
     if args.force_nodes and not args.profile:
         raise BBGrapError("--force-nodes only matters with --profile FILE; drop it or give a profile (bbgrap calibrate writes one)")
     profile = None

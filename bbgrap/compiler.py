@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import time
 from dataclasses import dataclass, replace
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from bbgrap.cluster import DEFAULT_PROFILE, ClusterProfile, with_speeds
 from bbgrap.config import Config, Direction
-from bbgrap.cost import CPU_MEMORY, CPU_MEMORY_UNPACKED, CPU_RECEIVE, kind_weights, receive_cost
+from bbgrap.cost import CPU_MEMORY, CPU_MEMORY_UNPACKED, CPU_RECEIVE, kind_weights, plan_flops, receive_cost
 from bbgrap.forked import Forked
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
@@ -110,6 +111,25 @@ def check_node_count(graph: Graph, nodes: int, direction: Direction) -> None:
     if nodes > useful:
         raise BBGrapError(f"--nodes {nodes}: no tensor of '{graph.name}' is longer than {useful} along direction {direction.value} "
                           f"or channels, so {nodes - useful} nodes would get no work; use at most {useful} nodes")
+
+
+def flops_spread(graph: Graph, speeds: Sequence[float], registry: RuleRegistry | None = None) -> float:
+    """How far apart a plan's nodes' work is: max/min over the nodes of each one's FLOPs (recomputed
+    halos included) over its speed; infinite where a node computes nothing."""
+    per_speed = [flops / speed for flops, speed in zip(plan_flops(graph, registry=registry), speeds)]
+    return max(per_speed) / min(per_speed) if min(per_speed) > 0 else math.inf
+
+
+WHOLE_SHARE = 0.01  # under --balance, no layer of more than this share of the model's work computed whole on one node
+
+
+def largest_whole(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> tuple[float, str]:
+    """The share of the model's work of its largest layer computed whole on one node (no rule,
+    too short to cut, or placed there by a planner), and that layer's name ("" where none is)."""
+    rows = layer_table(graph, direction, registry or default_registry())
+    total = sum(r.flops for r in rows)
+    whole = max(((r.flops, r.name) for r in rows if r.whole is not None), default=(0.0, ""))
+    return (whole[0] / total if total > 0 else 0.0), whole[1]
 
 
 def dump_ir(directory: str) -> Callable[[str, Graph], None]:
@@ -327,7 +347,7 @@ def compile_model(
         names = {p.name for p in passes}
         return PassManager(passes, dump_after=[d for d in dump if d in names], dump=dump_ir(dump_dir)).run(graph)
 
-    def partitioned(c: Config, profile: ClusterProfile | None, dump: Sequence[str] = ()) -> Partitioned:
+    def partitioned(c: Config, profile: ClusterProfile | None, dump: Sequence[str] = (), searched: bool | None = None) -> Partitioned:
         """The plan for `c` on the nodes of `profile` (None: no prediction). With a whole-network planner the passes before it run once, and the
         rest twice, with and without it (without it in a forked child where there is a second
         core: bbgrap/forked.py; only its prediction comes back, and the plan is made again here
@@ -339,7 +359,7 @@ def compile_model(
         without `judge` the planner's); both predictions are recorded. Without a profile the pass's
         own weighing stands: on the default profile the simulator judged resnet18's 2-node plan
         faster without the pass, which measured slower (docs/benchmarks.md, session 9)."""
-        passes = pipeline(c, optimize, search, progress, recompute, registry, profile)
+        passes = pipeline(c, optimize, search if searched is None else searched, progress, recompute, registry, profile)
         PassManager(passes, dump_after=dump, dump=dump_ir(dump_dir))  # checks the names in `dump`
         names = [p.name for p in passes]
         grows = names[-1] == "recompute-halos"
@@ -438,6 +458,56 @@ def compile_model(
             f"{','.join(f'{s:g}' for s in new)}, predicted {candidate.latency * 1e3:.3f} ms against {plans[cfg.nodes].latency * 1e3:.3f}")
         cut, plans[cfg.nodes] = replace(cut, speeds=new), candidate
 
+    def evened(c: Config, p: Partitioned, prof: ClusterProfile | None) -> tuple[Config, Partitioned]:
+        """`p` (cut by `c`), or where its nodes' work is more than `c.balance` apart (`flops_spread`)
+        or a layer of more than WHOLE_SHARE of it is computed whole on one node, the fastest
+        predicted of the plans that are even so: the per-layer search's where a planner made `p`,
+        then the even cut along h, w and c (the cuts a short map or a planner's placements leave
+        uneven); an error naming the most even one where none is. The user asked for the bound, so a
+        plan within it wins over a faster one beyond it."""
+        def even(q: Partitioned, alt: Config) -> tuple[bool, float, float, str]:
+            spread = flops_spread(q.graph, c.node_speeds(), registry)
+            share, layer = largest_whole(q.graph, alt.direction, registry)
+            return spread <= c.balance and share <= WHOLE_SHARE, spread, share, layer
+
+        if not c.balance or c.nodes == 1:
+            return c, p
+        ok, spread, share, layer = even(p, c)
+        if ok:
+            return c, p
+        costs = planner_profile(c, prof)
+
+        def latency(q: Partitioned) -> float:
+            return q.prediction.latency if q.prediction is not None else predict(q.graph, q.programs, costs, registry).latency
+
+        planned = p.planner is not None and p.planner.kept != "greedy"  # a whole-network planner's plan, not the search's
+        tries = [("the per-layer search's plan", replace(c, planner="greedy"), search)] if planned else []
+        tries += [(f"the even cut along {d.value}", replace(c, planner="greedy", direction=d), False) for d in (Direction.H, Direction.W, Direction.C)]
+        def said(spread: float, share: float, layer: str) -> str:
+            whole = f" and computes {layer} ({100 * share:.2f} % of the work) whole on one node" if share > WHOLE_SHARE else ""
+            return f"leaves the nodes' work {spread:.2f} apart{whole}"
+
+        within: list[tuple[float, str, Config, Partitioned]] = []
+        evenest = (spread, share, layer, "the fastest predicted plan")
+        for label, alt, searched in tries:
+            try:
+                check_node_count(front.graph, alt.nodes, alt.direction)
+                q = partitioned(alt, prof, searched=searched)
+            except BBGrapError:  # a direction this model cannot be cut along for these nodes
+                continue
+            q_ok, q_spread, q_share, q_layer = even(q, alt)
+            evenest = min(evenest, (q_spread, q_share, q_layer, label), key=lambda e: (e[1] > WHOLE_SHARE, e[0]))
+            if q_ok:
+                within.append((latency(q), label, alt, q))
+        if not within:
+            raise BBGrapError(f"--balance {c.balance:g}: no plan found is that even (the most even, {evenest[3]}, "
+                              f"{said(*evenest[:3])}); raise --balance to {evenest[0]:.2f} or more, or compile for fewer nodes")
+        t, label, alt, q = min(within, key=lambda w: w[0])
+        _, q_spread, q_share, q_layer = even(q, alt)
+        log(f"--balance {c.balance:g}: the fastest predicted plan {said(spread, share, layer)}; kept {label}, which "
+            f"{said(q_spread, q_share, q_layer)}, predicted {t * 1e3:.3f} ms against {latency(p) * 1e3:.3f}")
+        return alt, q
+
     def fewer(n: int) -> Partitioned:
         """The plan for the `n` fastest nodes (`fastest_nodes`)."""
         assert profile is not None
@@ -455,6 +525,9 @@ def compile_model(
             cfg = for_nodes(cfg, chosen)
     if len(chosen) == cut.nodes:
         cfg = cut
+    if cfg.balance:
+        cfg, plans[len(chosen)] = evened(cfg, plans[len(chosen)], profile if profile is None or len(chosen) == requested
+                                         else profile.subset(chosen))
     kept = plans[len(chosen)]
     graph, manager, programs, messages = kept.graph, kept.manager, kept.programs, kept.messages
     compiled = CompileRecord(

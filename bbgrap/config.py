@@ -84,6 +84,7 @@ class Config:
     direction: Direction = Direction.H
     search: str = "exact"
     planner: str = "dp"
+    balance: float = 0.0  # the nodes' FLOPs at most this far apart (max/min); 0: no bound, the fastest predicted plan
     objective: Weights = DEFAULT_WEIGHTS
     custom: tuple[CustomPartition, ...] = ()
     source: str = "<defaults>"
@@ -112,7 +113,7 @@ class Config:
 
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "cluster": {"nodes": (int,), "speeds": (list,), "memory_mb": (list, int, float)},
-    "partition": {"threshold": (int, float), "direction": (str,), "search": (str,), "planner": (str,)},
+    "partition": {"threshold": (int, float), "direction": (str,), "search": (str,), "planner": (str,), "balance": (int, float)},
     "objective": {k: (int, float) for k in ("operations_w", "data_w", "over_w", "harmonic_w")},
 }
 
@@ -184,6 +185,7 @@ def load_config(path: str) -> Config:
         direction=parse_direction(part.get("direction", Config.direction.value), lambda problem: _fail(path, "partition.direction", problem)),
         search=str(part.get("search", Config.search)),
         planner=str(part.get("planner", Config.planner)),
+        balance=float(part.get("balance", Config.balance)),
         objective=replace(DEFAULT_WEIGHTS, **{k: float(v) for k, v in obj.items()}),
         custom=tuple(custom),
         source=path,
@@ -194,7 +196,7 @@ def load_config(path: str) -> Config:
 
 # The flag that sets a Config field on the command line, to name it in errors.
 FLAGS = {"nodes": "--nodes", "speeds": "--speeds", "threshold": "--threshold", "direction": "--direction", "search": "--search",
-         "planner": "--planner", "memory_mb": "--memory-mb"}
+         "planner": "--planner", "memory_mb": "--memory-mb", "balance": "--balance"}
 
 
 def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
@@ -222,6 +224,9 @@ def validate(cfg: Config, from_flags: frozenset[str] = frozenset()) -> None:
         raise fail("memory_mb", "cluster.memory_mb", "must all be positive finite numbers of megabytes")
     if not 0 <= cfg.threshold <= 100:
         raise fail("threshold", "partition.threshold", f"must be a percentage in 0..100, not {cfg.threshold:g}")
+    if not (cfg.balance == 0 or (math.isfinite(cfg.balance) and cfg.balance >= 1)):
+        raise fail("balance", "partition.balance", f"is the most the nodes' FLOPs may differ, max/min: 1 or more (e.g. 1.3), "
+                   f"or 0 for no bound, not {cfg.balance:g}")
     if cfg.search not in SEARCHES:
         raise fail("search", "partition.search", f"must be one of {', '.join(SEARCHES)}, not '{cfg.search}'")
     if cfg.planner not in PLANNERS:

@@ -22,6 +22,7 @@ the classifier's bias whatever the backbone computes, and a check of the logits 
   python benchmarks/exporters.py --models all --keep-exports exported   # ... and keep each export as exported/MODEL-EXPORTER.onnx
   python benchmarks/exporters.py --files exported/*.onnx --nodes 2 4 16   # files exported before (no torch)
   python benchmarks/exporters.py --files exported/*.onnx --nodes 3 --direction c --planner heft
+  python benchmarks/exporters.py --files exported/*.onnx --nodes 2 4 --balance 1.3   # every node's work within 1.3x
   python benchmarks/exporters.py --exporters torchscript --opset 11   # an older opset, as older exports have
 """
 
@@ -299,7 +300,8 @@ def survey(path: str, base: dict[str, Any], args: argparse.Namespace, work: str,
     path, features = with_features(path, work)
     for nodes in args.nodes:
         plan_dir = os.path.join(work, f"plan-{base['model']}-{base['exporter']}-{nodes}")
-        cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search, planner=args.planner)
+        cfg = Config(nodes=nodes, threshold=args.threshold, direction=Direction(args.direction), search=args.search, planner=args.planner,
+                     balance=args.balance)
         row: dict[str, Any] = base | {"nodes": nodes, "features": features}
         try:
             t0 = time.perf_counter()
@@ -344,6 +346,7 @@ def main() -> int:
     p.add_argument("--direction", default="h")
     p.add_argument("--search", default="exact")
     p.add_argument("--planner", default=Config.planner, choices=PLANNERS, help=f"as compile's --planner (default {Config.planner})")
+    p.add_argument("--balance", type=float, default=0.0, metavar="R", help="as compile's --balance (default 0: no bound)")
     p.add_argument("--files", nargs="+", default=None, metavar="ONNX",
                    help="compile these ONNX files (exported before, named MODEL-EXPORTER.onnx or any name) "
                         "instead of exporting models: needs no torch")

@@ -31,6 +31,9 @@ def test_heterogeneous_example() -> None:
     ("[partition]\ndirection = 'x'\n", "direction"),
     ("[partition]\nthreshold = 150\n", "threshold"),
     ("[partition]\nplanner = 'annealing'\n", "partition.planner"),
+    ("[partition]\nbalance = 0.5\n", "partition.balance"),
+    ("[partition]\nbalance = nan\n", "partition.balance"),
+    ("[partition]\nbalance = 'even'\n", "partition.balance"),
     ("[objective]\ndata_w = -1\n", "objective.data_w"),
     ("[objective]\nspeed_w = 1\n", "objective.speed_w"),
     ("[nodes]\nx = 1\n", "nodes"),
@@ -69,12 +72,20 @@ def test_flags_override_file() -> None:
     ({"threshold": 150.0}, "--threshold must be"), ({"direction": "z"}, "--direction must be"),
     ({"search": "dfs"}, "--search must be"), ({"nodes": 2, "speeds": (1.0, float("nan"))}, "--speeds must"),
     ({"nodes": 2000}, "--nodes must be at most"), ({"planner": "sa"}, "--planner must be"),
+    ({"balance": 0.9}, "--balance is the most"), ({"balance": float("inf")}, "--balance is the most"),
 ])
 def test_flag_errors_name_the_flag(flags: dict, start: str) -> None:
     # issue 12, defect 11: a bad flag was blamed on '<defaults>:'
     with pytest.raises(BBGrapError) as err:
         Config().with_overrides(**flags)
     assert str(err.value).startswith(start) and "<defaults>" not in str(err.value)
+
+
+def test_balance_is_read_from_the_file_and_off_by_default(tmp_path) -> None:
+    path = tmp_path / "b.toml"
+    path.write_text("[partition]\nbalance = 1.3\n")
+    assert load_config(str(path)).balance == 1.3 and Config().balance == 0.0
+    assert Config().with_overrides(balance=1.0).balance == 1.0  # 1: every node's work alike
 
 
 def test_non_utf8_and_directory_configs(tmp_path) -> None:
