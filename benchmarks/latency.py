@@ -104,7 +104,8 @@ def time_pinned(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], repeat
 
 
 def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: str, rounds: int, repeat: int,
-               search: bool, workdir: str, node_cores: int | None, planner: str = Config.planner) -> dict[str, Any]:
+               search: bool, workdir: str, node_cores: int | None, planner: str = Config.planner,
+               balance: float = 0.0) -> dict[str, Any]:
     if os.path.isfile(model):  # an ONNX file (an exporter's model), at its own input shape
         path = model
         model = os.path.splitext(os.path.basename(model))[0]
@@ -116,7 +117,8 @@ def bench_case(model: str, resolution: int, batch: int, nodes: int, direction: s
     plan = os.path.join(workdir, f"plan-{model}-{resolution}-{batch}")
     if direction == "auto":
         direction = "n" if batch >= nodes else "h"
-    manifest = compile_model(path, Config(nodes=nodes, direction=Direction(direction), planner=planner), plan, search=search)
+    manifest = compile_model(path, Config(nodes=nodes, direction=Direction(direction), planner=planner, balance=balance), plan,
+                             search=search)
     feeds, _ = read_sample(plan)
     host = sorted(os.sched_getaffinity(0))
     node_threads = node_cores or threads_per_rank(nodes)  # what bbgrap-run gives each of N ranks on this host
@@ -169,6 +171,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="inferences per side per round, at least (default 3; small models get enough for 0.25 s)")
     p.add_argument("--no-search", action="store_true", help="benchmark the naive split instead of the searched plan")
+    p.add_argument("--balance", type=float, default=0.0, metavar="R", help="compile --balance R (default 0: no bound)")
     p.add_argument("--planner", default=Config.planner, choices=PLANNERS,
                    help=f"compile --planner (default {Config.planner}, as compile's; the figures of 2026-11-21 and before are greedy's)")
     p.add_argument("--json", action="store_true")
@@ -186,7 +189,7 @@ def main() -> int:
                  for b in ([0] if os.path.isfile(m) else args.batches) for n in counts]
         for model, res, batch, nodes in cases:
             row = bench_case(model, res, batch, nodes, args.direction, args.rounds, args.repeat,
-                             not args.no_search, work, args.node_cores, args.planner)
+                             not args.no_search, work, args.node_cores, args.planner, args.balance)
             rows.append(row)
             if not args.json:
                 slowest = max(row["profile_ms"], key=lambda r: r["compute"] + r["wait"])
