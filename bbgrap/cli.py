@@ -279,6 +279,7 @@ def inspect_json(plan: Plan) -> dict[str, Any]:
         "planner": plan.compiled.planner.to_json() if plan.compiled.planner is not None else None,
         "memory": plan.compiled.memory.to_json() if plan.compiled.memory is not None else None,
         "recompute": plan.compiled.recompute.to_json() if plan.compiled.recompute is not None else None,
+        "balance": plan.compiled.balance.to_json() if plan.compiled.balance is not None else None,
         "prediction": plan.compiled.prediction.to_json() if plan.compiled.prediction is not None else None,
     }
 
@@ -357,6 +358,8 @@ def summary(plan: Plan, where: str) -> str:
         )
     if plan.compiled.recompute is not None:
         lines.append(plan.compiled.recompute.summary())
+    if plan.compiled.balance is not None:
+        lines.append(plan.compiled.balance.summary())
     if plan.compiled.prediction is not None:
         lines.append(prediction_text(plan.compiled.prediction))
     return "\n".join(lines)

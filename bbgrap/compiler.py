@@ -17,7 +17,18 @@ from bbgrap.forked import Forked
 from bbgrap.ir import BBGrapError, Graph
 from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
-from bbgrap.plan_schema import CompileRecord, MemoryRecord, Plan, PlannerRecord, PredictionRecord, RankPrediction, RecomputeRecord, Source
+from bbgrap.plan_schema import (
+    FASTEST_PLAN,
+    BalanceRecord,
+    CompileRecord,
+    MemoryRecord,
+    Plan,
+    PlannerRecord,
+    PredictionRecord,
+    RankPrediction,
+    RecomputeRecord,
+    Source,
+)
 from bbgrap.report import layer_table
 from bbgrap.rules.registry import RuleRegistry, default_registry
 from bbgrap.simulate import Prediction, SegmentWork, predict, profile_speeds, program_steps
@@ -123,13 +134,12 @@ def flops_spread(graph: Graph, speeds: Sequence[float], registry: RuleRegistry |
 WHOLE_SHARE = 0.01  # under --balance, no layer of more than this share of the model's work computed whole on one node
 
 
-def largest_whole(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> tuple[float, str]:
+def largest_whole(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> float:
     """The share of the model's work of its largest layer computed whole on one node (no rule,
-    too short to cut, or placed there by a planner), and that layer's name ("" where none is)."""
+    too short to cut, or placed there by a planner); 0 where none is."""
     rows = layer_table(graph, direction, registry or default_registry())
     total = sum(r.flops for r in rows)
-    whole = max(((r.flops, r.name) for r in rows if r.whole is not None), default=(0.0, ""))
-    return (whole[0] / total if total > 0 else 0.0), whole[1]
+    return max((r.flops for r in rows if r.whole is not None), default=0.0) / total if total > 0 else 0.0
 
 
 def dump_ir(directory: str) -> Callable[[str, Graph], None]:
@@ -458,55 +468,51 @@ def compile_model(
             f"{','.join(f'{s:g}' for s in new)}, predicted {candidate.latency * 1e3:.3f} ms against {plans[cfg.nodes].latency * 1e3:.3f}")
         cut, plans[cfg.nodes] = replace(cut, speeds=new), candidate
 
-    def evened(c: Config, p: Partitioned, prof: ClusterProfile | None) -> tuple[Config, Partitioned]:
+    def evened(c: Config, p: Partitioned, prof: ClusterProfile | None) -> tuple[Config, Partitioned, BalanceRecord]:
         """`p` (cut by `c`), or where its nodes' work is more than `c.balance` apart (`flops_spread`)
         or a layer of more than WHOLE_SHARE of it is computed whole on one node, the fastest
-        predicted of the plans that are even so: the per-layer search's where a planner made `p`,
-        then the even cut along h, w and c (the cuts a short map or a planner's placements leave
+        predicted of the plans that are even so: the per-layer search's where a planner made
+        `p`, then the even cut along h, w and c (the cuts a short map or a planner's placements leave
         uneven); an error naming the most even one where none is. The user asked for the bound, so a
-        plan within it wins over a faster one beyond it."""
-        def even(q: Partitioned, alt: Config) -> tuple[bool, float, float, str]:
-            spread = flops_spread(q.graph, c.node_speeds(), registry)
-            share, layer = largest_whole(q.graph, alt.direction, registry)
-            return spread <= c.balance and share <= WHOLE_SHARE, spread, share, layer
-
-        if not c.balance or c.nodes == 1:
-            return c, p
-        ok, spread, share, layer = even(p, c)
-        if ok:
-            return c, p
+        plan within it wins over a faster one beyond it. The record says which was kept and why."""
         costs = planner_profile(c, prof)
 
         def latency(q: Partitioned) -> float:
             return q.prediction.latency if q.prediction is not None else predict(q.graph, q.programs, costs, registry).latency
 
+        def even(q: Partitioned, alt: Config) -> tuple[float, float]:
+            return flops_spread(q.graph, c.node_speeds(), registry), largest_whole(q.graph, alt.direction, registry)
+
+        def within(spread: float, whole: float) -> bool:
+            return spread <= c.balance and whole <= WHOLE_SHARE
+
+        spread, whole = even(p, c)
+        t_fastest = round(latency(p) * 1e3, 4)
+        if within(spread, whole):
+            return c, p, BalanceRecord(c.balance, spread, whole, FASTEST_PLAN, spread, whole, t_fastest, t_fastest)
         planned = p.planner is not None and p.planner.kept != "greedy"  # a whole-network planner's plan, not the search's
         tries = [("the per-layer search's plan", replace(c, planner="greedy"), search)] if planned else []
         tries += [(f"the even cut along {d.value}", replace(c, planner="greedy", direction=d), False) for d in (Direction.H, Direction.W, Direction.C)]
-        def said(spread: float, share: float, layer: str) -> str:
-            whole = f" and computes {layer} ({100 * share:.2f} % of the work) whole on one node" if share > WHOLE_SHARE else ""
-            return f"leaves the nodes' work {spread:.2f} apart{whole}"
-
-        within: list[tuple[float, str, Config, Partitioned]] = []
-        evenest = (spread, share, layer, "the fastest predicted plan")
+        kept: list[tuple[float, str, Config, Partitioned, float, float]] = []
+        evenest = (spread, whole, FASTEST_PLAN)
         for label, alt, searched in tries:
             try:
                 check_node_count(front.graph, alt.nodes, alt.direction)
                 q = partitioned(alt, prof, searched=searched)
             except BBGrapError:  # a direction this model cannot be cut along for these nodes
                 continue
-            q_ok, q_spread, q_share, q_layer = even(q, alt)
-            evenest = min(evenest, (q_spread, q_share, q_layer, label), key=lambda e: (e[1] > WHOLE_SHARE, e[0]))
-            if q_ok:
-                within.append((latency(q), label, alt, q))
-        if not within:
-            raise BBGrapError(f"--balance {c.balance:g}: no plan found is that even (the most even, {evenest[3]}, "
-                              f"{said(*evenest[:3])}); raise --balance to {evenest[0]:.2f} or more, or compile for fewer nodes")
-        t, label, alt, q = min(within, key=lambda w: w[0])
-        _, q_spread, q_share, q_layer = even(q, alt)
-        log(f"--balance {c.balance:g}: the fastest predicted plan {said(spread, share, layer)}; kept {label}, which "
-            f"{said(q_spread, q_share, q_layer)}, predicted {t * 1e3:.3f} ms against {latency(p) * 1e3:.3f}")
-        return alt, q
+            q_spread, q_whole = even(q, alt)
+            evenest = min(evenest, (q_spread, q_whole, label), key=lambda e: (e[1] > WHOLE_SHARE, e[0]))
+            if within(q_spread, q_whole):
+                kept.append((latency(q), label, alt, q, q_spread, q_whole))
+        if not kept:
+            raise BBGrapError(f"--balance {c.balance:g}: no plan found is that even (the most even, {evenest[2]}, "
+                              f"{BalanceRecord.said(evenest[0], evenest[1])}); raise --balance to {evenest[0]:.2f} or more, "
+                              "or compile for fewer nodes")
+        t, label, alt, q, q_spread, q_whole = min(kept, key=lambda k: k[0])
+        record = BalanceRecord(c.balance, spread, whole, label, q_spread, q_whole, t_fastest, round(t * 1e3, 4))
+        log(record.summary())
+        return alt, q, record
 
     def fewer(n: int) -> Partitioned:
         """The plan for the `n` fastest nodes (`fastest_nodes`)."""
@@ -525,9 +531,10 @@ def compile_model(
             cfg = for_nodes(cfg, chosen)
     if len(chosen) == cut.nodes:
         cfg = cut
-    if cfg.balance:
-        cfg, plans[len(chosen)] = evened(cfg, plans[len(chosen)], profile if profile is None or len(chosen) == requested
-                                         else profile.subset(chosen))
+    balance = None
+    if cfg.balance and len(chosen) > 1:
+        cfg, plans[len(chosen)], balance = evened(cfg, plans[len(chosen)], profile if profile is None or len(chosen) == requested
+                                                  else profile.subset(chosen))
     kept = plans[len(chosen)]
     graph, manager, programs, messages = kept.graph, kept.manager, kept.programs, kept.messages
     compiled = CompileRecord(
@@ -545,6 +552,7 @@ def compile_model(
         memory=memory_record(graph, cfg.node_memory()),
         recompute=kept.recompute,
         shapes_from_values=tuple(layer.name for layer in graph.layers if layer.shape_from_values),
+        balance=balance,
     )
     plan, files = emit(graph, programs, messages, compiled, registry)
     writing = f"write {sum(map(len, files.values())) / 1e6:.0f} MB"

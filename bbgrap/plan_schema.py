@@ -641,6 +641,51 @@ class RecomputeRecord:
 RECOMPUTE_PRICINGS = ("by kind", "alike")  # how recompute-halos priced a halo's extra operations (RecomputeRecord)
 
 
+@dataclass(frozen=True)
+class BalanceRecord:
+    """What compile --balance did: the bound (max/min of the nodes' work over their speeds), the
+    fastest predicted plan's spread and largest share of the work computed whole on one node, the
+    plan kept (`kept`: "the fastest predicted plan" where it was within the bound, else which one)
+    with its spread and share, and both predicted latencies in ms (equal where nothing changed)."""
+
+    bound: float
+    fastest_spread: float
+    fastest_whole: float
+    kept: str
+    spread: float
+    whole: float
+    fastest_ms: float
+    kept_ms: float
+
+    @staticmethod
+    def said(spread: float, whole: float) -> str:
+        """How even a plan is, in words (compile's log, inspect)."""
+        share = f" and computes a layer of {100 * whole:.2f} % of the work whole on one node" if whole > 0.01 else ""
+        return f"leaves the nodes' work {spread:.2f} apart{share}"
+
+    def summary(self) -> str:
+        """One line (compile's log, `inspect`)."""
+        if self.kept == FASTEST_PLAN:
+            return f"balance: at most {self.bound:g} asked; the fastest predicted plan {self.said(self.spread, self.whole)}"
+        return (f"balance: at most {self.bound:g} asked; the fastest predicted plan {self.said(self.fastest_spread, self.fastest_whole)}, "
+                f"so {self.kept} was kept, which {self.said(self.spread, self.whole)}: predicted {self.kept_ms:.3f} ms against "
+                f"{self.fastest_ms:.3f}")
+
+    def to_json(self) -> Json:
+        return {"bound": self.bound, "fastest_spread": self.fastest_spread, "fastest_whole": self.fastest_whole, "kept": self.kept,
+                "spread": self.spread, "whole": self.whole, "fastest_ms": self.fastest_ms, "kept_ms": self.kept_ms}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> BalanceRecord:
+        rec = _object(value, where)
+        return cls(_number(rec, where, "bound"), _number(rec, where, "fastest_spread"), _number(rec, where, "fastest_whole"),
+                   _str(rec, where, "kept"), _number(rec, where, "spread"), _number(rec, where, "whole"),
+                   _number(rec, where, "fastest_ms"), _number(rec, where, "kept_ms"))
+
+
+FASTEST_PLAN = "the fastest predicted plan"  # BalanceRecord.kept where the bound changed nothing
+
+
 def _numbers(rec: Mapping[str, Any], where: str, key: str) -> tuple[float, ...]:
     value = _take(rec, where, key, lambda v: isinstance(v, list) and all(_is_number(x) and x >= 0 for x in v),
                   "a list of numbers >= 0")
@@ -694,6 +739,7 @@ class CompileRecord:
     # the layers whose shapes depend on the input's values (Layer.shape_from_values), held at the
     # sample input's: an input that changes them cannot run (empty in older plans)
     shapes_from_values: tuple[str, ...] = ()
+    balance: BalanceRecord | None = None  # with compile --balance (None without, and in older plans)
 
     @property
     def prepack(self) -> bool:
@@ -713,7 +759,8 @@ class CompileRecord:
                "planner": self.planner.to_json() if self.planner is not None else None,
                "memory": self.memory.to_json() if self.memory is not None else None,
                "recompute": self.recompute.to_json() if self.recompute is not None else None,
-               "shapes_from_values": list(self.shapes_from_values)}
+               "shapes_from_values": list(self.shapes_from_values),
+               "balance": self.balance.to_json() if self.balance is not None else None}
         return out if self.source is None else out | {"source": self.source.to_json()}
 
     @classmethod
@@ -728,11 +775,12 @@ class CompileRecord:
         planner = _optional_record(rec, where, "planner", PlannerRecord.from_json)
         memory = _optional_record(rec, where, "memory", MemoryRecord.from_json)
         recompute = _optional_record(rec, where, "recompute", RecomputeRecord.from_json)
+        balance = _optional_record(rec, where, "balance", BalanceRecord.from_json) if "balance" in rec else None
         direction = Direction(_take(rec, where, "direction", lambda v: v in DIRECTIONS, f"one of {', '.join(DIRECTIONS)}"))
         return cls(direction, _number(rec, where, "threshold"), tuple(speeds), _strs(rec, where, "passes"),
                    search, _records(rec, where, "layer_table", LayerRow.from_json), _number(rec, where, "compile_seconds"), source,
                    prediction, planner, memory, recompute,
-                   _strs(rec, where, "shapes_from_values") if "shapes_from_values" in rec else ())
+                   _strs(rec, where, "shapes_from_values") if "shapes_from_values" in rec else (), balance)
 
 
 @dataclass(frozen=True)

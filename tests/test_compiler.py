@@ -8,6 +8,7 @@ import pytest
 from helpers import assert_exact, bbgrap, compile_plan, save
 from onnx import TensorProto, helper, numpy_helper
 
+from bbgrap.cli import summary
 from bbgrap.compiler import flops_spread, largest_whole
 from bbgrap.config import Direction
 from bbgrap.ir import BBGrapError
@@ -39,6 +40,12 @@ def test_without_balance_rows_cut_unevenly_and_with_it_an_even_plan_is_kept(tmp_
     assert spread_of(plain) > 1.4  # 2/2/2/1 rows (recomputed halo rows on top)
     plan = compile_plan(model, even, nodes=4, direction="h", balance=1.1)
     assert spread_of(even) <= 1.1 and plan.compiled.direction is Direction.C  # 64 channels: 16 each
+    record = plan.compiled.balance
+    assert record is not None and record.bound == 1.1 and record.kept == "the even cut along c"
+    assert record.fastest_spread > 1.4 and record.spread <= 1.1 and record.kept_ms > 0 and record.fastest_ms > 0
+    assert record.summary().startswith("balance: at most 1.1 asked; the fastest predicted plan leaves the nodes' work ")
+    assert record.summary() in summary(plan, even)  # inspect says so
+    assert read_manifest(even).compiled.balance == record  # the manifest keeps it
     assert_exact(even)
 
 
@@ -56,6 +63,8 @@ def test_a_plan_already_even_is_left_as_it_is(tmp_path) -> None:
     model = save(seven_rows(64), str(tmp_path))
     plan = compile_plan(model, str(tmp_path / "p"), nodes=4, direction="c", balance=1.1)
     assert plan.compiled.direction is Direction.C and spread_of(str(tmp_path / "p")) <= 1.1
+    assert plan.compiled.balance is not None and plan.compiled.balance.kept == "the fastest predicted plan"
+    assert compile_plan(model, str(tmp_path / "q"), nodes=4, direction="c").compiled.balance is None  # not asked: no record
 
 
 def test_spread_is_work_over_speed_and_no_layer_is_whole(tmp_path) -> None:
@@ -68,7 +77,7 @@ def test_spread_is_work_over_speed_and_no_layer_is_whole(tmp_path) -> None:
     cut = PassManager([NaivePartition(nodes=2, direction=Direction.C, speeds=(1.0, 3.0))]).run(graph)
     # 16 and 48 channels on nodes of speeds 1 and 3: each node's work over its speed alike
     assert flops_spread(cut, (1.0, 3.0)) == pytest.approx(1.0) and flops_spread(cut, (1.0, 1.0)) == pytest.approx(3.0)
-    assert largest_whole(cut, Direction.C) == (0.0, "")
+    assert largest_whole(cut, Direction.C) == 0.0
 
 
 def test_compile_balance_flag_is_one_line_and_exit_2(tmp_path) -> None:

@@ -20,8 +20,8 @@ from bbgrap.plan_schema import PLAN_VERSION, Plan, PlanSchemaError, PlanVersionE
 from tests.rules.helpers import build_model
 
 MAPS = {"files", "outputs"}  # objects of names, not records: checked whole
-# source: absent for a plan built from a model in memory; shapes_from_values: in plans written before it (none held)
-OPTIONAL = {"source", "shapes_from_values"}
+# source: absent for a plan built from a model in memory; shapes_from_values, balance: in plans written before them
+OPTIONAL = {"source", "shapes_from_values", "balance"}
 
 
 def conv_then_hardmax_model() -> Any:
