@@ -59,10 +59,12 @@ def _parser() -> argparse.ArgumentParser:
                    "plan per kind of plan (share of work on one node, number of boundaries) kept, seeded with the others. Costs come from --profile (else the default "
                    "profile scaled by --speeds); the planner's plan is kept where predicted at least 3%% faster than greedy's, else greedy's")
     c.add_argument("--balance", type=float, metavar="R",
-                   help="keep every node's FLOPs within R times any other's (max/min, e.g. 1.3): where the fastest predicted "
-                        "plan leaves them further apart (a planner that places small layers whole on one node, a map too short "
-                        "to cut evenly), the fastest predicted of the plans within R is kept, from the per-layer search's and "
-                        "the even cuts along h, w and c; an error where none is (default 0: no bound)")
+                   help="keep every node's work (its FLOPs over its speed) within R times any other's (max/min, e.g. 1.3), "
+                        "and no layer of more than 1%% of the work whole on one node: where the fastest predicted plan is less "
+                        "even (a planner that places small layers whole on one node, a map too short to cut evenly), the "
+                        "fastest predicted of the plans that are even so is kept, from the per-layer search's along h, w and c "
+                        "and the even cuts along h, w and c (inspect shows which, and its predicted cost); an error where none "
+                        "is (default 0: no bound)")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="fix a symbolic input shape, e.g. input:1x3x224x224 (repeatable)")
     c.add_argument("-o", "--output", default="bbgrap-plan", metavar="DIR", help="plan directory (default ./bbgrap-plan)")

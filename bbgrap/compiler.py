@@ -471,9 +471,10 @@ def compile_model(
     def evened(c: Config, p: Partitioned, prof: ClusterProfile | None) -> tuple[Config, Partitioned, BalanceRecord]:
         """`p` (cut by `c`), or where its nodes' work is more than `c.balance` apart (`flops_spread`)
         or a layer of more than WHOLE_SHARE of it is computed whole on one node, the fastest
-        predicted of the plans that are even so: the per-layer search's where a planner made
-        `p`, then the even cut along h, w and c (the cuts a short map or a planner's placements leave
-        uneven); an error naming the most even one where none is. The user asked for the bound, so a
+        predicted of the plans that are even so: the per-layer search's (along `c.direction` where a
+        planner made `p`, and along the other directions), then the even cut along h, w and c (the
+        cuts a short map or a planner's placements leave uneven); an error naming the most even one
+        where none is. The user asked for the bound, so a
         plan within it wins over a faster one beyond it. The record says which was kept and why."""
         costs = planner_profile(c, prof)
 
@@ -491,8 +492,11 @@ def compile_model(
         if within(spread, whole):
             return c, p, BalanceRecord(c.balance, spread, whole, FASTEST_PLAN, spread, whole, t_fastest, t_fastest)
         planned = p.planner is not None and p.planner.kept != "greedy"  # a whole-network planner's plan, not the search's
+        cuts = (Direction.H, Direction.W, Direction.C)
         tries = [("the per-layer search's plan", replace(c, planner="greedy"), search)] if planned else []
-        tries += [(f"the even cut along {d.value}", replace(c, planner="greedy", direction=d), False) for d in (Direction.H, Direction.W, Direction.C)]
+        tries += [(f"the per-layer search's plan along {d.value}", replace(c, planner="greedy", direction=d), True)
+                  for d in cuts if search and d is not c.direction]
+        tries += [(f"the even cut along {d.value}", replace(c, planner="greedy", direction=d), False) for d in cuts]
         kept: list[tuple[float, str, Config, Partitioned, float, float]] = []
         evenest = (spread, whole, FASTEST_PLAN)
         for label, alt, searched in tries:
