@@ -19,6 +19,7 @@ from bbgrap.pass_manager import Pass, PassManager
 from bbgrap.plan import check_output_dir, file_sha256, write_plan
 from bbgrap.plan_schema import (
     FASTEST_PLAN,
+    WHOLE_SHARE,
     BalanceRecord,
     CompileRecord,
     MemoryRecord,
@@ -129,9 +130,6 @@ def flops_spread(graph: Graph, speeds: Sequence[float], registry: RuleRegistry |
     halos included) over its speed; infinite where a node computes nothing."""
     per_speed = [flops / speed for flops, speed in zip(plan_flops(graph, registry=registry), speeds)]
     return max(per_speed) / min(per_speed) if min(per_speed) > 0 else math.inf
-
-
-WHOLE_SHARE = 0.01  # under --balance, no layer of more than this share of the model's work computed whole on one node
 
 
 def largest_whole(graph: Graph, direction: Direction, registry: RuleRegistry | None = None) -> float:
@@ -474,8 +472,8 @@ def compile_model(
         predicted of the plans that are even so: the per-layer search's (along `c.direction` where a
         planner made `p`, and along the other directions), then the even cut along h, w and c (the
         cuts a short map or a planner's placements leave uneven); an error naming the most even one
-        where none is. The user asked for the bound, so a
-        plan within it wins over a faster one beyond it. The record says which was kept and why."""
+        where none is. The user asked for the bound, so a plan within it wins over a faster one
+        beyond it. The record says which was kept and why."""
         costs = planner_profile(c, prof)
 
         def latency(q: Partitioned) -> float:

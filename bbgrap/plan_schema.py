@@ -641,6 +641,9 @@ class RecomputeRecord:
 RECOMPUTE_PRICINGS = ("by kind", "alike")  # how recompute-halos priced a halo's extra operations (RecomputeRecord)
 
 
+WHOLE_SHARE = 0.01  # under compile --balance, no layer of more than this share of the model's work whole on one node
+
+
 @dataclass(frozen=True)
 class BalanceRecord:
     """What compile --balance did: the bound (max/min of the nodes' work over their speeds), the
@@ -660,7 +663,7 @@ class BalanceRecord:
     @staticmethod
     def said(spread: float, whole: float) -> str:
         """How even a plan is, in words (compile's log, inspect)."""
-        share = f" and computes a layer of {100 * whole:.2f} % of the work whole on one node" if whole > 0.01 else ""
+        share = f" and computes a layer of {100 * whole:.2f} % of the work whole on one node" if whole > WHOLE_SHARE else ""
         return f"leaves the nodes' work {spread:.2f} apart{share}"
 
     def summary(self) -> str:
