@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from bbgrap.backends.engine import providers_for
+from bbgrap.backends.engine import providers_for, shared_cpu_arena
 from onnx import TensorProto, helper, numpy_helper
 
 CHANNELS, SIDE = 64, 56
@@ -75,9 +75,11 @@ def main() -> int:
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 4
     if args.arena == "shared":
-        info = ort.OrtMemoryInfo("Cuda" if device == "cuda" else "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        ort.create_and_register_allocator_v2(providers[0][0] if device == "cuda" else "CPUExecutionProvider", info,
-                                             {"device_id": "0"} if device == "cuda" else {}, ort.OrtArenaCfg(0, -1, -1, -1))
+        if device == "cuda":  # bbgrap-run does not share a CUDA arena: registered here as onnxruntime allows
+            info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": "0"}, ort.OrtArenaCfg(0, -1, -1, -1))
+        else:
+            shared_cpu_arena()  # the CPU arena bbgrap-run's sessions share
         opts.add_session_config_entry("session.use_env_allocators", "1")
     model = segment()
     x = np.random.default_rng(1).standard_normal((1, CHANNELS, SIDE, SIDE)).astype(np.float32)
